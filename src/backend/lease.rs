@@ -1,0 +1,87 @@
+//! A node's etcd lease and the task that keeps it alive. All of a node's keys (its `alive`
+//! key and its join requests) are bound to this lease, so when the node dies or is cut off
+//! for longer than the TTL, etcd deletes them and the other nodes see it by watch.
+
+use super::{backoff, Etcd};
+use crate::error::Result;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub struct Lease {
+    pub id: i64,
+    lost: Arc<AtomicBool>,
+    keeper: JoinHandle<()>,
+}
+
+impl Lease {
+    /// Grants a lease of `ttl` and starts refreshing it every third of the TTL.
+    pub async fn grant(etcd: &Etcd, ttl: Duration, deadline: Instant) -> Result<Lease> {
+        let secs = ttl.as_secs().max(1) as i64;
+        let granted = etcd
+            .call(deadline, "lease grant", |mut c| async move { c.lease_grant(secs, None).await })
+            .await?;
+        let id = granted.id();
+        let lost = Arc::new(AtomicBool::new(false));
+        let keeper = tokio::spawn(keep_alive(etcd.clone(), id, ttl, lost.clone()));
+        Ok(Lease { id, lost, keeper })
+    }
+
+    /// True once etcd has said the lease no longer exists.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire) || self.keeper.is_finished()
+    }
+
+    /// Stops refreshing and deletes the lease (and with it every key bound to it).
+    pub async fn revoke(self, etcd: &Etcd, deadline: Instant) -> Result<()> {
+        self.keeper.abort();
+        let id = self.id;
+        let revoked = etcd
+            .call(deadline, "lease revoke", |mut c| async move { c.lease_revoke(id).await })
+            .await;
+        match revoked {
+            Err(e) if e.kind() == crate::error::ErrorKind::LeaseLost => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
+}
+
+/// Refreshes the lease until etcd reports it gone. A broken stream (etcd restart, leader
+/// change) is reopened; the lease survives as long as a refresh lands within the TTL.
+async fn keep_alive(etcd: Etcd, id: i64, ttl: Duration, lost: Arc<AtomicBool>) {
+    let period = ttl / 3;
+    let mut attempt = 0u32;
+    loop {
+        let opened = etcd.client().lease_keep_alive(id).await;
+        let (mut keeper, mut responses) = match opened {
+            Ok(pair) => pair,
+            Err(_) => {
+                backoff(&mut attempt, Instant::now() + period).await;
+                continue;
+            }
+        };
+        loop {
+            if keeper.keep_alive().await.is_err() {
+                break;
+            }
+            match tokio::time::timeout(period, responses.message()).await {
+                Ok(Ok(Some(resp))) if resp.ttl() <= 0 => {
+                    lost.store(true, Ordering::Release);
+                    return;
+                }
+                Ok(Ok(Some(_))) => attempt = 0,
+                _ => break,
+            }
+            tokio::time::sleep(period).await;
+        }
+        backoff(&mut attempt, Instant::now() + period).await;
+    }
+}

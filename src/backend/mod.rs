@@ -1,0 +1,373 @@
+//! The etcd v3 backend: one shared connection per process and endpoint set, every request
+//! bounded by a deadline, transient failures (leader change, dropped connection, etcd
+//! restarting) retried with backoff, and failures classified into rdzv's error family.
+
+pub mod keys;
+mod lease;
+
+pub use lease::Lease;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::params::{Params, Security};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use once_cell::sync::Lazy;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// etcd's default `--max-request-bytes` is 1.5 MiB; keep headroom for keys and framing.
+pub const RDZV_MAX_VALUE_BYTES: usize = 1024 * 1024 + 512 * 1024 - 4096;
+
+/// A connection to one etcd cluster, shared by every handle of this process that names the
+/// same endpoints and credentials (HTTP/2 multiplexes them), so a thousand nodes in one
+/// process do not open a thousand sockets.
+#[derive(Clone)]
+pub struct Etcd {
+    shared: Arc<Connection>,
+    attempt_timeout: Duration,
+}
+
+struct Connection {
+    client: Client,
+    endpoints: String,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ConnectionKey {
+    pid: u32,
+    endpoints: Vec<String>,
+    https: bool,
+    cacert: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+static CONNECTIONS: Lazy<Mutex<HashMap<ConnectionKey, Weak<Connection>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+impl Etcd {
+    /// Connects (or reuses this process's connection) and checks that etcd answers, retrying
+    /// until `connect_timeout`.
+    pub async fn connect(params: &Params) -> Result<Etcd> {
+        let key = connection_key(params);
+        let cached = CONNECTIONS.lock().unwrap_or_else(|e| e.into_inner()).get(&key).and_then(Weak::upgrade);
+        let attempt_timeout = params.connect_timeout;
+        if let Some(shared) = cached {
+            return Ok(Etcd { shared, attempt_timeout });
+        }
+        let endpoints = params.endpoints.join(",");
+        let options = connect_options(params)?;
+        let deadline = Instant::now() + params.connect_timeout;
+        let urls: Vec<String> = params
+            .endpoints
+            .iter()
+            .map(|e| match (e.contains("://"), params.security.https) {
+                (true, _) => e.clone(),
+                (false, true) => format!("https://{e}"),
+                (false, false) => format!("http://{e}"),
+            })
+            .collect();
+        let mut attempt = 0u32;
+        let client = loop {
+            let try_connect = Client::connect(urls.clone(), Some(options.clone()));
+            let err = match tokio::time::timeout_at(deadline, try_connect).await {
+                Ok(Ok(client)) => break client,
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    return Err(Error::connection(format!(
+                        "etcd at {endpoints} unreachable: no connection within {:.1} s",
+                        params.connect_timeout.as_secs_f64()
+                    )))
+                }
+            };
+            match classify(&err) {
+                Failure::Transient if Instant::now() < deadline => {
+                    backoff(&mut attempt, deadline).await;
+                }
+                _ => return Err(to_error(&endpoints, "connect", &err)),
+            }
+        };
+        let shared = Arc::new(Connection { client, endpoints });
+        let etcd = Etcd { shared: shared.clone(), attempt_timeout };
+        // Lazily-connecting channels report nothing until used: ask for a key to be sure.
+        let probe = params.key_prefix.clone();
+        etcd.call(deadline, "connect", move |mut c| {
+            let probe = probe.clone();
+            async move { c.get(probe, Some(etcd_client::GetOptions::new().with_count_only())).await }
+        })
+        .await?;
+        CONNECTIONS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, w| w.strong_count() > 0);
+        CONNECTIONS.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Arc::downgrade(&shared));
+        Ok(etcd)
+    }
+
+    pub fn endpoints(&self) -> &str {
+        &self.shared.endpoints
+    }
+
+    pub fn client(&self) -> Client {
+        self.shared.client.clone()
+    }
+
+    /// Runs `op` until it succeeds, fails for good, or `deadline` passes. Transient failures are
+    /// retried with exponential backoff; each attempt is bounded so a silent etcd cannot hang
+    /// the caller. `what` names the operation in error messages.
+    pub async fn call<T, F, Fut>(&self, deadline: Instant, what: &str, mut op: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let mut attempt = 0u32;
+        loop {
+            let attempt_deadline = deadline.min(Instant::now() + self.attempt_timeout);
+            let last = match tokio::time::timeout_at(attempt_deadline, op(self.client())).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err)) => match classify(&err) {
+                    Failure::Transient => to_error(self.endpoints(), what, &err),
+                    _ => return Err(to_error(self.endpoints(), what, &err)),
+                },
+                Err(_) => Error::connection(format!(
+                    "etcd at {} did not answer {what} in time",
+                    self.endpoints()
+                )),
+            };
+            if Instant::now() >= deadline {
+                return Err(last);
+            }
+            backoff(&mut attempt, deadline).await;
+        }
+    }
+}
+
+/// Sleeps 25 ms, 50 ms, ... up to 1 s, with jitter so retrying nodes spread out, never past
+/// `deadline`.
+pub async fn backoff(attempt: &mut u32, deadline: Instant) {
+    let base = Duration::from_millis(25u64 << (*attempt).min(5)).min(Duration::from_secs(1));
+    *attempt += 1;
+    let jitter = base.mul_f64(crate::util::random_unit() * 0.5);
+    tokio::time::sleep_until(deadline.min(Instant::now() + base + jitter)).await;
+}
+
+enum Failure {
+    Transient,
+    Permanent,
+}
+
+fn classify(err: &etcd_client::Error) -> Failure {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match err {
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
+            Failure::Transient
+        }
+        E::GRpcStatus(status) => match status.code() {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled => {
+                Failure::Transient
+            }
+            Code::Unknown | Code::Internal | Code::ResourceExhausted => {
+                let m = status.message();
+                if m.contains("leader")
+                    || m.contains("timed out")
+                    || m.contains("too many requests")
+                    || m.contains("transport")
+                    || m.contains("connection")
+                {
+                    Failure::Transient
+                } else {
+                    Failure::Permanent
+                }
+            }
+            _ => Failure::Permanent,
+        },
+        _ => Failure::Permanent,
+    }
+}
+
+/// Maps an etcd failure onto rdzv's family, naming the endpoints and never the credentials.
+pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    if let E::GRpcStatus(status) = err {
+        let m = status.message();
+        match status.code() {
+            Code::NotFound if m.contains("lease not found") => {
+                return Error::new(
+                    ErrorKind::LeaseLost,
+                    "this node's etcd lease expired: etcd did not hear from it within lease_ttl",
+                )
+            }
+            Code::InvalidArgument if m.contains("too large") => {
+                return Error::invalid(format!("{what}: request too large for etcd ({m})"))
+            }
+            Code::PermissionDenied | Code::Unauthenticated | Code::FailedPrecondition
+                if m.contains("permission") || m.contains("auth") || m.contains("user") || m.contains("password") || m.contains("token") =>
+            {
+                return Error::connection(format!(
+                    "etcd at {endpoints} refused {what}: {m} (check username/password and role permissions)"
+                ))
+            }
+            _ => {}
+        }
+    }
+    Error::connection(format!("etcd at {endpoints} failed {what}: {}", describe(err)))
+}
+
+/// The innermost cause of a transport error, which is what a person needs to see
+/// ("connection refused", "certificate unknown") rather than tonic's outer wrapper.
+fn describe(err: &etcd_client::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
+}
+
+fn connection_key(params: &Params) -> ConnectionKey {
+    let s = &params.security;
+    ConnectionKey {
+        pid: std::process::id(),
+        endpoints: params.endpoints.clone(),
+        https: s.https,
+        cacert: s.cacert.clone(),
+        cert: s.cert.clone(),
+        key: s.key.clone(),
+        username: s.username.clone(),
+        password: s.password.clone(),
+    }
+}
+
+fn connect_options(params: &Params) -> Result<ConnectOptions> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(params.connect_timeout)
+        // HTTP/2 pings notice a dead etcd or a cut network on idle watch streams.
+        .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
+        .with_keep_alive_while_idle(true);
+    let Security { https, cacert, cert, key, username, password } = &params.security;
+    if *https {
+        let mut tls = TlsOptions::new();
+        if let Some(path) = cacert {
+            tls = tls.ca_certificate(Certificate::from_pem(read_file("cacert", path)?));
+        }
+        if let (Some(cert), Some(key)) = (cert, key) {
+            tls = tls.identity(Identity::from_pem(read_file("cert", cert)?, read_file("key", key)?));
+        }
+        options = options.with_tls(tls);
+    }
+    if let Some(user) = username {
+        options = options.with_user(user.clone(), password.clone().unwrap_or_default());
+    }
+    Ok(options)
+}
+
+/// Reads a TLS file; the error names the option and path, never the contents.
+fn read_file(option: &str, path: &str) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| Error::invalid(format!("option {option}: cannot read {path:?}: {e}")))
+}
+
+impl Etcd {
+    /// One transaction, retried as a whole on transient failure. Every transaction rdzv sends
+    /// is guarded by compares, so a retry after an ambiguous failure cannot apply twice.
+    pub async fn txn(
+        &self,
+        deadline: Instant,
+        what: &str,
+        txn: etcd_client::Txn,
+    ) -> Result<etcd_client::TxnResponse> {
+        self.call(deadline, what, move |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    /// Opens one watch stream over several keys or prefixes, starting at `from_revision` so
+    /// nothing between a snapshot and the watch is missed.
+    pub async fn watch(
+        &self,
+        from_revision: i64,
+        targets: &[Target],
+        deadline: Instant,
+    ) -> Result<Watch> {
+        let targets = targets.to_vec();
+        let stream = self
+            .call(deadline, "watch", move |mut c| {
+                let targets = targets.clone();
+                async move {
+                    let mut stream: Option<etcd_client::WatchStream> = None;
+                    for target in targets {
+                        let (key, options) = target.options(from_revision);
+                        match stream.as_mut() {
+                            None => stream = Some(c.watch(key, Some(options)).await?),
+                            Some(s) => s.watch(key, Some(options)).await?,
+                        }
+                    }
+                    Ok(stream.expect("at least one watch target"))
+                }
+            })
+            .await?;
+        Ok(Watch { stream })
+    }
+}
+
+/// Something to watch: one key, or every key under a prefix.
+#[derive(Clone, Debug)]
+pub enum Target {
+    Key(String),
+    Prefix(String),
+}
+
+impl Target {
+    fn options(&self, from_revision: i64) -> (String, etcd_client::WatchOptions) {
+        let options = etcd_client::WatchOptions::new().with_start_revision(from_revision);
+        match self {
+            Target::Key(k) => (k.clone(), options),
+            Target::Prefix(p) => (p.clone(), options.with_prefix()),
+        }
+    }
+}
+
+pub struct Watch {
+    stream: etcd_client::WatchStream,
+}
+
+impl Watch {
+    /// The next batch of events, or `None` when the watch can no longer be trusted (stream
+    /// broken, watcher cancelled, history compacted): the caller then reads a fresh snapshot
+    /// and watches again from there, which is how compaction and etcd restarts are survived.
+    pub async fn events(&mut self) -> Option<Vec<etcd_client::Event>> {
+        loop {
+            match self.stream.message().await {
+                Ok(Some(resp)) => {
+                    if resp.canceled() || resp.compact_revision() > 0 {
+                        return None;
+                    }
+                    if !resp.events().is_empty() {
+                        return Some(resp.events().to_vec());
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// The range results of a transaction, in the order the gets were listed.
+pub fn ranges(resp: &etcd_client::TxnResponse) -> Vec<etcd_client::GetResponse> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            etcd_client::TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        })
+        .collect()
+}

@@ -1,0 +1,169 @@
+//! The blocking facade the C ABI calls: one tokio runtime per process, `block_on` for each
+//! call. A process that forks gets a fresh runtime in the child (the parent's worker threads
+//! do not exist there); handles made before the fork refuse to work in the child.
+
+use crate::error::{Error, Result};
+use crate::params::Params;
+use crate::rendezvous::{Rendezvous, RoundInfo};
+use crate::store::Store;
+use once_cell::sync::Lazy;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::runtime::Runtime;
+
+static RUNTIME: Lazy<Mutex<Option<(u32, Arc<Runtime>)>>> = Lazy::new(|| Mutex::new(None));
+
+/// The runtime of this process, created on first use (and again after a fork).
+fn runtime() -> Result<Arc<Runtime>> {
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((owner, rt)) = slot.as_ref() {
+        if *owner == pid {
+            return Ok(rt.clone());
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("rdzv")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::internal(format!("cannot start the I/O runtime: {e}")))?;
+    // The parent's runtime cannot be dropped in a forked child (its threads are gone): leak it.
+    if let Some(old) = slot.replace((pid, Arc::new(rt))) {
+        std::mem::forget(old);
+    }
+    Ok(slot.as_ref().map(|(_, rt)| rt.clone()).expect("just set"))
+}
+
+/// Something bound to the process and runtime that created it.
+struct Owned {
+    pid: u32,
+    rt: Arc<Runtime>,
+}
+
+impl Owned {
+    fn new() -> Result<Owned> {
+        Ok(Owned { pid: std::process::id(), rt: runtime()? })
+    }
+
+    fn run<T>(&self, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        if self.pid != std::process::id() {
+            return Err(Error::invalid(
+                "handle: created in a parent process before fork(); create a new handle in the child",
+            ));
+        }
+        self.rt.block_on(fut)
+    }
+
+    /// True when dropping the runtime here would be unsafe (a forked child).
+    fn foreign(&self) -> bool {
+        self.pid != std::process::id()
+    }
+}
+
+/// A blocking rendezvous handle.
+pub struct BlockingRendezvous {
+    owned: Owned,
+    inner: Arc<Rendezvous>,
+}
+
+impl BlockingRendezvous {
+    pub fn new(params: Params) -> Result<BlockingRendezvous> {
+        let owned = Owned::new()?;
+        let inner = owned.run(Rendezvous::new(params))?;
+        Ok(BlockingRendezvous { owned, inner: Arc::new(inner) })
+    }
+
+    pub fn next(&self) -> Result<(RoundInfo, BlockingStore)> {
+        let (info, store) = self.owned.run(self.inner.next())?;
+        Ok((info, BlockingStore { owned: Owned::new()?, inner: store }))
+    }
+    pub fn is_closed(&self) -> Result<bool> {
+        self.owned.run(self.inner.is_closed())
+    }
+    pub fn set_closed(&self) -> Result<()> {
+        self.owned.run(self.inner.set_closed())
+    }
+    pub fn num_waiting(&self) -> Result<u32> {
+        self.owned.run(self.inner.num_waiting())
+    }
+    pub fn num_lost(&self) -> Result<u32> {
+        self.owned.run(self.inner.num_lost())
+    }
+    pub fn shutdown(&self) -> Result<()> {
+        self.owned.run(self.inner.shutdown())
+    }
+    pub fn params(&self) -> &Params {
+        self.inner.params()
+    }
+    pub fn node_id(&self) -> &str {
+        self.inner.node_id()
+    }
+}
+
+impl Drop for BlockingRendezvous {
+    fn drop(&mut self) {
+        if self.owned.foreign() {
+            // Leak: the parent's runtime and tasks must not be torn down in a child.
+            std::mem::forget(self.owned.rt.clone());
+            std::mem::forget(self.inner.clone());
+            return;
+        }
+        let _ = self.shutdown();
+    }
+}
+
+/// A blocking handle on one round's store.
+pub struct BlockingStore {
+    owned: Owned,
+    inner: Store,
+}
+
+impl BlockingStore {
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.owned.run(self.inner.set(key, value))
+    }
+    pub fn get(&self, key: &str, timeout: Option<Duration>) -> Result<Vec<u8>> {
+        self.owned.run(self.inner.get(key, timeout))
+    }
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.owned.run(self.inner.add(key, delta))
+    }
+    pub fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        self.owned.run(self.inner.compare_set(key, expected, desired))
+    }
+    pub fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<()> {
+        self.owned.run(self.inner.wait(keys, timeout))
+    }
+    pub fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.owned.run(self.inner.check(keys))
+    }
+    pub fn delete_key(&self, key: &str) -> Result<bool> {
+        self.owned.run(self.inner.delete_key(key))
+    }
+    pub fn num_keys(&self) -> Result<i64> {
+        self.owned.run(self.inner.num_keys())
+    }
+    pub fn multi_get(&self, keys: &[&str], timeout: Option<Duration>) -> Result<Vec<Vec<u8>>> {
+        self.owned.run(self.inner.multi_get(keys, timeout))
+    }
+    pub fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
+        self.owned.run(self.inner.multi_set(keys, values))
+    }
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.inner.set_timeout(timeout)
+    }
+}
+
+impl Drop for BlockingStore {
+    fn drop(&mut self) {
+        if self.owned.foreign() {
+            std::mem::forget(self.owned.rt.clone());
+            std::mem::forget(self.inner.clone());
+        }
+    }
+}

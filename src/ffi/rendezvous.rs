@@ -1,0 +1,212 @@
+//! `rdzv_t`: one node's handle on a run.
+
+use super::boundary::{arg_out, arg_ref, boundary, rdzv_error_t, rdzv_status_t};
+use super::params::{params_ref, rdzv_params_t};
+use super::store::rdzv_store_t;
+use crate::blocking::BlockingRendezvous;
+use std::ffi::{c_char, CString};
+
+/// Capacity of `rdzv_round_t.master_addr`, including the terminating NUL.
+pub const RDZV_ADDR_CAPACITY: usize = 256;
+
+/// One node's handle on a rendezvous. Thread-safe: every function may be called on the same
+/// handle from several threads at once, except that only one `rdzv_next` runs at a time per
+/// handle (a second concurrent one fails with `RDZV_ERR_INVALID_ARGUMENT`). `rdzv_shutdown`
+/// from another thread wakes a blocked `rdzv_next`, which returns `RDZV_ERR_SHUTDOWN`.
+/// A handle belongs to the process that created it: after `fork()`, create new handles in the
+/// child (calls on inherited ones fail with `RDZV_ERR_INVALID_ARGUMENT`).
+pub struct rdzv_t {
+    inner: BlockingRendezvous,
+    run_id: CString,
+    backend: CString,
+    node_id: CString,
+}
+
+/// This node's place in a completed round, filled by `rdzv_next`.
+#[repr(C)]
+pub struct rdzv_round_t {
+    /// The round number: 0 for the first round of a run, then increasing.
+    pub round: u64,
+    /// This node's rank, in 0..world_size. Members of the previous round that are still alive
+    /// keep their relative order, so rank 0 stays rank 0 while it lives.
+    pub rank: u32,
+    /// Number of members of the round.
+    pub world_size: u32,
+    /// MASTER_PORT: a TCP port that was free on rank 0 when it joined.
+    pub master_port: u16,
+    /// MASTER_ADDR: rank 0's `local_addr` option, else its host name; NUL-terminated.
+    pub master_addr: [c_char; RDZV_ADDR_CAPACITY],
+}
+
+/// Creates a handle: connects to etcd (shared with other handles of this process that use the
+/// same endpoints and credentials) and registers this node as alive under a lease. Blocks for
+/// at most `connect_timeout` (default 10 s); `RDZV_ERR_CONNECTION` names the endpoints if etcd
+/// does not answer. Does not consume `params`. On success `*out` owns the new handle (free
+/// with `rdzv_free`).
+#[no_mangle]
+pub extern "C" fn rdzv_new(
+    params: *const rdzv_params_t,
+    out: *mut *mut rdzv_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let out = arg_out(out, "out")?;
+        let params = params_ref(params)?.clone();
+        let inner = BlockingRendezvous::new(params)?;
+        let text = |s: &str| CString::new(s).unwrap_or_default();
+        let handle = rdzv_t {
+            run_id: text(&inner.params().run_id),
+            backend: text("etcd-v3"),
+            node_id: text(inner.node_id()),
+            inner,
+        };
+        *out = Box::into_raw(Box::new(handle));
+        Ok(())
+    })
+}
+
+/// Joins the next round and blocks until this node is a member of a completed round: when
+/// `max_nodes` have joined, or `last_call_timeout` after `min_nodes` have. A node arriving
+/// while a round is running waits (others see it in `rdzv_num_waiting`) until a member calls
+/// `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
+/// `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
+/// while this node was left out of a full round, `RDZV_ERR_SHUTDOWN` if `rdzv_shutdown` is
+/// called meanwhile. On success fills `*round` and, if `store` is not NULL, sets `*store` to a
+/// new handle on the round's store (free with `rdzv_store_free`; it stays usable after
+/// `rdzv_free` of this handle).
+#[no_mangle]
+pub extern "C" fn rdzv_next(
+    rdzv: *mut rdzv_t,
+    round: *mut rdzv_round_t,
+    store: *mut *mut rdzv_store_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let handle = arg_ref(rdzv, "rdzv")?;
+        let round = arg_out(round, "round")?;
+        let (info, round_store) = handle.inner.next()?;
+        let mut addr = [0 as c_char; RDZV_ADDR_CAPACITY];
+        for (dst, src) in addr.iter_mut().zip(info.master_addr.bytes().take(RDZV_ADDR_CAPACITY - 1)) {
+            *dst = src as c_char;
+        }
+        *round = rdzv_round_t {
+            round: info.round,
+            rank: info.rank,
+            world_size: info.world_size,
+            master_port: info.master_port,
+            master_addr: addr,
+        };
+        if !store.is_null() {
+            // SAFETY: checked non-NULL; writable by contract.
+            unsafe { *store = Box::into_raw(Box::new(rdzv_store_t(round_store))) };
+        }
+        Ok(())
+    })
+}
+
+/// Sets `*closed` to whether the run has been closed by any node. One etcd read, at most
+/// `connect_timeout`.
+#[no_mangle]
+pub extern "C" fn rdzv_is_closed(
+    rdzv: *const rdzv_t,
+    closed: *mut bool,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let handle = arg_ref(rdzv, "rdzv")?;
+        let out = arg_out(closed, "closed")?;
+        *out = handle.inner.is_closed()?;
+        Ok(())
+    })
+}
+
+/// Closes the run for every node: blocked `rdzv_next` calls anywhere return `RDZV_ERR_CLOSED`
+/// promptly (they watch for it) and later ones fail at once. At most `close_timeout`.
+#[no_mangle]
+pub extern "C" fn rdzv_set_closed(
+    rdzv: *const rdzv_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || arg_ref(rdzv, "rdzv")?.inner.set_closed())
+}
+
+/// Sets `*count` to the number of nodes waiting for the round after this node's last round:
+/// late arrivals plus members that already called `rdzv_next` again. Non-zero means the
+/// members should call `rdzv_next` to admit them. 0 before this node's first round.
+#[no_mangle]
+pub extern "C" fn rdzv_num_waiting(
+    rdzv: *const rdzv_t,
+    count: *mut u32,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let handle = arg_ref(rdzv, "rdzv")?;
+        let out = arg_out(count, "count")?;
+        *out = handle.inner.num_waiting()?;
+        Ok(())
+    })
+}
+
+/// Sets `*count` to the number of members of this node's last round whose lease expired
+/// (killed, hung or cut off for longer than `lease_ttl`), including this node if its own lease
+/// is gone. Non-zero means the round is broken: survivors should call `rdzv_next`. A death is
+/// visible here within about one `lease_ttl`.
+#[no_mangle]
+pub extern "C" fn rdzv_num_lost(
+    rdzv: *const rdzv_t,
+    count: *mut u32,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let handle = arg_ref(rdzv, "rdzv")?;
+        let out = arg_out(count, "count")?;
+        *out = handle.inner.num_lost()?;
+        Ok(())
+    })
+}
+
+/// Releases this node: wakes a `rdzv_next` blocked on this handle in another thread, revokes
+/// the node's lease (so the other nodes see it leave at once rather than after `lease_ttl`),
+/// and, if the run is closed and this was the last node, deletes the run's data from etcd.
+/// Unlike torch, it does NOT close the run for the others. Idempotent; safe from any thread.
+/// Later calls on the handle fail with `RDZV_ERR_SHUTDOWN`. At most `close_timeout`.
+#[no_mangle]
+pub extern "C" fn rdzv_shutdown(
+    rdzv: *const rdzv_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || arg_ref(rdzv, "rdzv")?.inner.shutdown())
+}
+
+/// Shuts the handle down (as `rdzv_shutdown`, errors ignored) and frees it. NULL is a no-op.
+/// No other thread may be using the handle: call `rdzv_shutdown` and join blocked threads first.
+#[no_mangle]
+pub extern "C" fn rdzv_free(rdzv: *mut rdzv_t) {
+    if !rdzv.is_null() {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: created by Box::into_raw in rdzv_new, freed once by contract.
+            drop(unsafe { Box::from_raw(rdzv) });
+        }));
+    }
+}
+
+/// The run id, NUL-terminated, owned by the handle (valid until `rdzv_free`). NULL for NULL.
+#[no_mangle]
+pub extern "C" fn rdzv_run_id(rdzv: *const rdzv_t) -> *const c_char {
+    // SAFETY: NULL or a live handle.
+    unsafe { rdzv.as_ref() }.map_or(std::ptr::null(), |h| h.run_id.as_ptr())
+}
+
+/// The backend name (`"etcd-v3"`), owned by the handle. NULL for NULL.
+#[no_mangle]
+pub extern "C" fn rdzv_backend(rdzv: *const rdzv_t) -> *const c_char {
+    // SAFETY: NULL or a live handle.
+    unsafe { rdzv.as_ref() }.map_or(std::ptr::null(), |h| h.backend.as_ptr())
+}
+
+/// This node's id (32 hex digits, unique per handle), owned by the handle. NULL for NULL.
+#[no_mangle]
+pub extern "C" fn rdzv_node_id(rdzv: *const rdzv_t) -> *const c_char {
+    // SAFETY: NULL or a live handle.
+    unsafe { rdzv.as_ref() }.map_or(std::ptr::null(), |h| h.node_id.as_ptr())
+}

@@ -1,0 +1,251 @@
+//! `rdzv_store_t`: the key-value store of one round (c10d `Store` semantics).
+
+use super::boundary::{
+    arg_bytes, arg_out, arg_ref, arg_str, arg_strs, boundary, give_bytes, rdzv_error_t,
+    rdzv_status_t, to_timeout,
+};
+use crate::blocking::BlockingStore;
+use crate::error::Error;
+use std::ffi::c_char;
+use std::time::Duration;
+
+/// The store of one round, under the run's prefix and the round number: a node of an old round
+/// cannot touch a newer round's store. Thread-safe: any function may be called from several
+/// threads at once. Keys are non-empty NUL-terminated UTF-8 strings of at most 4096 bytes;
+/// values are bytes (at most about 1.5 MiB, etcd's request limit). Timeouts are in
+/// milliseconds: negative means the store's default (300 s, see `rdzv_store_set_timeout`),
+/// 0 means "do not wait", and values above one year are capped at one year.
+pub struct rdzv_store_t(pub(crate) BlockingStore);
+
+fn store_ref<'a>(s: *const rdzv_store_t) -> crate::Result<&'a BlockingStore> {
+    Ok(&arg_ref(s, "store")?.0)
+}
+
+/// Sets `key` to the `value_len` bytes at `value` (`value` may be NULL when `value_len` is 0).
+#[no_mangle]
+pub extern "C" fn rdzv_store_set(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    value: *const u8,
+    value_len: usize,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        store_ref(store)?.set(arg_str(key, "key")?, arg_bytes(value, value_len, "value")?)
+    })
+}
+
+/// Waits up to `timeout_ms` for `key` to be set, then returns its value: `*value` receives a
+/// buffer of `*value_len` bytes that the caller frees with `rdzv_bytes_free`. If the key is
+/// still absent at the deadline: `RDZV_ERR_TIMEOUT`.
+#[no_mangle]
+pub extern "C" fn rdzv_store_get(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    timeout_ms: i64,
+    value: *mut *mut u8,
+    value_len: *mut usize,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let (value, value_len) = (arg_out(value, "value")?, arg_out(value_len, "value_len")?);
+        let bytes = store_ref(store)?.get(arg_str(key, "key")?, to_timeout(timeout_ms))?;
+        (*value, *value_len) = give_bytes(bytes);
+        Ok(())
+    })
+}
+
+/// Atomically adds `delta` to the decimal integer stored at `key` (absent counts as 0) and sets
+/// `*new_value` to the result. `RDZV_ERR_INVALID_ARGUMENT` if the stored value is not an
+/// integer or the sum overflows. Exact under any number of concurrent adders.
+#[no_mangle]
+pub extern "C" fn rdzv_store_add(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    delta: i64,
+    new_value: *mut i64,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let out = arg_out(new_value, "new_value")?;
+        *out = store_ref(store)?.add(arg_str(key, "key")?, delta)?;
+        Ok(())
+    })
+}
+
+/// Sets `key` to `desired` if it currently holds `expected` (or is absent and `expected_len`
+/// is 0), atomically. `*value` receives the value the key holds afterwards (when the key is
+/// absent and `expected` is not empty: `expected`, unchanged store), freed with
+/// `rdzv_bytes_free`.
+#[no_mangle]
+pub extern "C" fn rdzv_store_compare_set(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    expected: *const u8,
+    expected_len: usize,
+    desired: *const u8,
+    desired_len: usize,
+    value: *mut *mut u8,
+    value_len: *mut usize,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let (value, value_len) = (arg_out(value, "value")?, arg_out(value_len, "value_len")?);
+        let bytes = store_ref(store)?.compare_set(
+            arg_str(key, "key")?,
+            arg_bytes(expected, expected_len, "expected")?,
+            arg_bytes(desired, desired_len, "desired")?,
+        )?;
+        (*value, *value_len) = give_bytes(bytes);
+        Ok(())
+    })
+}
+
+/// Waits up to `timeout_ms` until all `num_keys` keys exist (`RDZV_ERR_TIMEOUT` otherwise).
+#[no_mangle]
+pub extern "C" fn rdzv_store_wait(
+    store: *const rdzv_store_t,
+    keys: *const *const c_char,
+    num_keys: usize,
+    timeout_ms: i64,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        store_ref(store)?.wait(&arg_strs(keys, num_keys, "keys")?, to_timeout(timeout_ms))
+    })
+}
+
+/// Sets `*all_exist` to whether all `num_keys` keys exist now. Does not wait.
+#[no_mangle]
+pub extern "C" fn rdzv_store_check(
+    store: *const rdzv_store_t,
+    keys: *const *const c_char,
+    num_keys: usize,
+    all_exist: *mut bool,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let out = arg_out(all_exist, "all_exist")?;
+        *out = store_ref(store)?.check(&arg_strs(keys, num_keys, "keys")?)?;
+        Ok(())
+    })
+}
+
+/// Deletes `key`; `*deleted` tells whether it existed. `deleted` may be NULL.
+#[no_mangle]
+pub extern "C" fn rdzv_store_delete_key(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    deleted: *mut bool,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let existed = store_ref(store)?.delete_key(arg_str(key, "key")?)?;
+        if let Some(out) = unsafe { deleted.as_mut() } {
+            *out = existed;
+        }
+        Ok(())
+    })
+}
+
+/// Sets `*count` to the number of keys in this round's store.
+#[no_mangle]
+pub extern "C" fn rdzv_store_num_keys(
+    store: *const rdzv_store_t,
+    count: *mut i64,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let out = arg_out(count, "count")?;
+        *out = store_ref(store)?.num_keys()?;
+        Ok(())
+    })
+}
+
+/// Waits up to `timeout_ms` for all `num_keys` keys, then returns their values read at one
+/// revision: `values[i]`/`value_lens[i]` (caller-provided arrays of `num_keys` entries) receive
+/// a buffer per key, each freed with `rdzv_bytes_free`. On failure the arrays are untouched.
+#[no_mangle]
+pub extern "C" fn rdzv_store_multi_get(
+    store: *const rdzv_store_t,
+    keys: *const *const c_char,
+    num_keys: usize,
+    timeout_ms: i64,
+    values: *mut *mut u8,
+    value_lens: *mut usize,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let keys = arg_strs(keys, num_keys, "keys")?;
+        if num_keys > 0 && (values.is_null() || value_lens.is_null()) {
+            return Err(Error::invalid("values/value_lens: expected arrays of num_keys entries, got NULL"));
+        }
+        let got = store_ref(store)?.multi_get(&keys, to_timeout(timeout_ms))?;
+        for (i, bytes) in got.into_iter().enumerate() {
+            let (ptr, len) = give_bytes(bytes);
+            // SAFETY: caller-provided arrays of num_keys entries, checked non-NULL.
+            unsafe {
+                *values.add(i) = ptr;
+                *value_lens.add(i) = len;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Sets `num_keys` keys at once (all or nothing): `keys[i]` to the `value_lens[i]` bytes at
+/// `values[i]`.
+#[no_mangle]
+pub extern "C" fn rdzv_store_multi_set(
+    store: *const rdzv_store_t,
+    keys: *const *const c_char,
+    values: *const *const u8,
+    value_lens: *const usize,
+    num_keys: usize,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let keys = arg_strs(keys, num_keys, "keys")?;
+        let mut bufs = Vec::with_capacity(num_keys);
+        if num_keys > 0 {
+            if values.is_null() || value_lens.is_null() {
+                return Err(Error::invalid("values/value_lens: expected arrays of num_keys entries, got NULL"));
+            }
+            for i in 0..num_keys {
+                // SAFETY: caller-provided arrays of num_keys entries, checked non-NULL.
+                let (ptr, len) = unsafe { (*values.add(i), *value_lens.add(i)) };
+                bufs.push(arg_bytes(ptr, len, &format!("values[{i}]"))?);
+            }
+        }
+        store_ref(store)?.multi_set(&keys, &bufs)
+    })
+}
+
+/// Sets the default timeout of `get`, `wait` and `multi_get` (c10d's `set_timeout`).
+/// `timeout_ms` must be >= 0.
+#[no_mangle]
+pub extern "C" fn rdzv_store_set_timeout(
+    store: *const rdzv_store_t,
+    timeout_ms: i64,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let s = store_ref(store)?;
+        if timeout_ms < 0 {
+            return Err(Error::invalid(format!("timeout_ms: expected >= 0, got {timeout_ms}")));
+        }
+        s.set_timeout(Duration::from_millis(timeout_ms as u64));
+        Ok(())
+    })
+}
+
+/// Frees a store handle. NULL is a no-op. No other thread may be using it.
+#[no_mangle]
+pub extern "C" fn rdzv_store_free(store: *mut rdzv_store_t) {
+    if !store.is_null() {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: created by Box::into_raw in rdzv_next, freed once by contract.
+            drop(unsafe { Box::from_raw(store) });
+        }));
+    }
+}

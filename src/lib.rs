@@ -1,0 +1,20 @@
+//! rdzv: torchelastic-style rendezvous for elastic training on the etcd v3 API, with a C ABI.
+//!
+//! Layers, bottom up: `params` (what to join), `backend` (etcd connection, retries, key
+//! layout, leases), `rendezvous` (the round protocol), `store` (the per-round key-value
+//! store), `blocking` (one runtime, `block_on` per call) and `ffi` (the C ABI, glue only).
+
+pub mod backend;
+pub mod blocking;
+pub mod error;
+pub mod ffi;
+pub mod params;
+pub mod rendezvous;
+pub mod store;
+mod util;
+
+pub use blocking::{BlockingRendezvous, BlockingStore};
+pub use error::{Error, ErrorKind, Result};
+pub use params::Params;
+pub use rendezvous::{Rendezvous, RoundInfo};
+pub use store::Store;

@@ -1,0 +1,381 @@
+//! Rendezvous parameters: what to join (endpoints, run id, node counts) and how (timeouts,
+//! TLS, credentials). Built from a URL or from explicit values plus `key=value` options, the
+//! way torchrun's `--rdzv-*` flags and `--rdzv-conf` describe a rendezvous.
+//!
+//! Invariant: a `Params` that exists has passed `validate`, so the layers below never see
+//! min > max, an empty run id or a malformed endpoint.
+
+mod url;
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::time::Duration;
+
+/// Backend names accepted for the etcd v3 backend.
+pub const BACKEND_NAMES: &[&str] = &["etcd-v3", "etcd"];
+
+/// Every option `set` understands, with its aliases after a `|`. Kept in one place so the
+/// "unknown option" error can list them.
+pub const KNOWN_OPTIONS: &[&str] = &[
+    "min_nodes|min_workers",
+    "max_nodes|max_workers",
+    "nnodes",
+    "local_addr",
+    "join_timeout|timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "lease_ttl|keep_alive_ttl",
+    "connect_timeout",
+    "store_timeout",
+    "retention",
+    "key_prefix|etcd_prefix",
+    "protocol",
+    "cacert",
+    "cert",
+    "key",
+    "username",
+    "password",
+];
+
+/// Transport security and credentials for etcd.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Security {
+    pub https: bool,
+    pub cacert: Option<String>,
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+/// A validated description of one node's view of a rendezvous.
+#[derive(Clone, PartialEq)]
+pub struct Params {
+    pub backend: String,
+    pub endpoints: Vec<String>,
+    pub run_id: String,
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    pub local_addr: Option<String>,
+    pub join_timeout: Duration,
+    pub last_call_timeout: Duration,
+    pub close_timeout: Duration,
+    pub lease_ttl: Duration,
+    pub connect_timeout: Duration,
+    pub store_timeout: Duration,
+    pub retention: Duration,
+    pub key_prefix: String,
+    pub security: Security,
+}
+
+// Passwords and key paths stay out of logs: Debug shows only whether they are set.
+impl fmt::Debug for Params {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Params")
+            .field("backend", &self.backend)
+            .field("endpoints", &self.endpoints)
+            .field("run_id", &self.run_id)
+            .field("min_nodes", &self.min_nodes)
+            .field("max_nodes", &self.max_nodes)
+            .field("local_addr", &self.local_addr)
+            .field("join_timeout", &self.join_timeout)
+            .field("last_call_timeout", &self.last_call_timeout)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("key_prefix", &self.key_prefix)
+            .field("https", &self.security.https)
+            .field("client_cert", &self.security.cert.is_some())
+            .field("username", &self.security.username.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// etcd refuses lease TTLs below its minimum (about 2 s at the default heartbeat).
+const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+/// No timeout may exceed a year: larger values are almost certainly unit mistakes.
+const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+impl Params {
+    /// Explicit parameters, as torch's `RendezvousParameters(backend, endpoint, run_id,
+    /// min_nodes, max_nodes)`. `endpoints` is a comma-separated list of `host:port`
+    /// (optionally `http://` or `https://`).
+    pub fn new(
+        backend: &str,
+        endpoints: &str,
+        run_id: &str,
+        min_nodes: u32,
+        max_nodes: u32,
+    ) -> Result<Params> {
+        let mut params = Params::unchecked(backend, run_id);
+        params.endpoints = parse_endpoints(endpoints)?;
+        params.min_nodes = min_nodes;
+        params.max_nodes = max_nodes;
+        params.validate()?;
+        Ok(params)
+    }
+
+    /// Parses `etcd://host:port[,host:port...]/RUN_ID?option=value&...`.
+    pub fn from_url(url: &str) -> Result<Params> {
+        url::parse(url)
+    }
+
+    fn unchecked(backend: &str, run_id: &str) -> Params {
+        Params {
+            backend: backend.to_string(),
+            endpoints: Vec::new(),
+            run_id: run_id.to_string(),
+            min_nodes: 1,
+            max_nodes: 1,
+            local_addr: None,
+            join_timeout: Duration::from_secs(600),
+            last_call_timeout: Duration::from_secs(30),
+            close_timeout: Duration::from_secs(30),
+            lease_ttl: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            store_timeout: Duration::from_secs(300),
+            retention: Duration::from_secs(3600),
+            key_prefix: "/rdzv".to_string(),
+            security: Security::default(),
+        }
+    }
+
+    /// Sets one option by name (see `KNOWN_OPTIONS`), then re-validates. On error the
+    /// parameters are unchanged.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        let mut next = self.clone();
+        next.apply(name, value)?;
+        next.validate()?;
+        *self = next;
+        Ok(())
+    }
+
+    fn apply(&mut self, name: &str, value: &str) -> Result<()> {
+        let seconds = |v: &str| parse_seconds(name, v);
+        match name {
+            "min_nodes" | "min_workers" => self.min_nodes = parse_count(name, value)?,
+            "max_nodes" | "max_workers" => self.max_nodes = parse_count(name, value)?,
+            "nnodes" => {
+                let (min, max) = match value.split_once(':') {
+                    Some((a, b)) => (parse_count(name, a)?, parse_count(name, b)?),
+                    None => {
+                        let n = parse_count(name, value)?;
+                        (n, n)
+                    }
+                };
+                self.min_nodes = min;
+                self.max_nodes = max;
+            }
+            "local_addr" => {
+                if value.is_empty() || value.chars().any(|c| c.is_whitespace() || c.is_control())
+                {
+                    return Err(Error::invalid(format!(
+                        "option local_addr: expected a host name or IP address, got {value:?}"
+                    )));
+                }
+                self.local_addr = Some(value.to_string());
+            }
+            "join_timeout" | "timeout" => self.join_timeout = seconds(value)?,
+            "last_call_timeout" => self.last_call_timeout = seconds(value)?,
+            "close_timeout" => self.close_timeout = seconds(value)?,
+            "lease_ttl" | "keep_alive_ttl" => self.lease_ttl = seconds(value)?,
+            "connect_timeout" => self.connect_timeout = seconds(value)?,
+            "store_timeout" => self.store_timeout = seconds(value)?,
+            "retention" => self.retention = seconds(value)?,
+            "key_prefix" | "etcd_prefix" => self.key_prefix = value.to_string(),
+            "protocol" => {
+                self.security.https = match value.to_ascii_lowercase().as_str() {
+                    "http" => false,
+                    "https" => true,
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "option protocol: expected \"http\" or \"https\", got {value:?}"
+                        )))
+                    }
+                }
+            }
+            "cacert" => self.security.cacert = Some(non_empty(name, value)?),
+            "cert" => self.security.cert = Some(non_empty(name, value)?),
+            "key" => self.security.key = Some(non_empty(name, value)?),
+            "username" => self.security.username = Some(non_empty(name, value)?),
+            "password" => self.security.password = Some(value.to_string()),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "unknown option {name:?}; known options: {}",
+                    KNOWN_OPTIONS.join(", ")
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the relations between fields; every message names the field and what was
+    /// expected.
+    pub fn validate(&self) -> Result<()> {
+        if !BACKEND_NAMES.contains(&self.backend.as_str()) {
+            return Err(Error::invalid(format!(
+                "backend: expected one of {}, got {:?}",
+                BACKEND_NAMES.join(", "),
+                self.backend
+            )));
+        }
+        if self.endpoints.is_empty() {
+            return Err(Error::invalid("endpoint: expected at least one host:port"));
+        }
+        if self.run_id.is_empty() {
+            return Err(Error::invalid("run_id: expected a non-empty string"));
+        }
+        if self.run_id.len() > 512 {
+            return Err(Error::invalid("run_id: expected at most 512 bytes"));
+        }
+        if self.min_nodes < 1 {
+            return Err(Error::invalid(format!(
+                "min_nodes: expected at least 1, got {}",
+                self.min_nodes
+            )));
+        }
+        if self.max_nodes < self.min_nodes {
+            return Err(Error::invalid(format!(
+                "max_nodes: expected at least min_nodes ({}), got {}",
+                self.min_nodes, self.max_nodes
+            )));
+        }
+        if self.lease_ttl < MIN_LEASE_TTL {
+            return Err(Error::invalid(format!(
+                "lease_ttl: expected at least {} seconds (etcd's minimum lease), got {}",
+                MIN_LEASE_TTL.as_secs(),
+                self.lease_ttl.as_secs_f64()
+            )));
+        }
+        for (name, value) in [
+            ("join_timeout", self.join_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("close_timeout", self.close_timeout),
+            ("retention", self.retention),
+        ] {
+            if value.is_zero() {
+                return Err(Error::invalid(format!("{name}: expected more than 0 seconds")));
+            }
+        }
+        if !self.key_prefix.starts_with('/') {
+            return Err(Error::invalid(format!(
+                "key_prefix: expected a path starting with '/', got {:?}",
+                self.key_prefix
+            )));
+        }
+        let tls_files = [&self.security.cacert, &self.security.cert, &self.security.key];
+        if tls_files.iter().any(|f| f.is_some()) && !self.security.https {
+            return Err(Error::invalid(
+                "cacert/cert/key: TLS files given but protocol is http; set protocol=https",
+            ));
+        }
+        if self.security.cert.is_some() != self.security.key.is_some() {
+            return Err(Error::invalid(
+                "cert/key: a client certificate needs both cert and key",
+            ));
+        }
+        if self.security.password.is_some() && self.security.username.is_none() {
+            return Err(Error::invalid("password: given without username"));
+        }
+        Ok(())
+    }
+
+    /// The address rank 0 publishes as MASTER_ADDR: `local_addr`, else the host name.
+    pub fn advertised_addr(&self) -> String {
+        self.local_addr.clone().unwrap_or_else(hostname)
+    }
+}
+
+fn non_empty(name: &str, value: &str) -> Result<String> {
+    if value.is_empty() {
+        return Err(Error::invalid(format!("option {name}: expected a non-empty value")));
+    }
+    Ok(value.to_string())
+}
+
+/// Strict unsigned integer: digits only, no sign, no spaces.
+pub(crate) fn parse_count(name: &str, value: &str) -> Result<u32> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Error::invalid(format!(
+            "{name}: expected a whole number, got {value:?}"
+        )));
+    }
+    value.parse::<u32>().map_err(|_| {
+        Error::invalid(format!("{name}: expected a whole number below 2^32, got {value:?}"))
+    })
+}
+
+/// Seconds as a plain non-negative decimal number (`30`, `0.5`).
+pub(crate) fn parse_seconds(name: &str, value: &str) -> Result<Duration> {
+    let plain = !value.is_empty()
+        && value.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && value.bytes().filter(|&b| b == b'.').count() <= 1
+        && value != ".";
+    let secs = if plain { value.parse::<f64>().ok() } else { None };
+    match secs {
+        Some(s) if Duration::from_secs_f64(s) <= MAX_TIMEOUT => Ok(Duration::from_secs_f64(s)),
+        _ => Err(Error::invalid(format!(
+            "option {name}: expected a number of seconds between 0 and {} (e.g. 30 or 0.5), got {value:?}",
+            MAX_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// Splits and checks `host:port[,host:port]`, keeping an explicit `http://`/`https://`.
+pub(crate) fn parse_endpoints(list: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for raw in list.split(',') {
+        let raw = raw.trim();
+        if raw.is_empty() {
+            return Err(Error::invalid(format!(
+                "endpoint: expected host:port[,host:port...], got {list:?}"
+            )));
+        }
+        let rest = raw
+            .strip_prefix("http://")
+            .or_else(|| raw.strip_prefix("https://"))
+            .unwrap_or(raw);
+        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+            match v6.split_once(']') {
+                Some((h, tail)) if tail.is_empty() || tail.starts_with(':') => {
+                    (&rest[..h.len() + 2], tail.strip_prefix(':'))
+                }
+                _ => return Err(Error::invalid(format!("endpoint {raw:?}: expected [ipv6]:port"))),
+            }
+        } else {
+            match rest.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (rest, None),
+            }
+        };
+        if host.is_empty() || host.contains('/') || host.chars().any(char::is_whitespace) {
+            return Err(Error::invalid(format!("endpoint {raw:?}: expected host:port")));
+        }
+        let port = match port {
+            None => 2379,
+            Some(p) => match p.parse::<u32>() {
+                Ok(n) if (1..=65535).contains(&n) && p.bytes().all(|b| b.is_ascii_digit()) => n,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "endpoint {raw:?}: port must be a number from 1 to 65535, got {p:?}"
+                    )))
+                }
+            },
+        };
+        let scheme = if raw.starts_with("https://") { "https://" } else if raw.starts_with("http://") { "http://" } else { "" };
+        out.push(format!("{scheme}{host}:{port}"));
+    }
+    Ok(out)
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests;

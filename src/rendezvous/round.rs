@@ -1,0 +1,335 @@
+//! Waiting for a round to be sealed, and sealing it when this node leads.
+//!
+//! Followers watch only their predecessor's join key (the etcd election recipe), so a join or a
+//! death wakes one node, not all of them. The leader (oldest live joiner) keeps the round's
+//! joiners and the run's live nodes in memory, fed by one watch, and seals when the rules in
+//! `should_seal` say so. Any doubt about the watch (etcd restarted, history compacted) sends
+//! the node back to a fresh snapshot, which is always safe because every decision is re-read
+//! from etcd state and every write is guarded by compares.
+
+use super::{FinalRecord, JoinRecord, Member, Outcome, Rendezvous};
+use crate::backend::keys::Keys;
+use crate::backend::{ranges, Target};
+use crate::error::{Error, Result};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use tokio::time::Instant;
+
+/// Waits until round `round` is sealed (by this node or another), the run closes, or the
+/// deadline passes.
+pub(crate) async fn wait_for_seal(
+    rdzv: &Rendezvous,
+    round: u64,
+    deadline: Instant,
+    left_out: bool,
+) -> Result<Outcome> {
+    let keys = rdzv.keys();
+    let me = keys.join(round, rdzv.node());
+    loop {
+        let predecessor_query = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1);
+        // Our own create revision bounds the predecessor search, so read it first; then read
+        // the predecessor, final and closed in one snapshot and watch from just after it.
+        let mine = rdzv
+            .etcd()
+            .txn(deadline, "read join", Txn::new().and_then([TxnOp::get(me.clone(), None)]))
+            .await?;
+        let Some(my_rev) = ranges(&mine)[0].kvs().first().map(|kv| kv.create_revision()) else {
+            return Ok(Outcome::Rejoin);
+        };
+        let snapshot = Txn::new().and_then([
+            TxnOp::get(
+                keys.join_prefix(round),
+                Some(predecessor_query.with_max_create_revision(my_rev - 1)),
+            ),
+            TxnOp::get(keys.final_(round), None),
+            TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(me.clone(), Some(GetOptions::new().with_count_only())),
+        ]);
+        let resp = rdzv.etcd().txn(deadline, "read round", snapshot).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let got = ranges(&resp);
+        if got[2].count() > 0 {
+            return Err(rdzv.closed_err(left_out));
+        }
+        if let Some(kv) = got[1].kvs().first() {
+            return Ok(Outcome::Sealed(FinalRecord::parse(kv.key(), kv.value())?));
+        }
+        if got[3].count() == 0 {
+            return Ok(Outcome::Rejoin);
+        }
+        let Some(pred_key) = got[0].kvs().first().map(|kv| kv.key().to_vec()) else {
+            return lead(rdzv, round, deadline, left_out).await;
+        };
+        let pred_key = String::from_utf8_lossy(&pred_key).into_owned();
+        let targets = [
+            Target::Key(pred_key.clone()),
+            Target::Key(keys.final_(round)),
+            Target::Key(keys.closed()),
+            Target::Key(me.clone()),
+        ];
+        let mut watch = rdzv.etcd().watch(revision + 1, &targets, deadline).await?;
+        'watching: loop {
+            let events = tokio::select! {
+                e = watch.events() => e,
+                _ = tokio::time::sleep_until(deadline) => return Err(timeout(rdzv, None)),
+            };
+            let Some(events) = events else { break 'watching };
+            for ev in events {
+                let Some(kv) = ev.kv() else { continue };
+                let key = kv.key();
+                let deleted = ev.event_type() == EventType::Delete;
+                if key == keys.final_(round).as_bytes() && !deleted {
+                    return Ok(Outcome::Sealed(FinalRecord::parse(key, kv.value())?));
+                } else if key == keys.closed().as_bytes() && !deleted {
+                    return Err(rdzv.closed_err(left_out));
+                } else if key == me.as_bytes() && deleted {
+                    return Ok(Outcome::Rejoin);
+                } else if key == pred_key.as_bytes() && deleted {
+                    break 'watching;
+                }
+            }
+        }
+    }
+}
+
+/// What the leader knows about its round, kept current by one watch.
+struct RoundView {
+    round: u64,
+    /// Joiners by create revision (arrival order), and the reverse index.
+    joiners: BTreeMap<i64, (String, JoinRecord)>,
+    revision_of: HashMap<String, i64>,
+    /// Members of the previous round, if it exists.
+    previous: Option<Vec<String>>,
+    /// Nodes whose `alive` key exists.
+    alive: HashSet<String>,
+}
+
+impl RoundView {
+    fn add_joiner(&mut self, create_rev: i64, key: &[u8], value: &[u8]) -> Result<()> {
+        let node = Keys::node_of(key).unwrap_or_default().to_string();
+        let record = JoinRecord::parse(key, value)?;
+        if let Some(old) = self.revision_of.insert(node.clone(), create_rev) {
+            self.joiners.remove(&old);
+        }
+        self.joiners.insert(create_rev, (node, record));
+        Ok(())
+    }
+
+    fn remove_joiner(&mut self, node: &str) {
+        if let Some(rev) = self.revision_of.remove(node) {
+            self.joiners.remove(&rev);
+        }
+    }
+
+    /// A round may seal only once the previous round is being abandoned: one of its members
+    /// has joined this round, or one has died, or there is no previous round. Otherwise the
+    /// joiners are *waiting* nodes and must not form a second world beside a running one.
+    fn activated(&self) -> bool {
+        match &self.previous {
+            None => true,
+            Some(prev) => prev
+                .iter()
+                .any(|m| self.revision_of.contains_key(m) || !self.alive.contains(m)),
+        }
+    }
+
+    /// Live members of the previous round that have not joined yet. While any remain, reaching
+    /// max_nodes does not seal at once, so new arrivals cannot push out a returning member.
+    fn pending_previous(&self) -> usize {
+        self.previous.as_ref().map_or(0, |prev| {
+            prev.iter()
+                .filter(|m| self.alive.contains(*m) && !self.revision_of.contains_key(*m))
+                .count()
+        })
+    }
+
+    /// The members in rank order: survivors of the previous round first, in their old order
+    /// (so rank 0 stays rank 0), then newcomers by arrival; at most `max` of them.
+    fn members(&self, max: usize) -> Vec<Member> {
+        let mut ordered: Vec<(&i64, &(String, JoinRecord))> = self.joiners.iter().collect();
+        let prev_round = self.round.checked_sub(1);
+        ordered.sort_by_key(|(rev, (_, rec))| match rec.last {
+            Some((r, rank)) if Some(r) == prev_round => (0, rank as i64, **rev),
+            _ => (1, 0, **rev),
+        });
+        ordered
+            .into_iter()
+            .take(max)
+            .map(|(_, (node, rec))| Member { node: node.clone(), addr: rec.addr.clone(), port: rec.port })
+            .collect()
+    }
+}
+
+async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) -> Result<Outcome> {
+    let keys = rdzv.keys();
+    let params = rdzv.params();
+    let (min, max) = (params.min_nodes as usize, params.max_nodes as usize);
+    loop {
+        let mut reads = vec![
+            TxnOp::get(
+                keys.join_prefix(round),
+                Some(GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend)),
+            ),
+            TxnOp::get(keys.final_(round), None),
+            TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(keys.alive_prefix(), Some(GetOptions::new().with_prefix().with_keys_only())),
+        ];
+        if round > 0 {
+            reads.push(TxnOp::get(keys.final_(round - 1), None));
+        }
+        let resp = rdzv.etcd().txn(deadline, "read round", Txn::new().and_then(reads)).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let got = ranges(&resp);
+        if got[2].count() > 0 {
+            return Err(rdzv.closed_err(left_out));
+        }
+        if let Some(kv) = got[1].kvs().first() {
+            return Ok(Outcome::Sealed(FinalRecord::parse(kv.key(), kv.value())?));
+        }
+        let previous = match got.get(4).and_then(|g| g.kvs().first()) {
+            Some(kv) => Some(
+                FinalRecord::parse(kv.key(), kv.value())?.members.into_iter().map(|m| m.node).collect(),
+            ),
+            None => None,
+        };
+        let mut view = RoundView {
+            round,
+            joiners: BTreeMap::new(),
+            revision_of: HashMap::new(),
+            previous,
+            alive: got[3].kvs().iter().filter_map(|kv| Keys::node_of(kv.key())).map(str::to_string).collect(),
+        };
+        for kv in got[0].kvs() {
+            view.add_joiner(kv.create_revision(), kv.key(), kv.value())?;
+        }
+        if !view.revision_of.contains_key(rdzv.node()) {
+            return Ok(Outcome::Rejoin);
+        }
+        let targets = [
+            Target::Prefix(keys.join_prefix(round)),
+            Target::Prefix(keys.alive_prefix()),
+            Target::Key(keys.final_(round)),
+            Target::Key(keys.closed()),
+        ];
+        let mut watch = rdzv.etcd().watch(revision + 1, &targets, deadline).await?;
+        let mut last_call: Option<Instant> = None;
+        'watching: loop {
+            let n = view.joiners.len();
+            let activated = view.activated();
+            let full = n >= max && view.pending_previous() == 0;
+            let last_call_over = last_call.is_some_and(|t| Instant::now() >= t);
+            if activated && (full || (n >= min && last_call_over)) {
+                return seal(rdzv, &view, max, deadline, left_out).await;
+            }
+            if activated && n >= min {
+                last_call.get_or_insert_with(|| Instant::now() + params.last_call_timeout);
+            } else {
+                last_call = None;
+            }
+            let wake = last_call.unwrap_or(deadline).min(deadline);
+            let events = tokio::select! {
+                e = watch.events() => e,
+                _ = tokio::time::sleep_until(wake) => {
+                    if Instant::now() >= deadline {
+                        return Err(timeout(rdzv, Some(n)));
+                    }
+                    continue 'watching;
+                }
+            };
+            let Some(events) = events else { break 'watching };
+            let join_prefix = keys.join_prefix(round);
+            let alive_prefix = keys.alive_prefix();
+            for ev in events {
+                let Some(kv) = ev.kv() else { continue };
+                let key = kv.key();
+                let deleted = ev.event_type() == EventType::Delete;
+                if key.starts_with(join_prefix.as_bytes()) {
+                    if deleted {
+                        let node = Keys::node_of(key).unwrap_or_default();
+                        if node == rdzv.node() {
+                            return Ok(Outcome::Rejoin);
+                        }
+                        view.remove_joiner(node);
+                    } else {
+                        view.add_joiner(kv.create_revision(), key, kv.value())?;
+                    }
+                } else if key.starts_with(alive_prefix.as_bytes()) {
+                    let node = Keys::node_of(key).unwrap_or_default().to_string();
+                    if deleted {
+                        view.alive.remove(&node);
+                    } else {
+                        view.alive.insert(node);
+                    }
+                } else if key == keys.final_(round).as_bytes() && !deleted {
+                    return Ok(Outcome::Sealed(FinalRecord::parse(key, kv.value())?));
+                } else if key == keys.closed().as_bytes() && !deleted {
+                    return Err(rdzv.closed_err(left_out));
+                }
+            }
+        }
+    }
+}
+
+/// Writes the round's membership once: guarded by "no final yet", "not closed" and "the
+/// leader's own join key still exists" (a leader whose lease expired must not seal).
+async fn seal(
+    rdzv: &Rendezvous,
+    view: &RoundView,
+    max: usize,
+    deadline: Instant,
+    left_out: bool,
+) -> Result<Outcome> {
+    let keys = rdzv.keys();
+    let round = view.round;
+    let sealed = FinalRecord { round, members: view.members(max) };
+    let mut writes = vec![
+        TxnOp::put(keys.final_(round), sealed.to_json(), None),
+        TxnOp::put(keys.current(), (round + 1).to_string(), None),
+    ];
+    // Keep the previous round (its members may still read its store); drop the one before.
+    if round >= 2 {
+        writes.push(TxnOp::delete(
+            keys.round_prefix(round - 2),
+            Some(DeleteOptions::new().with_prefix()),
+        ));
+    }
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(keys.final_(round), CompareOp::Equal, 0),
+            Compare::create_revision(keys.closed(), CompareOp::Equal, 0),
+            Compare::version(keys.join(round, rdzv.node()), CompareOp::Greater, 0),
+        ])
+        .and_then(writes)
+        .or_else([
+            TxnOp::get(keys.final_(round), None),
+            TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
+        ]);
+    let resp = rdzv.etcd().txn(deadline, "seal round", txn).await?;
+    if resp.succeeded() {
+        return Ok(Outcome::Sealed(sealed));
+    }
+    let got = ranges(&resp);
+    if got[1].count() > 0 {
+        return Err(rdzv.closed_err(left_out));
+    }
+    match got[0].kvs().first() {
+        Some(kv) => Ok(Outcome::Sealed(FinalRecord::parse(kv.key(), kv.value())?)),
+        None => Ok(Outcome::Rejoin),
+    }
+}
+
+fn timeout(rdzv: &Rendezvous, joined: Option<usize>) -> Error {
+    let p = rdzv.params();
+    let count = joined.map_or(String::new(), |n| format!(" ({n} node(s) had joined)"));
+    Error::timeout(format!(
+        "no round with min_nodes={} formed within join_timeout={} s{count}",
+        p.min_nodes,
+        p.join_timeout.as_secs_f64()
+    ))
+}
