@@ -76,6 +76,10 @@ typedef enum {
    * A bug in rdzv, such as a caught panic. Please report it.
    */
   RDZV_ERR_INTERNAL = 8,
+  /**
+   * `rdzv_cancel` woke this `rdzv_next`; the handle stays usable (Go: context cancelled).
+   */
+  RDZV_ERR_CANCELLED = 9,
 } rdzv_status_t;
 
 /**
@@ -226,7 +230,7 @@ rdzv_status_t rdzv_new(const rdzv_params_t *params, rdzv_t **out, rdzv_error_t *
  * `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
  * `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
  * while this node was left out of a full round, `RDZV_ERR_SHUTDOWN` if `rdzv_shutdown` is
- * called meanwhile. On success fills `*round` and, if `store` is not NULL, sets `*store` to a
+ * called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is. On success fills `*round` and, if `store` is not NULL, sets `*store` to a
  * new handle on the round's store (free with `rdzv_store_free`; it stays usable after
  * `rdzv_free` of this handle).
  */
@@ -261,6 +265,14 @@ rdzv_status_t rdzv_num_waiting(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t
  * visible here within about one `lease_ttl`.
  */
 rdzv_status_t rdzv_num_lost(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t **error);
+
+/**
+ * Wakes a `rdzv_next` blocked on this handle in another thread: it withdraws this node's
+ * join request and returns `RDZV_ERR_CANCELLED`. The handle stays usable (call `rdzv_next`
+ * again to rejoin). No effect when no `rdzv_next` is running. Never blocks; safe from any
+ * thread. This is how bindings honour a Go context or a Python Ctrl-C.
+ */
+rdzv_status_t rdzv_cancel(const rdzv_t *rdzv, rdzv_error_t **error);
 
 /**
  * Releases this node: wakes a `rdzv_next` blocked on this handle in another thread, revokes

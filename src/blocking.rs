@@ -91,6 +91,9 @@ impl BlockingRendezvous {
     pub fn num_lost(&self) -> Result<u32> {
         self.owned.run(self.inner.num_lost())
     }
+    pub fn cancel(&self) {
+        self.inner.cancel()
+    }
     pub fn shutdown(&self) -> Result<()> {
         self.owned.run(self.inner.shutdown())
     }

@@ -20,6 +20,8 @@ pub enum ErrorKind {
     GracefulExit,
     /// The handle was shut down (possibly from another thread) during or before the call.
     Shutdown,
+    /// `cancel` was called while `next` was blocked; the handle stays usable.
+    Cancelled,
     /// This node's etcd lease expired (it was cut off from etcd for longer than `lease_ttl`);
     /// the others have dropped it. Reported to C as a connection error.
     LeaseLost,

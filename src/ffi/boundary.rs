@@ -28,6 +28,8 @@ pub enum rdzv_status_t {
     RDZV_ERR_SHUTDOWN = 7,
     /// A bug in rdzv, such as a caught panic. Please report it.
     RDZV_ERR_INTERNAL = 8,
+    /// `rdzv_cancel` woke this `rdzv_next`; the handle stays usable (Go: context cancelled).
+    RDZV_ERR_CANCELLED = 9,
 }
 
 /// An error: its status and a readable message. Created by a failing call when the caller
@@ -49,6 +51,7 @@ pub(crate) fn status_of(kind: ErrorKind) -> rdzv_status_t {
         ErrorKind::GracefulExit => RDZV_ERR_GRACEFUL_EXIT,
         ErrorKind::Shutdown => RDZV_ERR_SHUTDOWN,
         ErrorKind::Internal => RDZV_ERR_INTERNAL,
+        ErrorKind::Cancelled => RDZV_ERR_CANCELLED,
     }
 }
 
@@ -158,6 +161,7 @@ pub extern "C" fn rdzv_status_name(status: rdzv_status_t) -> *const c_char {
         RDZV_ERR_GRACEFUL_EXIT => c"RDZV_ERR_GRACEFUL_EXIT",
         RDZV_ERR_SHUTDOWN => c"RDZV_ERR_SHUTDOWN",
         RDZV_ERR_INTERNAL => c"RDZV_ERR_INTERNAL",
+        RDZV_ERR_CANCELLED => c"RDZV_ERR_CANCELLED",
     };
     name.as_ptr()
 }

@@ -71,7 +71,7 @@ pub extern "C" fn rdzv_new(
 /// `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
 /// `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
 /// while this node was left out of a full round, `RDZV_ERR_SHUTDOWN` if `rdzv_shutdown` is
-/// called meanwhile. On success fills `*round` and, if `store` is not NULL, sets `*store` to a
+/// called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is. On success fills `*round` and, if `store` is not NULL, sets `*store` to a
 /// new handle on the round's store (free with `rdzv_store_free`; it stays usable after
 /// `rdzv_free` of this handle).
 #[no_mangle]
@@ -161,6 +161,18 @@ pub extern "C" fn rdzv_num_lost(
         let handle = arg_ref(rdzv, "rdzv")?;
         let out = arg_out(count, "count")?;
         *out = handle.inner.num_lost()?;
+        Ok(())
+    })
+}
+
+/// Wakes a `rdzv_next` blocked on this handle in another thread: it withdraws this node's
+/// join request and returns `RDZV_ERR_CANCELLED`. The handle stays usable (call `rdzv_next`
+/// again to rejoin). No effect when no `rdzv_next` is running. Never blocks; safe from any
+/// thread. This is how bindings honour a Go context or a Python Ctrl-C.
+#[no_mangle]
+pub extern "C" fn rdzv_cancel(rdzv: *const rdzv_t, error: *mut *mut rdzv_error_t) -> rdzv_status_t {
+    boundary(error, || {
+        arg_ref(rdzv, "rdzv")?.inner.cancel();
         Ok(())
     })
 }

@@ -49,6 +49,8 @@ pub struct Rendezvous {
     state: Mutex<NodeState>,
     next_running: tokio::sync::Mutex<()>,
     shutdown: watch::Sender<bool>,
+    /// Bumped by `cancel`; a running `next` returns when it changes.
+    cancel: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -84,6 +86,7 @@ impl Rendezvous {
             state: Mutex::new(NodeState::default()),
             next_running: tokio::sync::Mutex::new(()),
             shutdown: watch::channel(false).0,
+            cancel: watch::channel(0).0,
         };
         rdzv.ensure_lease(rdzv.quick_deadline()).await?;
         Ok(rdzv)
@@ -119,9 +122,12 @@ impl Rendezvous {
         }
         let deadline = Instant::now() + self.params.join_timeout;
         let mut shutdown = self.shutdown.subscribe();
+        let mut cancel = self.cancel.subscribe();
+        cancel.mark_unchanged();
         let result = tokio::select! {
             r = self.join_until_member(deadline) => r,
             _ = shutdown.wait_for(|down| *down) => Err(Error::shutdown()),
+            _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "next: cancelled by rdzv_cancel")),
         };
         if result.is_err() {
             self.leave_joined_round().await;
@@ -268,6 +274,12 @@ impl Rendezvous {
         } else {
             Error::closed(format!("rendezvous {:?} is closed", self.params.run_id))
         }
+    }
+
+    /// Makes a `next` running on this handle return `Cancelled` and withdraw its join request;
+    /// the handle stays usable. No effect when no `next` is running.
+    pub fn cancel(&self) {
+        self.cancel.send_modify(|generation| *generation += 1);
     }
 
     /// True once any node has called `set_closed`.
