@@ -114,12 +114,14 @@ impl Rendezvous {
     /// Blocks until this node is a member of a completed round, `join_timeout` passes, the run
     /// is closed, or the handle is shut down.
     pub async fn next(&self) -> Result<(RoundInfo, Store)> {
-        let _only_one = self.next_running.try_lock().map_err(|_| {
-            Error::invalid("next: another call to next is already running on this handle")
-        })?;
         if self.is_shut_down() {
             return Err(Error::shutdown());
         }
+        // shutdown() also takes this lock, to wait for a running next to let go.
+        let _only_one = self.next_running.try_lock().map_err(|_| match self.is_shut_down() {
+            true => Error::shutdown(),
+            false => Error::invalid("next: another call to next is already running on this handle"),
+        })?;
         let deadline = Instant::now() + self.params.join_timeout;
         let mut shutdown = self.shutdown.subscribe();
         let mut cancel = self.cancel.subscribe();
