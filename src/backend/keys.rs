@@ -89,7 +89,7 @@ mod tests {
     #[test]
     fn run_ids_cannot_escape_their_namespace() {
         let keys = Keys::new("/rdzv", "../other/job");
-        assert_eq!(keys.namespace(), "/rdzv/%2E.%2F..%2Fother%2Fjob/");
+        assert_eq!(keys.namespace(), "/rdzv/%2E.%2Fother%2Fjob/");
         assert!(!keys.namespace()["/rdzv/".len()..].trim_end_matches('/').contains('/'));
         let a = Keys::new("/rdzv", "a/b");
         let b = Keys::new("/rdzv", "a%2Fb");

@@ -1,0 +1,68 @@
+use super::*;
+use crate::error::ErrorKind;
+
+fn invalid(result: Result<Params>) -> String {
+    let err = result.expect_err("expected an invalid-argument error");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    err.message().to_string()
+}
+
+#[test]
+fn url_with_cluster_and_options() {
+    let p = Params::from_url(
+        "etcd://10.0.0.1:2379,10.0.0.2:2380/job-42?min_nodes=2&max_nodes=8&last_call_timeout=5&timeout=12.5",
+    )
+    .unwrap();
+    assert_eq!(p.endpoints, ["10.0.0.1:2379", "10.0.0.2:2380"]);
+    assert_eq!(p.run_id, "job-42");
+    assert_eq!((p.min_nodes, p.max_nodes), (2, 8));
+    assert_eq!(p.last_call_timeout, Duration::from_secs(5));
+    assert_eq!(p.join_timeout, Duration::from_millis(12500));
+    assert!(!p.security.https);
+    let tls = Params::from_url("etcds://h/j?nnodes=1:4&etcd_prefix=/x&min_workers=2").unwrap();
+    assert!(tls.security.https);
+    assert_eq!(tls.endpoints, ["h:2379"]);
+    assert_eq!((tls.min_nodes, tls.max_nodes, tls.key_prefix.as_str()), (2, 4, "/x"));
+    let escaped = Params::from_url("etcd://h:1/a%2Fb%20c?min_nodes=1").unwrap();
+    assert_eq!(escaped.run_id, "a/b c");
+}
+
+#[test]
+fn every_error_names_what_was_wrong() {
+    assert!(invalid(Params::from_url("http://h:1/j")).contains("scheme"));
+    assert!(invalid(Params::from_url("etcd://h:1")).contains("run id"));
+    assert!(invalid(Params::from_url("etcd://h:1/")).contains("run_id"));
+    assert!(invalid(Params::from_url("etcd://h:99999/j")).contains("port"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?min_nodes=0")).contains("min_nodes"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?min_nodes=3&max_nodes=2")).contains("max_nodes"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?min_nodes=-1")).contains("whole number"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?min_nodes=1x")).contains("min_nodes"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?join_timeout=5s")).contains("join_timeout"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?lease_ttl=1")).contains("lease_ttl"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?protocol=ftp")).contains("protocol"));
+    assert!(invalid(Params::from_url("etcd://u:p@h:1/j")).contains("credentials"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?cacert=/ca.pem")).contains("https"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?bad%zz=1")).contains("escape"));
+    let unknown = invalid(Params::from_url("etcd://h:1/j?colour=red"));
+    assert!(unknown.contains("colour") && unknown.contains("last_call_timeout"), "{unknown}");
+    assert!(invalid(Params::new("etcd-v2", "h:1", "j", 1, 1)).contains("backend"));
+    assert!(invalid(Params::new("etcd-v3", "", "j", 1, 1)).contains("endpoint"));
+}
+
+#[test]
+fn a_failed_set_changes_nothing() {
+    let mut p = Params::new("etcd-v3", "h:1", "j", 2, 4).unwrap();
+    let before = p.clone();
+    assert!(p.set("max_nodes", "1").is_err());
+    assert!(p.set("nope", "1").is_err());
+    assert_eq!(p, before);
+    p.set("local_addr", "10.0.0.9").unwrap();
+    assert_eq!(p.advertised_addr(), "10.0.0.9");
+}
+
+#[test]
+fn debug_output_hides_secrets() {
+    let p = Params::from_url("etcd://h:1/j?username=alice&password=hunter2").unwrap();
+    let shown = format!("{p:?}");
+    assert!(!shown.contains("hunter2") && !shown.contains("alice"), "{shown}");
+}

@@ -239,20 +239,29 @@ impl Store {
             if missing.is_empty() {
                 return Ok(values.into_iter().map(Option::unwrap_or_default).collect());
             }
+            let timed_out = |missing: &HashSet<String>| {
+                let waited = timeout.unwrap_or_else(|| self.timeout());
+                let names: Vec<&str> = keys
+                    .iter()
+                    .copied()
+                    .filter(|k| missing.contains(&format!("{}{k}", self.prefix)))
+                    .collect();
+                Error::timeout(format!(
+                    "store: key(s) {names:?} not set within {:.1} s",
+                    waited.as_secs_f64()
+                ))
+            };
+            if Instant::now() >= deadline {
+                return Err(timed_out(&missing));
+            }
             let mut watch = self
                 .etcd
-                .watch(revision + 1, &[Target::Prefix(self.prefix.clone())], deadline)
+                .watch(revision + 1, &[Target::Prefix(self.prefix.clone())], self.op_deadline())
                 .await?;
             loop {
                 let events = tokio::select! {
                     e = watch.events() => e,
-                    _ = tokio::time::sleep_until(deadline) => {
-                        let waited = timeout.unwrap_or_else(|| self.timeout());
-                        let names: Vec<&str> = keys.iter().copied().filter(|k| missing.contains(&format!("{}{k}", self.prefix))).collect();
-                        return Err(Error::timeout(format!(
-                            "store: key(s) {names:?} not set within {:.1} s", waited.as_secs_f64()
-                        )));
-                    }
+                    _ = tokio::time::sleep_until(deadline) => return Err(timed_out(&missing)),
                 };
                 let Some(events) = events else { break };
                 for ev in events {

@@ -1,0 +1,100 @@
+//! Multi-node scenarios with real processes (`rdzv-node`) and real signals.
+
+mod common;
+
+use common::Etcd;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+struct Node {
+    child: Child,
+    lines: mpsc::Receiver<Value>,
+}
+
+impl Node {
+    fn spawn(url: &str, args: &[&str]) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rdzv-node"))
+            .arg(url)
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout: ChildStdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(serde_json::from_str(&line).expect("rdzv-node prints JSON"));
+            }
+        });
+        Node { child, lines }
+    }
+
+    /// The next JSON line, waiting at most `secs`.
+    fn line(&self, secs: u64) -> Value {
+        self.lines.recv_timeout(Duration::from_secs(secs)).expect("node printed nothing in time")
+    }
+
+    fn finish(mut self) -> i32 {
+        self.child.wait().unwrap().code().unwrap_or(-1)
+    }
+}
+
+fn ranks(lines: &[Value]) -> BTreeSet<u64> {
+    lines.iter().map(|l| l["rank"].as_u64().expect("a round line")).collect()
+}
+
+#[test]
+fn processes_form_a_round_and_exchange_through_the_store() {
+    let etcd = Etcd::start();
+    let url = etcd.url("proc", "min_nodes=4&max_nodes=4");
+    let nodes: Vec<Node> = (0..4).map(|_| Node::spawn(&url, &["--exchange"])).collect();
+    let lines: Vec<Value> = nodes.iter().map(|n| n.line(60)).collect();
+    assert_eq!(ranks(&lines), (0..4).collect());
+    let mut adds = BTreeSet::new();
+    for l in &lines {
+        assert_eq!(l["world_size"], 4);
+        assert_eq!(l["peers_read"], 4);
+        assert_eq!(l["own_id_ok"], true);
+        adds.insert(l["add_result"].as_i64().unwrap());
+    }
+    assert_eq!(adds, (1..=4).collect(), "concurrent adds must each see a distinct total");
+    for n in nodes {
+        assert_eq!(n.finish(), 0);
+    }
+}
+
+#[test]
+fn a_killed_member_is_reported_and_survivors_form_a_new_round() {
+    let etcd = Etcd::start();
+    // lease_ttl=2: the death is visible within about 2 s.
+    let url = etcd.url("kill", "min_nodes=2&max_nodes=3&last_call_timeout=0.5&lease_ttl=2");
+    let nodes: Vec<Node> = (0..3).map(|_| Node::spawn(&url, &["--rounds", "2", "--follow"])).collect();
+    let first: Vec<Value> = nodes.iter().map(|n| n.line(60)).collect();
+    assert_eq!(ranks(&first), (0..3).collect());
+
+    // SIGKILL the member with rank 1: no shutdown, no lease revoke.
+    let victim = first.iter().position(|l| l["rank"] == 1).unwrap();
+    let mut nodes = nodes;
+    let mut dead = nodes.remove(victim);
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+
+    for n in &nodes {
+        let change = n.line(30);
+        assert_eq!(change["event"], "change", "{change}");
+        assert_eq!(change["lost"], 1, "the dead member must be reported: {change}");
+    }
+    let second: Vec<Value> = nodes.iter().map(|n| n.line(60)).collect();
+    assert_eq!(ranks(&second), (0..2).collect());
+    assert_eq!(second[0]["round"], 1);
+    // Rank 0 survived, so it stays rank 0.
+    let old_rank0 = first.iter().find(|l| l["rank"] == 0).unwrap()["node"].clone();
+    assert!(second.iter().any(|l| l["node"] == old_rank0 && l["rank"] == 0));
+    for n in nodes {
+        assert_eq!(n.finish(), 0);
+    }
+}

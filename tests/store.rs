@@ -1,0 +1,122 @@
+//! Store semantics (c10d-style) against a real etcd.
+
+mod common;
+
+use common::{on_threads, Etcd};
+use rdzv::{BlockingRendezvous, BlockingStore, ErrorKind, Params};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+fn round_stores(etcd: &Etcd, n: usize) -> Vec<BlockingStore> {
+    let url = etcd.url("store", &format!("min_nodes={n}&max_nodes={n}"));
+    on_threads(n, move |_| {
+        let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+        let (_, store) = node.next().unwrap();
+        std::mem::forget(node); // keep the member alive for the rest of the test
+        store
+    })
+}
+
+#[test]
+fn set_get_check_delete_and_count() {
+    let etcd = Etcd::start();
+    let s = round_stores(&etcd, 1).pop().unwrap();
+    assert_eq!(s.num_keys().unwrap(), 0);
+    s.set("a", b"1").unwrap();
+    s.set("bin", &[0, 255, 10]).unwrap();
+    assert_eq!(s.get("a", None).unwrap(), b"1");
+    assert_eq!(s.get("bin", None).unwrap(), vec![0, 255, 10]);
+    assert!(s.check(&["a", "bin"]).unwrap());
+    assert!(!s.check(&["a", "missing"]).unwrap());
+    assert_eq!(s.num_keys().unwrap(), 2);
+    assert!(s.delete_key("a").unwrap());
+    assert!(!s.delete_key("a").unwrap());
+    assert_eq!(s.num_keys().unwrap(), 1);
+    s.multi_set(&["x", "y"], &[b"X", b""]).unwrap();
+    assert_eq!(s.multi_get(&["x", "y"], None).unwrap(), vec![b"X".to_vec(), Vec::new()]);
+}
+
+#[test]
+fn get_waits_for_a_key_set_by_another_node_and_times_out_otherwise() {
+    let etcd = Etcd::start();
+    let mut stores = round_stores(&etcd, 2);
+    let (a, b) = (stores.pop().unwrap(), stores.pop().unwrap());
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        tx.send(()).unwrap();
+        b.get("late", Some(Duration::from_secs(20))).unwrap()
+    });
+    rx.recv().unwrap();
+    a.set("late", b"here").unwrap();
+    assert_eq!(t.join().unwrap(), b"here");
+
+    let started = Instant::now();
+    let err = a.get("never", Some(Duration::from_millis(300))).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    assert!(err.message().contains("never"), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(a.wait(&["late", "never"], Some(Duration::ZERO)).unwrap_err().kind(), ErrorKind::Timeout);
+}
+
+#[test]
+fn compare_set_follows_c10d() {
+    let etcd = Etcd::start();
+    let s = round_stores(&etcd, 1).pop().unwrap();
+    // Absent key, non-empty expected: returns expected, changes nothing.
+    assert_eq!(s.compare_set("k", b"old", b"new").unwrap(), b"old");
+    assert!(!s.check(&["k"]).unwrap());
+    // Absent key, empty expected: sets.
+    assert_eq!(s.compare_set("k", b"", b"v1").unwrap(), b"v1");
+    // Wrong expectation: returns the current value.
+    assert_eq!(s.compare_set("k", b"nope", b"v2").unwrap(), b"v1");
+    assert_eq!(s.compare_set("k", b"v1", b"v2").unwrap(), b"v2");
+    assert_eq!(s.get("k", None).unwrap(), b"v2");
+}
+
+#[test]
+fn concurrent_adds_from_many_nodes_are_exact() {
+    let etcd = Etcd::start();
+    let stores: Vec<Arc<BlockingStore>> = round_stores(&etcd, 8).into_iter().map(Arc::new).collect();
+    let per_node = 25;
+    let results = on_threads(8, {
+        let stores = stores.clone();
+        move |i| (0..per_node).map(|_| stores[i].add("counter", 3).unwrap()).collect::<Vec<i64>>()
+    });
+    let mut all: Vec<i64> = results.into_iter().flatten().collect();
+    all.sort();
+    let expected: Vec<i64> = (1..=8 * per_node as i64).map(|k| 3 * k).collect();
+    assert_eq!(all, expected, "every add must return a distinct running total");
+    assert_eq!(stores[0].get("counter", None).unwrap(), (3 * 8 * per_node).to_string().as_bytes());
+    assert_eq!(stores[0].add("counter", -(3 * 8 * per_node as i64)).unwrap(), 0);
+}
+
+#[test]
+fn bad_store_input_is_rejected_clearly() {
+    let etcd = Etcd::start();
+    let s = round_stores(&etcd, 1).pop().unwrap();
+    assert_eq!(s.set("", b"x").unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let long_key = "k".repeat(5000);
+    assert_eq!(s.set(&long_key, b"x").unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let huge = vec![0u8; 2 * 1024 * 1024];
+    let err = s.set("big", &huge).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.message().contains("big") && err.message().contains("bytes"), "{err}");
+    s.set("text", b"abc").unwrap();
+    assert_eq!(s.add("text", 1).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(s.multi_set(&["a"], &[]).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(s.num_keys().unwrap(), 1, "failed calls change nothing");
+}
+
+#[test]
+fn stores_are_scoped_to_their_round() {
+    let etcd = Etcd::start();
+    let url = etcd.url("scope", "min_nodes=1&max_nodes=1");
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    let (r0, s0) = node.next().unwrap();
+    s0.set("k", b"round0").unwrap();
+    let (r1, s1) = node.next().unwrap();
+    assert_eq!(r1.round, r0.round + 1);
+    assert!(!s1.check(&["k"]).unwrap(), "a new round starts with an empty store");
+    s1.set("k", b"round1").unwrap();
+    assert_eq!(s0.get("k", None).unwrap(), b"round0");
+}
