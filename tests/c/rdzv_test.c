@@ -1,0 +1,124 @@
+/* End-to-end test of the C ABI, compiled against include/rdzv.h and linked with the built
+ * library: bad input at the boundary, then three nodes on threads forming a round and
+ * exchanging values through the store.   Usage: rdzv_test ETCD_HOST:PORT RUN_ID */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "rdzv.h"
+
+static int failures = 0;
+#define CHECK(cond, ...) do { if (!(cond)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
+
+#define NODES 3
+static char url[512];
+
+/* Expects `st` to be `want` with an error object whose message contains `fragment`. */
+static void expect(rdzv_status_t st, rdzv_error_t *err, rdzv_status_t want, const char *fragment) {
+    CHECK(st == want, "status %s, want %s", rdzv_status_name(st), rdzv_status_name(want));
+    CHECK(err != NULL, "no error object for %s", rdzv_status_name(want));
+    if (err) {
+        CHECK(rdzv_error_status(err) == want, "error object status %d", rdzv_error_status(err));
+        CHECK(strstr(rdzv_error_message(err), fragment) != NULL, "message \"%s\" lacks \"%s\"",
+              rdzv_error_message(err), fragment);
+    }
+    rdzv_error_free(err);
+}
+
+/* Runs `call` (which writes &err) and checks its status and error object. */
+#define EXPECT(call, want, fragment) do { rdzv_error_t *err = NULL; rdzv_status_t st_ = (call); \
+    expect(st_, err, want, fragment); } while (0)
+
+static void bad_input(void) {
+    rdzv_params_t *p = NULL;
+    EXPECT(rdzv_params_from_url(NULL, &p, &err), RDZV_ERR_INVALID_ARGUMENT, "url");
+    EXPECT(rdzv_params_from_url("etcd://h:1/j", NULL, &err), RDZV_ERR_INVALID_ARGUMENT, "out");
+    EXPECT(rdzv_params_from_url("etcd://h:1/j?min_nodes=3&max_nodes=1", &p, &err), RDZV_ERR_INVALID_ARGUMENT, "max_nodes");
+    CHECK(p == NULL, "output written on failure");
+    EXPECT(rdzv_params_from_url("etcd://h:1/\xff\xfe", &p, &err), RDZV_ERR_INVALID_ARGUMENT, "UTF-8");
+    /* A NULL error pointer is allowed: only the status comes back. */
+    CHECK(rdzv_params_new("etcd-v3", "h:1", "", 1, 1, &p, NULL) == RDZV_ERR_INVALID_ARGUMENT, "empty run id");
+    CHECK(rdzv_params_new("etcd-v3", "h:1", "j", 1, 2, &p, NULL) == RDZV_OK, "valid params");
+    EXPECT(rdzv_params_set(p, "colour", "red", &err), RDZV_ERR_INVALID_ARGUMENT, "unknown option");
+    EXPECT(rdzv_new(NULL, NULL, &err), RDZV_ERR_INVALID_ARGUMENT, "out");
+    rdzv_t *h = NULL;
+    EXPECT(rdzv_new(NULL, &h, &err), RDZV_ERR_INVALID_ARGUMENT, "params");
+    rdzv_round_t round;
+    EXPECT(rdzv_next(NULL, &round, NULL, &err), RDZV_ERR_INVALID_ARGUMENT, "rdzv");
+    uint32_t n;
+    EXPECT(rdzv_num_waiting(NULL, &n, &err), RDZV_ERR_INVALID_ARGUMENT, "rdzv");
+    EXPECT(rdzv_store_set(NULL, "k", NULL, 0, &err), RDZV_ERR_INVALID_ARGUMENT, "store");
+    CHECK(rdzv_run_id(NULL) == NULL, "run id of NULL");
+    CHECK(strcmp(rdzv_status_name(RDZV_ERR_TIMEOUT), "RDZV_ERR_TIMEOUT") == 0, "status name");
+    rdzv_params_free(p);
+    rdzv_params_free(NULL);
+    rdzv_free(NULL);
+    rdzv_store_free(NULL);
+    rdzv_error_free(NULL);
+    rdzv_bytes_free(NULL, 0);
+}
+
+struct result { rdzv_status_t status; rdzv_round_t round; char peers[NODES][16]; };
+
+static void *run_node(void *arg) {
+    struct result *out = arg;
+    rdzv_params_t *p = NULL;
+    rdzv_t *h = NULL;
+    rdzv_store_t *s = NULL;
+    rdzv_error_t *err = NULL;
+    if ((out->status = rdzv_params_from_url(url, &p, &err)) != RDZV_OK) goto done;
+    out->status = rdzv_new(p, &h, &err);
+    rdzv_params_free(p);
+    if (out->status != RDZV_OK) goto done;
+    if ((out->status = rdzv_next(h, &out->round, &s, &err)) != RDZV_OK) goto done;
+    char key[32], value[16];
+    snprintf(key, sizeof key, "rank/%u", out->round.rank);
+    snprintf(value, sizeof value, "from-%u", out->round.rank);
+    if ((out->status = rdzv_store_set(s, key, (const uint8_t *)value, strlen(value), &err)) != RDZV_OK) goto done;
+    const char *keys[NODES] = {"rank/0", "rank/1", "rank/2"};
+    uint8_t *values[NODES];
+    size_t lens[NODES];
+    if ((out->status = rdzv_store_multi_get(s, keys, NODES, 30000, values, lens, &err)) != RDZV_OK) goto done;
+    for (int i = 0; i < NODES; i++) {
+        snprintf(out->peers[i], sizeof out->peers[i], "%.*s", (int)lens[i], (const char *)values[i]);
+        rdzv_bytes_free(values[i], lens[i]);
+    }
+    int64_t total = 0;
+    out->status = rdzv_store_add(s, "count", 1, &total, &err);
+done:
+    if (err) { fprintf(stderr, "node: %s\n", rdzv_error_message(err)); rdzv_error_free(err); }
+    rdzv_store_free(s);
+    if (h) rdzv_shutdown(h, NULL);
+    rdzv_free(h);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) { fprintf(stderr, "usage: %s HOST:PORT RUN_ID\n", argv[0]); return 64; }
+    snprintf(url, sizeof url, "etcd://%s/%s?min_nodes=%d&max_nodes=%d", argv[1], argv[2], NODES, NODES);
+    bad_input();
+
+    pthread_t threads[NODES];
+    struct result results[NODES];
+    memset(results, 0, sizeof results);
+    for (int i = 0; i < NODES; i++) pthread_create(&threads[i], NULL, run_node, &results[i]);
+    for (int i = 0; i < NODES; i++) pthread_join(threads[i], NULL);
+    int seen[NODES] = {0};
+    for (int i = 0; i < NODES; i++) {
+        CHECK(results[i].status == RDZV_OK, "node %d: %s", i, rdzv_status_name(results[i].status));
+        if (results[i].status != RDZV_OK) continue;
+        CHECK(results[i].round.world_size == NODES, "world size %u", results[i].round.world_size);
+        CHECK(results[i].round.rank < NODES, "rank %u", results[i].round.rank);
+        if (results[i].round.rank < NODES) seen[results[i].round.rank]++;
+        CHECK(results[i].round.master_port != 0, "master port");
+        CHECK(strlen(results[i].round.master_addr) > 0, "master addr");
+        for (int r = 0; r < NODES; r++) {
+            char want[16];
+            snprintf(want, sizeof want, "from-%d", r);
+            CHECK(strcmp(results[i].peers[r], want) == 0, "peer %d read \"%s\"", r, results[i].peers[r]);
+        }
+    }
+    for (int r = 0; r < NODES; r++) CHECK(seen[r] == 1, "rank %d taken %d times", r, seen[r]);
+    printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);
+    return failures ? 1 : 0;
+}

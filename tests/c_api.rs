@@ -1,0 +1,64 @@
+//! Compiles the C test program and the C example against include/rdzv.h, links them with the
+//! built library and runs them against a real etcd.
+
+mod common;
+
+use common::Etcd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// target/<profile>/, where cargo put librdzv.so (this test binary lives in its deps/).
+fn library_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+fn compile(source: &str, output: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = library_dir();
+    assert!(lib.join("librdzv.so").exists(), "librdzv.so not found in {lib:?}");
+    let out = lib.join(output);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let mut cmd = Command::new(cc);
+    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg(root.join(source))
+        .arg("-o")
+        .arg(&out)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lrdzv");
+    if let Ok(flags) = std::env::var("RDZV_C_FLAGS") {
+        cmd.args(flags.split_whitespace()); // e.g. -fsanitize=address
+    }
+    let status = cmd.status().expect("a C compiler");
+    assert!(status.success(), "compiling {source} failed");
+    out
+}
+
+#[test]
+fn c_program_runs_a_rendezvous_end_to_end() {
+    let etcd = Etcd::start();
+    let exe = compile("tests/c/rdzv_test.c", "rdzv_c_test");
+    let out = Command::new(exe).args([etcd.endpoint(), "c-test".into()]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "C test failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("1 passed, 0 failed"));
+}
+
+#[test]
+fn c_example_nodes_exchange_values() {
+    let etcd = Etcd::start();
+    let exe = compile("examples/c/node.c", "rdzv_c_node");
+    let url = etcd.url("c-example", "min_nodes=2&max_nodes=2");
+    let children: Vec<_> = (0..2)
+        .map(|_| Command::new(&exe).arg(&url).stdout(std::process::Stdio::piped()).spawn().unwrap())
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let line = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{line}");
+        assert!(line.contains("\"peers\":[\"c\",\"c\"]"), "{line}");
+    }
+}
