@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::runtime::Runtime;
 
-static RUNTIME: Lazy<Mutex<Option<(u32, Arc<Runtime>)>>> = Lazy::new(|| Mutex::new(None));
+/// The process's runtime, tagged with the pid that created it.
+type PerProcessRuntime = Option<(u32, Arc<Runtime>)>;
+static RUNTIME: Lazy<Mutex<PerProcessRuntime>> = Lazy::new(|| Mutex::new(None));
 
 /// The runtime of this process, created on first use (and again after a fork).
 fn runtime() -> Result<Arc<Runtime>> {
@@ -44,7 +46,10 @@ struct Owned {
 
 impl Owned {
     fn new() -> Result<Owned> {
-        Ok(Owned { pid: std::process::id(), rt: runtime()? })
+        Ok(Owned {
+            pid: std::process::id(),
+            rt: runtime()?,
+        })
     }
 
     fn run<T>(&self, fut: impl Future<Output = Result<T>>) -> Result<T> {
@@ -72,12 +77,21 @@ impl BlockingRendezvous {
     pub fn new(params: Params) -> Result<BlockingRendezvous> {
         let owned = Owned::new()?;
         let inner = owned.run(Rendezvous::new(params))?;
-        Ok(BlockingRendezvous { owned, inner: Arc::new(inner) })
+        Ok(BlockingRendezvous {
+            owned,
+            inner: Arc::new(inner),
+        })
     }
 
     pub fn next(&self) -> Result<(RoundInfo, BlockingStore)> {
         let (info, store) = self.owned.run(self.inner.next())?;
-        Ok((info, BlockingStore { owned: Owned::new()?, inner: store }))
+        Ok((
+            info,
+            BlockingStore {
+                owned: Owned::new()?,
+                inner: store,
+            },
+        ))
     }
     pub fn is_closed(&self) -> Result<bool> {
         self.owned.run(self.inner.is_closed())
@@ -134,7 +148,8 @@ impl BlockingStore {
         self.owned.run(self.inner.add(key, delta))
     }
     pub fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-        self.owned.run(self.inner.compare_set(key, expected, desired))
+        self.owned
+            .run(self.inner.compare_set(key, expected, desired))
     }
     pub fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<()> {
         self.owned.run(self.inner.wait(keys, timeout))

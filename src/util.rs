@@ -5,9 +5,8 @@ fn fill_random(buf: &mut [u8]) {
     let mut filled = 0;
     while filled < buf.len() {
         // SAFETY: the pointer and length describe the unfilled tail of `buf`.
-        let n = unsafe {
-            libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0)
-        };
+        let n =
+            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
         if n <= 0 {
             // getrandom cannot fail on Linux ≥ 3.17 except for EINTR; fall back to the clock.
             let nanos = std::time::SystemTime::now()

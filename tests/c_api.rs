@@ -16,7 +16,10 @@ fn library_dir() -> PathBuf {
 fn compile(source: &str, output: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = library_dir();
-    assert!(lib.join("librdzv.so").exists(), "librdzv.so not found in {lib:?}");
+    assert!(
+        lib.join("librdzv.so").exists(),
+        "librdzv.so not found in {lib:?}"
+    );
     let out = lib.join(output);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let mut cmd = Command::new(cc);
@@ -41,9 +44,16 @@ fn compile(source: &str, output: &str) -> PathBuf {
 fn c_program_runs_a_rendezvous_end_to_end() {
     let etcd = Etcd::start();
     let exe = compile("tests/c/rdzv_test.c", "rdzv_c_test");
-    let out = Command::new(exe).args([etcd.endpoint(), "c-test".into()]).output().unwrap();
+    let out = Command::new(exe)
+        .args([etcd.endpoint(), "c-test".into()])
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "C test failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "C test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("1 passed, 0 failed"));
 }
 
@@ -53,7 +63,13 @@ fn c_example_nodes_exchange_values() {
     let exe = compile("examples/c/node.c", "rdzv_c_node");
     let url = etcd.url("c-example", "min_nodes=2&max_nodes=2");
     let children: Vec<_> = (0..2)
-        .map(|_| Command::new(&exe).arg(&url).stdout(std::process::Stdio::piped()).spawn().unwrap())
+        .map(|_| {
+            Command::new(&exe)
+                .arg(&url)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
         .collect();
     for child in children {
         let out = child.wait_with_output().unwrap();

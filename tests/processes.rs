@@ -35,7 +35,9 @@ impl Node {
 
     /// The next JSON line, waiting at most `secs`.
     fn line(&self, secs: u64) -> Value {
-        self.lines.recv_timeout(Duration::from_secs(secs)).expect("node printed nothing in time")
+        self.lines
+            .recv_timeout(Duration::from_secs(secs))
+            .expect("node printed nothing in time")
     }
 
     fn finish(mut self) -> i32 {
@@ -44,7 +46,10 @@ impl Node {
 }
 
 fn ranks(lines: &[Value]) -> BTreeSet<u64> {
-    lines.iter().map(|l| l["rank"].as_u64().expect("a round line")).collect()
+    lines
+        .iter()
+        .map(|l| l["rank"].as_u64().expect("a round line"))
+        .collect()
 }
 
 #[test]
@@ -61,7 +66,11 @@ fn processes_form_a_round_and_exchange_through_the_store() {
         assert_eq!(l["own_id_ok"], true);
         adds.insert(l["add_result"].as_i64().unwrap());
     }
-    assert_eq!(adds, (1..=4).collect(), "concurrent adds must each see a distinct total");
+    assert_eq!(
+        adds,
+        (1..=4).collect(),
+        "concurrent adds must each see a distinct total"
+    );
     for n in nodes {
         assert_eq!(n.finish(), 0);
     }
@@ -71,8 +80,13 @@ fn processes_form_a_round_and_exchange_through_the_store() {
 fn a_killed_member_is_reported_and_survivors_form_a_new_round() {
     let etcd = Etcd::start();
     // lease_ttl=2: the death is visible within about 2 s.
-    let url = etcd.url("kill", "min_nodes=2&max_nodes=3&last_call_timeout=0.5&lease_ttl=2");
-    let nodes: Vec<Node> = (0..3).map(|_| Node::spawn(&url, &["--rounds", "2", "--follow"])).collect();
+    let url = etcd.url(
+        "kill",
+        "min_nodes=2&max_nodes=3&last_call_timeout=0.5&lease_ttl=2",
+    );
+    let nodes: Vec<Node> = (0..3)
+        .map(|_| Node::spawn(&url, &["--rounds", "2", "--follow"]))
+        .collect();
     let first: Vec<Value> = nodes.iter().map(|n| n.line(60)).collect();
     assert_eq!(ranks(&first), (0..3).collect());
 
@@ -86,14 +100,19 @@ fn a_killed_member_is_reported_and_survivors_form_a_new_round() {
     for n in &nodes {
         let change = n.line(30);
         assert_eq!(change["event"], "change", "{change}");
-        assert_eq!(change["lost"], 1, "the dead member must be reported: {change}");
+        assert_eq!(
+            change["lost"], 1,
+            "the dead member must be reported: {change}"
+        );
     }
     let second: Vec<Value> = nodes.iter().map(|n| n.line(60)).collect();
     assert_eq!(ranks(&second), (0..2).collect());
     assert_eq!(second[0]["round"], 1);
     // Rank 0 survived, so it stays rank 0.
     let old_rank0 = first.iter().find(|l| l["rank"] == 0).unwrap()["node"].clone();
-    assert!(second.iter().any(|l| l["node"] == old_rank0 && l["rank"] == 0));
+    assert!(second
+        .iter()
+        .any(|l| l["node"] == old_rank0 && l["rank"] == 0));
     for n in nodes {
         assert_eq!(n.finish(), 0);
     }

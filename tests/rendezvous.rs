@@ -15,17 +15,27 @@ fn node(url: &str) -> BlockingRendezvous {
 /// Asserts ranks are exactly 0..n and everyone agrees on world size, round and master.
 fn assert_one_world(infos: &[rdzv::RoundInfo]) {
     let ranks: BTreeSet<u32> = infos.iter().map(|i| i.rank).collect();
-    assert_eq!(ranks, (0..infos.len() as u32).collect(), "ranks must be 0..n, unique: {infos:?}");
+    assert_eq!(
+        ranks,
+        (0..infos.len() as u32).collect(),
+        "ranks must be 0..n, unique: {infos:?}"
+    );
     for i in infos {
         assert_eq!(i.world_size as usize, infos.len());
-        assert_eq!((i.round, &i.master_addr, i.master_port), (infos[0].round, &infos[0].master_addr, infos[0].master_port));
+        assert_eq!(
+            (i.round, &i.master_addr, i.master_port),
+            (infos[0].round, &infos[0].master_addr, infos[0].master_port)
+        );
     }
 }
 
 #[test]
 fn min_equals_max_forms_at_once() {
     let etcd = Etcd::start();
-    let url = etcd.url("fixed", "min_nodes=4&max_nodes=4&last_call_timeout=60&local_addr=10.1.2.3");
+    let url = etcd.url(
+        "fixed",
+        "min_nodes=4&max_nodes=4&last_call_timeout=60&local_addr=10.1.2.3",
+    );
     let started = Instant::now();
     let infos = on_threads(4, move |_| node(&url).next().unwrap().0);
     assert_one_world(&infos);
@@ -42,7 +52,10 @@ fn last_call_admits_nodes_until_it_expires() {
     let started = Instant::now();
     let infos = on_threads(3, move |_| node(&url).next().unwrap().0);
     assert_one_world(&infos);
-    assert!(started.elapsed() >= Duration::from_millis(1500), "must wait the last call");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "must wait the last call"
+    );
 }
 
 #[test]
@@ -69,16 +82,26 @@ fn late_node_waits_then_joins_next_round_with_stable_ranks() {
     // the count the way an agent would.
     let deadline = Instant::now() + Duration::from_secs(20);
     while a.num_waiting().unwrap() == 0 {
-        assert!(Instant::now() < deadline, "late node never counted as waiting");
+        assert!(
+            Instant::now() < deadline,
+            "late node never counted as waiting"
+        );
         std::thread::yield_now();
     }
     assert_eq!(b.num_waiting().unwrap(), 1);
 
     let (ta, tb) = {
         let (a, b) = (a.clone(), b.clone());
-        (std::thread::spawn(move || a.next().unwrap().0), std::thread::spawn(move || b.next().unwrap().0))
+        (
+            std::thread::spawn(move || a.next().unwrap().0),
+            std::thread::spawn(move || b.next().unwrap().0),
+        )
     };
-    let second = [ta.join().unwrap(), tb.join().unwrap(), late_thread.join().unwrap().unwrap().0];
+    let second = [
+        ta.join().unwrap(),
+        tb.join().unwrap(),
+        late_thread.join().unwrap().unwrap().0,
+    ];
     assert_one_world(&second);
     assert_eq!(second[0].round, first[0].round + 1);
     // Survivors keep their order; the newcomer comes last.
@@ -103,7 +126,9 @@ fn set_closed_wakes_a_blocked_next() {
     // once it is in next; closing before that is also fine (next then fails fast).
     closer.set_closed().unwrap();
     assert!(closer.is_closed().unwrap());
-    let kind = rx.recv_timeout(Duration::from_secs(10)).expect("blocked next did not wake");
+    let kind = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("blocked next did not wake");
     assert_eq!(kind, ErrorKind::Closed);
     let err = node(&url).next().map(|_| ()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Closed);
@@ -125,7 +150,10 @@ fn shutdown_and_cancel_wake_a_blocked_next() {
     let etcd = Etcd::start();
     let url = etcd.url("wake", "min_nodes=2&max_nodes=2");
     let n = Arc::new(node(&url));
-    for (action, expected) in [("cancel", ErrorKind::Cancelled), ("shutdown", ErrorKind::Shutdown)] {
+    for (action, expected) in [
+        ("cancel", ErrorKind::Cancelled),
+        ("shutdown", ErrorKind::Shutdown),
+    ] {
         let (tx, rx) = mpsc::channel();
         let blocked = n.clone();
         std::thread::spawn(move || tx.send(blocked.next().map(|_| ()).unwrap_err().kind()));
@@ -141,7 +169,10 @@ fn shutdown_and_cancel_wake_a_blocked_next() {
         };
         assert_eq!(got, expected);
     }
-    assert_eq!(n.next().map(|_| ()).unwrap_err().kind(), ErrorKind::Shutdown);
+    assert_eq!(
+        n.next().map(|_| ()).unwrap_err().kind(),
+        ErrorKind::Shutdown
+    );
     n.shutdown().unwrap(); // idempotent
 }
 
@@ -169,21 +200,37 @@ fn runs_are_isolated_even_with_hostile_run_ids() {
     let base = format!("etcd://{}/", etcd.endpoint());
     let ids = ["job/../x", "job%2F..%2Fx", "job"];
     let infos = on_threads(3, move |i| {
-        let url = format!("{base}{}?min_nodes=1&max_nodes=1", ids[i].replace('%', "%25"));
+        let url = format!(
+            "{base}{}?min_nodes=1&max_nodes=1",
+            ids[i].replace('%', "%25")
+        );
         node(&url).next().unwrap().0
     });
     for i in infos {
-        assert_eq!((i.rank, i.world_size), (0, 1), "each run is a world of its own");
+        assert_eq!(
+            (i.rank, i.world_size),
+            (0, 1),
+            "each run is a world of its own"
+        );
     }
 }
 
 #[test]
 fn connection_error_names_the_endpoint_and_does_not_hang() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let url = format!("etcd://127.0.0.1:{port}/x?connect_timeout=1");
     let started = Instant::now();
-    let err = BlockingRendezvous::new(Params::from_url(&url).unwrap()).map(|_| ()).unwrap_err();
+    let err = BlockingRendezvous::new(Params::from_url(&url).unwrap())
+        .map(|_| ())
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
-    assert!(err.message().contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(
+        err.message().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
     assert!(started.elapsed() < Duration::from_secs(10));
 }

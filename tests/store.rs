@@ -33,7 +33,10 @@ fn set_get_check_delete_and_count() {
     assert!(!s.delete_key("a").unwrap());
     assert_eq!(s.num_keys().unwrap(), 1);
     s.multi_set(&["x", "y"], &[b"X", b""]).unwrap();
-    assert_eq!(s.multi_get(&["x", "y"], None).unwrap(), vec![b"X".to_vec(), Vec::new()]);
+    assert_eq!(
+        s.multi_get(&["x", "y"], None).unwrap(),
+        vec![b"X".to_vec(), Vec::new()]
+    );
 }
 
 #[test]
@@ -51,11 +54,18 @@ fn get_waits_for_a_key_set_by_another_node_and_times_out_otherwise() {
     assert_eq!(t.join().unwrap(), b"here");
 
     let started = Instant::now();
-    let err = a.get("never", Some(Duration::from_millis(300))).unwrap_err();
+    let err = a
+        .get("never", Some(Duration::from_millis(300)))
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout);
     assert!(err.message().contains("never"), "{err}");
     assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(a.wait(&["late", "never"], Some(Duration::ZERO)).unwrap_err().kind(), ErrorKind::Timeout);
+    assert_eq!(
+        a.wait(&["late", "never"], Some(Duration::ZERO))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Timeout
+    );
 }
 
 #[test]
@@ -76,34 +86,65 @@ fn compare_set_follows_c10d() {
 #[test]
 fn concurrent_adds_from_many_nodes_are_exact() {
     let etcd = Etcd::start();
-    let stores: Vec<Arc<BlockingStore>> = round_stores(&etcd, 8).into_iter().map(Arc::new).collect();
+    let stores: Vec<Arc<BlockingStore>> =
+        round_stores(&etcd, 8).into_iter().map(Arc::new).collect();
     let per_node = 25;
     let results = on_threads(8, {
         let stores = stores.clone();
-        move |i| (0..per_node).map(|_| stores[i].add("counter", 3).unwrap()).collect::<Vec<i64>>()
+        move |i| {
+            (0..per_node)
+                .map(|_| stores[i].add("counter", 3).unwrap())
+                .collect::<Vec<i64>>()
+        }
     });
     let mut all: Vec<i64> = results.into_iter().flatten().collect();
     all.sort();
     let expected: Vec<i64> = (1..=8 * per_node as i64).map(|k| 3 * k).collect();
-    assert_eq!(all, expected, "every add must return a distinct running total");
-    assert_eq!(stores[0].get("counter", None).unwrap(), (3 * 8 * per_node).to_string().as_bytes());
-    assert_eq!(stores[0].add("counter", -(3 * 8 * per_node as i64)).unwrap(), 0);
+    assert_eq!(
+        all, expected,
+        "every add must return a distinct running total"
+    );
+    assert_eq!(
+        stores[0].get("counter", None).unwrap(),
+        (3 * 8 * per_node).to_string().as_bytes()
+    );
+    assert_eq!(
+        stores[0]
+            .add("counter", -(3 * 8 * per_node as i64))
+            .unwrap(),
+        0
+    );
 }
 
 #[test]
 fn bad_store_input_is_rejected_clearly() {
     let etcd = Etcd::start();
     let s = round_stores(&etcd, 1).pop().unwrap();
-    assert_eq!(s.set("", b"x").unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        s.set("", b"x").unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     let long_key = "k".repeat(5000);
-    assert_eq!(s.set(&long_key, b"x").unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        s.set(&long_key, b"x").unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     let huge = vec![0u8; 2 * 1024 * 1024];
     let err = s.set("big", &huge).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
-    assert!(err.message().contains("big") && err.message().contains("bytes"), "{err}");
+    assert!(
+        err.message().contains("big") && err.message().contains("bytes"),
+        "{err}"
+    );
     s.set("text", b"abc").unwrap();
-    assert_eq!(s.add("text", 1).unwrap_err().kind(), ErrorKind::InvalidArgument);
-    assert_eq!(s.multi_set(&["a"], &[]).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        s.add("text", 1).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        s.multi_set(&["a"], &[]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     assert_eq!(s.num_keys().unwrap(), 1, "failed calls change nothing");
 }
 
@@ -116,7 +157,10 @@ fn stores_are_scoped_to_their_round() {
     s0.set("k", b"round0").unwrap();
     let (r1, s1) = node.next().unwrap();
     assert_eq!(r1.round, r0.round + 1);
-    assert!(!s1.check(&["k"]).unwrap(), "a new round starts with an empty store");
+    assert!(
+        !s1.check(&["k"]).unwrap(),
+        "a new round starts with an empty store"
+    );
     s1.set("k", b"round1").unwrap();
     assert_eq!(s0.get("k", None).unwrap(), b"round0");
 }

@@ -38,7 +38,9 @@ pub struct Keys {
 impl Keys {
     pub fn new(key_prefix: &str, run_id: &str) -> Keys {
         let prefix = key_prefix.trim_end_matches('/');
-        Keys { namespace: format!("{prefix}/{}/", escape_run_id(run_id)) }
+        Keys {
+            namespace: format!("{prefix}/{}/", escape_run_id(run_id)),
+        }
     }
 
     pub fn namespace(&self) -> &str {
@@ -90,7 +92,9 @@ mod tests {
     fn run_ids_cannot_escape_their_namespace() {
         let keys = Keys::new("/rdzv", "../other/job");
         assert_eq!(keys.namespace(), "/rdzv/%2E.%2Fother%2Fjob/");
-        assert!(!keys.namespace()["/rdzv/".len()..].trim_end_matches('/').contains('/'));
+        assert!(!keys.namespace()["/rdzv/".len()..]
+            .trim_end_matches('/')
+            .contains('/'));
         let a = Keys::new("/rdzv", "a/b");
         let b = Keys::new("/rdzv", "a%2Fb");
         assert_ne!(a.namespace(), b.namespace(), "escaping must be injective");

@@ -21,7 +21,9 @@ impl Lease {
     pub async fn grant(etcd: &Etcd, ttl: Duration, deadline: Instant) -> Result<Lease> {
         let secs = ttl.as_secs().max(1) as i64;
         let granted = etcd
-            .call(deadline, "lease grant", |mut c| async move { c.lease_grant(secs, None).await })
+            .call(deadline, "lease grant", |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
             .await?;
         let id = granted.id();
         let lost = Arc::new(AtomicBool::new(false));
@@ -39,7 +41,9 @@ impl Lease {
         self.keeper.abort();
         let id = self.id;
         let revoked = etcd
-            .call(deadline, "lease revoke", |mut c| async move { c.lease_revoke(id).await })
+            .call(deadline, "lease revoke", |mut c| async move {
+                c.lease_revoke(id).await
+            })
             .await;
         match revoked {
             Err(e) if e.kind() == crate::error::ErrorKind::LeaseLost => Ok(()),

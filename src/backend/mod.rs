@@ -54,10 +54,17 @@ impl Etcd {
     /// until `connect_timeout`.
     pub async fn connect(params: &Params) -> Result<Etcd> {
         let key = connection_key(params);
-        let cached = CONNECTIONS.lock().unwrap_or_else(|e| e.into_inner()).get(&key).and_then(Weak::upgrade);
+        let cached = CONNECTIONS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .and_then(Weak::upgrade);
         let attempt_timeout = params.connect_timeout;
         if let Some(shared) = cached {
-            return Ok(Etcd { shared, attempt_timeout });
+            return Ok(Etcd {
+                shared,
+                attempt_timeout,
+            });
         }
         let endpoints = params.endpoints.join(",");
         let options = connect_options(params)?;
@@ -92,19 +99,31 @@ impl Etcd {
             }
         };
         let shared = Arc::new(Connection { client, endpoints });
-        let etcd = Etcd { shared: shared.clone(), attempt_timeout };
+        let etcd = Etcd {
+            shared: shared.clone(),
+            attempt_timeout,
+        };
         // Lazily-connecting channels report nothing until used: ask for a key to be sure.
         let probe = params.key_prefix.clone();
         etcd.call(deadline, "connect", move |mut c| {
             let probe = probe.clone();
-            async move { c.get(probe, Some(etcd_client::GetOptions::new().with_count_only())).await }
+            async move {
+                c.get(
+                    probe,
+                    Some(etcd_client::GetOptions::new().with_count_only()),
+                )
+                .await
+            }
         })
         .await?;
         CONNECTIONS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|_, w| w.strong_count() > 0);
-        CONNECTIONS.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Arc::downgrade(&shared));
+        CONNECTIONS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, Arc::downgrade(&shared));
         Ok(etcd)
     }
 
@@ -216,7 +235,10 @@ pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error 
             _ => {}
         }
     }
-    Error::connection(format!("etcd at {endpoints} failed {what}: {}", describe(err)))
+    Error::connection(format!(
+        "etcd at {endpoints} failed {what}: {}",
+        describe(err)
+    ))
 }
 
 /// The innermost cause of a transport error, which is what a person needs to see
@@ -251,14 +273,24 @@ fn connect_options(params: &Params) -> Result<ConnectOptions> {
         // HTTP/2 pings notice a dead etcd or a cut network on idle watch streams.
         .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
         .with_keep_alive_while_idle(true);
-    let Security { https, cacert, cert, key, username, password } = &params.security;
+    let Security {
+        https,
+        cacert,
+        cert,
+        key,
+        username,
+        password,
+    } = &params.security;
     if *https {
         let mut tls = TlsOptions::new();
         if let Some(path) = cacert {
             tls = tls.ca_certificate(Certificate::from_pem(read_file("cacert", path)?));
         }
         if let (Some(cert), Some(key)) = (cert, key) {
-            tls = tls.identity(Identity::from_pem(read_file("cert", cert)?, read_file("key", key)?));
+            tls = tls.identity(Identity::from_pem(
+                read_file("cert", cert)?,
+                read_file("key", key)?,
+            ));
         }
         options = options.with_tls(tls);
     }

@@ -26,8 +26,16 @@ struct Options {
 
 fn parse_args() -> Result<Options, String> {
     let mut args = std::env::args().skip(1);
-    let url = args.next().ok_or("usage: rdzv-node URL [--rounds N] [--follow] [--exchange] [--close]")?;
-    let mut o = Options { url, rounds: 1, follow: false, exchange: false, close: false };
+    let url = args
+        .next()
+        .ok_or("usage: rdzv-node URL [--rounds N] [--follow] [--exchange] [--close]")?;
+    let mut o = Options {
+        url,
+        rounds: 1,
+        follow: false,
+        exchange: false,
+        close: false,
+    };
     while let Some(a) = args.next() {
         match a.as_str() {
             "--rounds" => {
@@ -78,7 +86,10 @@ fn run(o: &Options) -> Result<(), Error> {
             loop {
                 let (waiting, lost) = (rdzv.num_waiting()?, rdzv.num_lost()?);
                 if waiting > 0 || lost > 0 {
-                    println!("{}", json!({ "event": "change", "waiting": waiting, "lost": lost }));
+                    println!(
+                        "{}",
+                        json!({ "event": "change", "waiting": waiting, "lost": lost })
+                    );
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(100));

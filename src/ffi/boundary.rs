@@ -67,7 +67,9 @@ pub(crate) fn boundary(
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        Err(Error::internal(format!("internal error (panic caught at the C boundary): {what}")))
+        Err(Error::internal(format!(
+            "internal error (panic caught at the C boundary): {what}"
+        )))
     });
     match outcome {
         Ok(()) => rdzv_status_t::RDZV_OK,
@@ -86,7 +88,9 @@ pub(crate) fn boundary(
 /// A required input string: non-NULL, NUL-terminated, UTF-8.
 pub(crate) fn arg_str<'a>(ptr: *const c_char, name: &str) -> Result<&'a str> {
     if ptr.is_null() {
-        return Err(Error::invalid(format!("{name}: expected a string, got NULL")));
+        return Err(Error::invalid(format!(
+            "{name}: expected a string, got NULL"
+        )));
     }
     // SAFETY: non-NULL and, by the API contract, NUL-terminated and alive for the call.
     unsafe { CStr::from_ptr(ptr) }
@@ -97,7 +101,8 @@ pub(crate) fn arg_str<'a>(ptr: *const c_char, name: &str) -> Result<&'a str> {
 /// A required input handle.
 pub(crate) fn arg_ref<'a, T>(ptr: *const T, name: &str) -> Result<&'a T> {
     // SAFETY: by the API contract a non-NULL handle points to a live object of this type.
-    unsafe { ptr.as_ref() }.ok_or_else(|| Error::invalid(format!("{name}: expected a handle, got NULL")))
+    unsafe { ptr.as_ref() }
+        .ok_or_else(|| Error::invalid(format!("{name}: expected a handle, got NULL")))
 }
 
 /// A required output location.
@@ -116,23 +121,35 @@ pub(crate) fn arg_bytes<'a>(ptr: *const u8, len: usize, name: &str) -> Result<&'
         return Err(Error::invalid(format!("{name}: NULL with length {len}")));
     }
     if len > isize::MAX as usize {
-        return Err(Error::invalid(format!("{name}: length {len} is not a valid buffer size")));
+        return Err(Error::invalid(format!(
+            "{name}: length {len} is not a valid buffer size"
+        )));
     }
     // SAFETY: by the API contract `ptr` points to `len` readable bytes.
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
 /// An array of `n` input strings.
-pub(crate) fn arg_strs<'a>(ptr: *const *const c_char, n: usize, name: &str) -> Result<Vec<&'a str>> {
+pub(crate) fn arg_strs<'a>(
+    ptr: *const *const c_char,
+    n: usize,
+    name: &str,
+) -> Result<Vec<&'a str>> {
     if n == 0 {
         return Ok(Vec::new());
     }
     if ptr.is_null() {
-        return Err(Error::invalid(format!("{name}: NULL array with {n} entries")));
+        return Err(Error::invalid(format!(
+            "{name}: NULL array with {n} entries"
+        )));
     }
     // SAFETY: by the API contract `ptr` points to `n` string pointers.
     let items = unsafe { std::slice::from_raw_parts(ptr, n) };
-    items.iter().enumerate().map(|(i, &p)| arg_str(p, &format!("{name}[{i}]"))).collect()
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| arg_str(p, &format!("{name}[{i}]")))
+        .collect()
 }
 
 /// Hands a byte buffer to C; freed with `rdzv_bytes_free(ptr, len)`.

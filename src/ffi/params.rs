@@ -70,7 +70,9 @@ pub extern "C" fn rdzv_params_set(
 ) -> rdzv_status_t {
     boundary(error, || {
         let params = arg_out(params, "params")?;
-        params.0.set(arg_str(name, "name")?, arg_str(value, "value")?)
+        params
+            .0
+            .set(arg_str(name, "name")?, arg_str(value, "value")?)
     })
 }
 

@@ -86,7 +86,10 @@ pub extern "C" fn rdzv_next(
         let round = arg_out(round, "round")?;
         let (info, round_store) = handle.inner.next()?;
         let mut addr = [0 as c_char; RDZV_ADDR_CAPACITY];
-        for (dst, src) in addr.iter_mut().zip(info.master_addr.bytes().take(RDZV_ADDR_CAPACITY - 1)) {
+        for (dst, src) in addr
+            .iter_mut()
+            .zip(info.master_addr.bytes().take(RDZV_ADDR_CAPACITY - 1))
+        {
             *dst = src as c_char;
         }
         *round = rdzv_round_t {

@@ -178,7 +178,9 @@ pub extern "C" fn rdzv_store_multi_get(
     boundary(error, || {
         let keys = arg_strs(keys, num_keys, "keys")?;
         if num_keys > 0 && (values.is_null() || value_lens.is_null()) {
-            return Err(Error::invalid("values/value_lens: expected arrays of num_keys entries, got NULL"));
+            return Err(Error::invalid(
+                "values/value_lens: expected arrays of num_keys entries, got NULL",
+            ));
         }
         let got = store_ref(store)?.multi_get(&keys, to_timeout(timeout_ms))?;
         for (i, bytes) in got.into_iter().enumerate() {
@@ -209,7 +211,9 @@ pub extern "C" fn rdzv_store_multi_set(
         let mut bufs = Vec::with_capacity(num_keys);
         if num_keys > 0 {
             if values.is_null() || value_lens.is_null() {
-                return Err(Error::invalid("values/value_lens: expected arrays of num_keys entries, got NULL"));
+                return Err(Error::invalid(
+                    "values/value_lens: expected arrays of num_keys entries, got NULL",
+                ));
             }
             for i in 0..num_keys {
                 // SAFETY: caller-provided arrays of num_keys entries, checked non-NULL.
@@ -232,7 +236,9 @@ pub extern "C" fn rdzv_store_set_timeout(
     boundary(error, || {
         let s = store_ref(store)?;
         if timeout_ms < 0 {
-            return Err(Error::invalid(format!("timeout_ms: expected >= 0, got {timeout_ms}")));
+            return Err(Error::invalid(format!(
+                "timeout_ms: expected >= 0, got {timeout_ms}"
+            )));
         }
         s.set_timeout(Duration::from_millis(timeout_ms as u64));
         Ok(())

@@ -165,8 +165,7 @@ impl Params {
                 self.max_nodes = max;
             }
             "local_addr" => {
-                if value.is_empty() || value.chars().any(|c| c.is_whitespace() || c.is_control())
-                {
+                if value.is_empty() || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
                     return Err(Error::invalid(format!(
                         "option local_addr: expected a host name or IP address, got {value:?}"
                     )));
@@ -252,7 +251,9 @@ impl Params {
             ("retention", self.retention),
         ] {
             if value.is_zero() {
-                return Err(Error::invalid(format!("{name}: expected more than 0 seconds")));
+                return Err(Error::invalid(format!(
+                    "{name}: expected more than 0 seconds"
+                )));
             }
         }
         if !self.key_prefix.starts_with('/') {
@@ -261,7 +262,11 @@ impl Params {
                 self.key_prefix
             )));
         }
-        let tls_files = [&self.security.cacert, &self.security.cert, &self.security.key];
+        let tls_files = [
+            &self.security.cacert,
+            &self.security.cert,
+            &self.security.key,
+        ];
         if tls_files.iter().any(|f| f.is_some()) && !self.security.https {
             return Err(Error::invalid(
                 "cacert/cert/key: TLS files given but protocol is http; set protocol=https",
@@ -286,7 +291,9 @@ impl Params {
 
 fn non_empty(name: &str, value: &str) -> Result<String> {
     if value.is_empty() {
-        return Err(Error::invalid(format!("option {name}: expected a non-empty value")));
+        return Err(Error::invalid(format!(
+            "option {name}: expected a non-empty value"
+        )));
     }
     Ok(value.to_string())
 }
@@ -299,7 +306,9 @@ pub(crate) fn parse_count(name: &str, value: &str) -> Result<u32> {
         )));
     }
     value.parse::<u32>().map_err(|_| {
-        Error::invalid(format!("{name}: expected a whole number below 2^32, got {value:?}"))
+        Error::invalid(format!(
+            "{name}: expected a whole number below 2^32, got {value:?}"
+        ))
     })
 }
 
@@ -309,7 +318,11 @@ pub(crate) fn parse_seconds(name: &str, value: &str) -> Result<Duration> {
         && value.bytes().all(|b| b.is_ascii_digit() || b == b'.')
         && value.bytes().filter(|&b| b == b'.').count() <= 1
         && value != ".";
-    let secs = if plain { value.parse::<f64>().ok() } else { None };
+    let secs = if plain {
+        value.parse::<f64>().ok()
+    } else {
+        None
+    };
     match secs {
         Some(s) if Duration::from_secs_f64(s) <= MAX_TIMEOUT => Ok(Duration::from_secs_f64(s)),
         _ => Err(Error::invalid(format!(
@@ -338,7 +351,11 @@ pub(crate) fn parse_endpoints(list: &str) -> Result<Vec<String>> {
                 Some((h, tail)) if tail.is_empty() || tail.starts_with(':') => {
                     (&rest[..h.len() + 2], tail.strip_prefix(':'))
                 }
-                _ => return Err(Error::invalid(format!("endpoint {raw:?}: expected [ipv6]:port"))),
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "endpoint {raw:?}: expected [ipv6]:port"
+                    )))
+                }
             }
         } else {
             match rest.rsplit_once(':') {
@@ -347,7 +364,9 @@ pub(crate) fn parse_endpoints(list: &str) -> Result<Vec<String>> {
             }
         };
         if host.is_empty() || host.contains('/') || host.chars().any(char::is_whitespace) {
-            return Err(Error::invalid(format!("endpoint {raw:?}: expected host:port")));
+            return Err(Error::invalid(format!(
+                "endpoint {raw:?}: expected host:port"
+            )));
         }
         let port = match port {
             None => 2379,
@@ -360,7 +379,13 @@ pub(crate) fn parse_endpoints(list: &str) -> Result<Vec<String>> {
                 }
             },
         };
-        let scheme = if raw.starts_with("https://") { "https://" } else if raw.starts_with("http://") { "http://" } else { "" };
+        let scheme = if raw.starts_with("https://") {
+            "https://"
+        } else if raw.starts_with("http://") {
+            "http://"
+        } else {
+            ""
+        };
         out.push(format!("{scheme}{host}:{port}"));
     }
     Ok(out)

@@ -22,7 +22,10 @@ fn url_with_cluster_and_options() {
     let tls = Params::from_url("etcds://h/j?nnodes=1:4&etcd_prefix=/x&min_workers=2").unwrap();
     assert!(tls.security.https);
     assert_eq!(tls.endpoints, ["h:2379"]);
-    assert_eq!((tls.min_nodes, tls.max_nodes, tls.key_prefix.as_str()), (2, 4, "/x"));
+    assert_eq!(
+        (tls.min_nodes, tls.max_nodes, tls.key_prefix.as_str()),
+        (2, 4, "/x")
+    );
     let escaped = Params::from_url("etcd://h:1/a%2Fb%20c?min_nodes=1").unwrap();
     assert_eq!(escaped.run_id, "a/b c");
 }
@@ -34,7 +37,9 @@ fn every_error_names_what_was_wrong() {
     assert!(invalid(Params::from_url("etcd://h:1/")).contains("run_id"));
     assert!(invalid(Params::from_url("etcd://h:99999/j")).contains("port"));
     assert!(invalid(Params::from_url("etcd://h:1/j?min_nodes=0")).contains("min_nodes"));
-    assert!(invalid(Params::from_url("etcd://h:1/j?min_nodes=3&max_nodes=2")).contains("max_nodes"));
+    assert!(
+        invalid(Params::from_url("etcd://h:1/j?min_nodes=3&max_nodes=2")).contains("max_nodes")
+    );
     assert!(invalid(Params::from_url("etcd://h:1/j?min_nodes=-1")).contains("whole number"));
     assert!(invalid(Params::from_url("etcd://h:1/j?min_nodes=1x")).contains("min_nodes"));
     assert!(invalid(Params::from_url("etcd://h:1/j?join_timeout=5s")).contains("join_timeout"));
@@ -44,7 +49,10 @@ fn every_error_names_what_was_wrong() {
     assert!(invalid(Params::from_url("etcd://h:1/j?cacert=/ca.pem")).contains("https"));
     assert!(invalid(Params::from_url("etcd://h:1/j?bad%zz=1")).contains("escape"));
     let unknown = invalid(Params::from_url("etcd://h:1/j?colour=red"));
-    assert!(unknown.contains("colour") && unknown.contains("last_call_timeout"), "{unknown}");
+    assert!(
+        unknown.contains("colour") && unknown.contains("last_call_timeout"),
+        "{unknown}"
+    );
     assert!(invalid(Params::new("etcd-v2", "h:1", "j", 1, 1)).contains("backend"));
     assert!(invalid(Params::new("etcd-v3", "", "j", 1, 1)).contains("endpoint"));
 }
@@ -64,5 +72,8 @@ fn a_failed_set_changes_nothing() {
 fn debug_output_hides_secrets() {
     let p = Params::from_url("etcd://h:1/j?username=alice&password=hunter2").unwrap();
     let shown = format!("{p:?}");
-    assert!(!shown.contains("hunter2") && !shown.contains("alice"), "{shown}");
+    assert!(
+        !shown.contains("hunter2") && !shown.contains("alice"),
+        "{shown}"
+    );
 }

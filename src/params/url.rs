@@ -47,7 +47,9 @@ pub(super) fn parse(url: &str) -> Result<Params> {
     if let Some(query) = query.filter(|q| !q.is_empty()) {
         for pair in query.split('&') {
             let (name, value) = pair.split_once('=').ok_or_else(|| {
-                Error::invalid(format!("url: option {pair:?} has no value; expected name=value"))
+                Error::invalid(format!(
+                    "url: option {pair:?} has no value; expected name=value"
+                ))
             })?;
             let name = percent_decode("option name", name)?;
             let value = percent_decode(&name, value)?;

@@ -118,10 +118,15 @@ impl Rendezvous {
             return Err(Error::shutdown());
         }
         // shutdown() also takes this lock, to wait for a running next to let go.
-        let _only_one = self.next_running.try_lock().map_err(|_| match self.is_shut_down() {
-            true => Error::shutdown(),
-            false => Error::invalid("next: another call to next is already running on this handle"),
-        })?;
+        let _only_one = self
+            .next_running
+            .try_lock()
+            .map_err(|_| match self.is_shut_down() {
+                true => Error::shutdown(),
+                false => {
+                    Error::invalid("next: another call to next is already running on this handle")
+                }
+            })?;
         let deadline = Instant::now() + self.params.join_timeout;
         let mut shutdown = self.shutdown.subscribe();
         let mut cancel = self.cancel.subscribe();
@@ -187,7 +192,11 @@ impl Rendezvous {
     /// its key from the round it held before.
     async fn join(&self, round: u64, lease: i64, deadline: Instant) -> Result<Joined> {
         let last = self.state().last.as_ref().map(|(f, rank)| (f.round, *rank));
-        let record = JoinRecord { addr: self.addr.clone(), port: crate::util::free_port(), last };
+        let record = JoinRecord {
+            addr: self.addr.clone(),
+            port: crate::util::free_port(),
+            last,
+        };
         let current = self.keys.current();
         let round_is_open = if round == 0 {
             Compare::create_revision(current.clone(), CompareOp::Equal, 0)
@@ -209,7 +218,10 @@ impl Rendezvous {
                 Compare::create_revision(self.keys.closed(), CompareOp::Equal, 0),
             ])
             .and_then(ops)
-            .or_else([TxnOp::get(current.clone(), None), TxnOp::get(self.keys.closed(), None)]);
+            .or_else([
+                TxnOp::get(current.clone(), None),
+                TxnOp::get(self.keys.closed(), None),
+            ]);
         let resp = self.etcd.txn(deadline, "join", txn).await?;
         if resp.succeeded() {
             self.state().joined = Some(round);
@@ -242,7 +254,10 @@ impl Rendezvous {
         self.etcd
             .call(deadline, "register alive", move |mut c| {
                 let (alive, addr) = (alive.clone(), addr.clone());
-                async move { c.put(alive, addr, Some(PutOptions::new().with_lease(id))).await }
+                async move {
+                    c.put(alive, addr, Some(PutOptions::new().with_lease(id)))
+                        .await
+                }
             })
             .await?;
         *slot = Some(lease);
@@ -304,14 +319,19 @@ impl Rendezvous {
         let ttl = self.params.retention.as_secs().max(1) as i64;
         let lease = self
             .etcd
-            .call(deadline, "set_closed", move |mut c| async move { c.lease_grant(ttl, None).await })
+            .call(deadline, "set_closed", move |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
             .await?
             .id();
         let key = self.keys.closed();
         self.etcd
             .call(deadline, "set_closed", move |mut c| {
                 let key = key.clone();
-                async move { c.put(key, "1", Some(PutOptions::new().with_lease(lease))).await }
+                async move {
+                    c.put(key, "1", Some(PutOptions::new().with_lease(lease)))
+                        .await
+                }
             })
             .await?;
         Ok(())
@@ -329,7 +349,11 @@ impl Rendezvous {
             .call(self.quick_deadline(), "num_waiting", move |mut c| {
                 let prefix = prefix.clone();
                 async move {
-                    c.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await
+                    c.get(
+                        prefix,
+                        Some(GetOptions::new().with_prefix().with_count_only()),
+                    )
+                    .await
                 }
             })
             .await?;
@@ -349,13 +373,23 @@ impl Rendezvous {
             .call(self.quick_deadline(), "num_lost", move |mut c| {
                 let prefix = prefix.clone();
                 async move {
-                    c.get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())).await
+                    c.get(
+                        prefix,
+                        Some(GetOptions::new().with_prefix().with_keys_only()),
+                    )
+                    .await
                 }
             })
             .await?;
-        let alive: std::collections::HashSet<&str> =
-            resp.kvs().iter().filter_map(|kv| Keys::node_of(kv.key())).collect();
-        Ok(members.iter().filter(|m| !alive.contains(m.node.as_str())).count() as u32)
+        let alive: std::collections::HashSet<&str> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| Keys::node_of(kv.key()))
+            .collect();
+        Ok(members
+            .iter()
+            .filter(|m| !alive.contains(m.node.as_str()))
+            .count() as u32)
     }
 
     /// Releases this node: wakes a blocked `next` on this handle, revokes the lease (which
@@ -384,7 +418,10 @@ impl Rendezvous {
                     .with_prefix(),
             ])
             .and_then([
-                TxnOp::delete(self.keys.rounds_prefix(), Some(DeleteOptions::new().with_prefix())),
+                TxnOp::delete(
+                    self.keys.rounds_prefix(),
+                    Some(DeleteOptions::new().with_prefix()),
+                ),
                 TxnOp::delete(self.keys.current(), None),
             ]);
         self.etcd.txn(deadline, "clean up closed run", txn).await?;

@@ -44,7 +44,9 @@ impl JoinRecord {
         let v = parse_object(key, value)?;
         let last = match (v.get("last_round"), v.get("last_rank")) {
             (Some(round), Some(rank)) => Some((
-                round.as_u64().ok_or_else(|| corrupt(key, "last_round is not a number"))?,
+                round
+                    .as_u64()
+                    .ok_or_else(|| corrupt(key, "last_round is not a number"))?,
                 u32_field(key, rank, "last_rank")?,
             )),
             _ => None,
@@ -92,7 +94,10 @@ impl FinalRecord {
     }
 
     pub fn rank_of(&self, node: &str) -> Option<u32> {
-        self.members.iter().position(|m| m.node == node).map(|i| i as u32)
+        self.members
+            .iter()
+            .position(|m| m.node == node)
+            .map(|i| i as u32)
     }
 }
 
@@ -104,7 +109,8 @@ fn corrupt(key: &[u8], what: &str) -> Error {
 }
 
 fn parse_object(key: &[u8], value: &[u8]) -> Result<Value> {
-    let v: Value = serde_json::from_slice(value).map_err(|e| corrupt(key, &format!("not JSON ({e})")))?;
+    let v: Value =
+        serde_json::from_slice(value).map_err(|e| corrupt(key, &format!("not JSON ({e})")))?;
     if !v.is_object() {
         return Err(corrupt(key, "not a JSON object"));
     }
@@ -145,11 +151,19 @@ mod tests {
 
     #[test]
     fn records_round_trip() {
-        let j = JoinRecord { addr: "h1".into(), port: 29500, last: Some((3, 1)) };
+        let j = JoinRecord {
+            addr: "h1".into(),
+            port: 29500,
+            last: Some((3, 1)),
+        };
         assert_eq!(JoinRecord::parse(b"k", j.to_json().as_bytes()).unwrap(), j);
         let f = FinalRecord {
             round: 4,
-            members: vec![Member { node: "a".into(), addr: "h".into(), port: 1 }],
+            members: vec![Member {
+                node: "a".into(),
+                addr: "h".into(),
+                port: 1,
+            }],
         };
         assert_eq!(FinalRecord::parse(b"k", f.to_json().as_bytes()).unwrap(), f);
         assert_eq!(f.rank_of("a"), Some(0));
@@ -158,7 +172,12 @@ mod tests {
 
     #[test]
     fn foreign_data_is_a_state_error() {
-        for bad in [&b"garbage"[..], b"[1,2]", b"{\"round\":1}", b"{\"round\":1,\"members\":[]}"] {
+        for bad in [
+            &b"garbage"[..],
+            b"[1,2]",
+            b"{\"round\":1}",
+            b"{\"round\":1,\"members\":[]}",
+        ] {
             let err = FinalRecord::parse(b"/rdzv/x/r/1/final", bad).unwrap_err();
             assert_eq!(err.kind(), crate::error::ErrorKind::State, "{bad:?}");
             assert!(err.message().contains("/rdzv/x/r/1/final"));

@@ -37,9 +37,17 @@ pub(crate) async fn wait_for_seal(
         // the predecessor, final and closed in one snapshot and watch from just after it.
         let mine = rdzv
             .etcd()
-            .txn(deadline, "read join", Txn::new().and_then([TxnOp::get(me.clone(), None)]))
+            .txn(
+                deadline,
+                "read join",
+                Txn::new().and_then([TxnOp::get(me.clone(), None)]),
+            )
             .await?;
-        let Some(my_rev) = ranges(&mine)[0].kvs().first().map(|kv| kv.create_revision()) else {
+        let Some(my_rev) = ranges(&mine)[0]
+            .kvs()
+            .first()
+            .map(|kv| kv.create_revision())
+        else {
             return Ok(Outcome::Rejoin);
         };
         let snapshot = Txn::new().and_then([
@@ -79,7 +87,9 @@ pub(crate) async fn wait_for_seal(
                 e = watch.events() => e,
                 _ = tokio::time::sleep_until(deadline) => return Err(timeout(rdzv, None)),
             };
-            let Some(events) = events else { break 'watching };
+            let Some(events) = events else {
+                break 'watching;
+            };
             for ev in events {
                 let Some(kv) = ev.kv() else { continue };
                 let key = kv.key();
@@ -161,7 +171,11 @@ impl RoundView {
         ordered
             .into_iter()
             .take(max)
-            .map(|(_, (node, rec))| Member { node: node.clone(), addr: rec.addr.clone(), port: rec.port })
+            .map(|(_, (node, rec))| Member {
+                node: node.clone(),
+                addr: rec.addr.clone(),
+                port: rec.port,
+            })
             .collect()
     }
 }
@@ -174,16 +188,26 @@ async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) 
         let mut reads = vec![
             TxnOp::get(
                 keys.join_prefix(round),
-                Some(GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend)),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend),
+                ),
             ),
             TxnOp::get(keys.final_(round), None),
             TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
-            TxnOp::get(keys.alive_prefix(), Some(GetOptions::new().with_prefix().with_keys_only())),
+            TxnOp::get(
+                keys.alive_prefix(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            ),
         ];
         if round > 0 {
             reads.push(TxnOp::get(keys.final_(round - 1), None));
         }
-        let resp = rdzv.etcd().txn(deadline, "read round", Txn::new().and_then(reads)).await?;
+        let resp = rdzv
+            .etcd()
+            .txn(deadline, "read round", Txn::new().and_then(reads))
+            .await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         let got = ranges(&resp);
         if got[2].count() > 0 {
@@ -194,7 +218,11 @@ async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) 
         }
         let previous = match got.get(4).and_then(|g| g.kvs().first()) {
             Some(kv) => Some(
-                FinalRecord::parse(kv.key(), kv.value())?.members.into_iter().map(|m| m.node).collect(),
+                FinalRecord::parse(kv.key(), kv.value())?
+                    .members
+                    .into_iter()
+                    .map(|m| m.node)
+                    .collect(),
             ),
             None => None,
         };
@@ -203,7 +231,12 @@ async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) 
             joiners: BTreeMap::new(),
             revision_of: HashMap::new(),
             previous,
-            alive: got[3].kvs().iter().filter_map(|kv| Keys::node_of(kv.key())).map(str::to_string).collect(),
+            alive: got[3]
+                .kvs()
+                .iter()
+                .filter_map(|kv| Keys::node_of(kv.key()))
+                .map(str::to_string)
+                .collect(),
         };
         for kv in got[0].kvs() {
             view.add_joiner(kv.create_revision(), kv.key(), kv.value())?;
@@ -242,7 +275,9 @@ async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) 
                     continue 'watching;
                 }
             };
-            let Some(events) = events else { break 'watching };
+            let Some(events) = events else {
+                break 'watching;
+            };
             let join_prefix = keys.join_prefix(round);
             let alive_prefix = keys.alive_prefix();
             for ev in events {
@@ -287,7 +322,10 @@ async fn seal(
 ) -> Result<Outcome> {
     let keys = rdzv.keys();
     let round = view.round;
-    let sealed = FinalRecord { round, members: view.members(max) };
+    let sealed = FinalRecord {
+        round,
+        members: view.members(max),
+    };
     let mut writes = vec![
         TxnOp::put(keys.final_(round), sealed.to_json(), None),
         TxnOp::put(keys.current(), (round + 1).to_string(), None),

@@ -26,7 +26,11 @@ pub struct Store {
 
 impl Store {
     pub(crate) fn new(etcd: Etcd, prefix: String, timeout: Duration) -> Store {
-        Store { etcd, prefix, timeout: std::sync::Arc::new(Mutex::new(timeout)) }
+        Store {
+            etcd,
+            prefix,
+            timeout: std::sync::Arc::new(Mutex::new(timeout)),
+        }
     }
 
     /// The default timeout of `get`, `wait` and `multi_get` (c10d's `set_timeout`).
@@ -52,7 +56,10 @@ impl Store {
 
     /// Deadline for a request that does not wait on other nodes.
     fn op_deadline(&self) -> Instant {
-        Instant::now() + self.timeout().clamp(Duration::from_secs(5), Duration::from_secs(30))
+        Instant::now()
+            + self
+                .timeout()
+                .clamp(Duration::from_secs(5), Duration::from_secs(30))
     }
 
     fn wait_deadline(&self, timeout: Option<Duration>) -> Instant {
@@ -66,7 +73,11 @@ impl Store {
 
     /// Waits up to `timeout` (or the store's default) for `key` to exist, then returns it.
     pub async fn get(&self, key: &str, timeout: Option<Duration>) -> Result<Vec<u8>> {
-        Ok(self.multi_get(&[key], timeout).await?.pop().unwrap_or_default())
+        Ok(self
+            .multi_get(&[key], timeout)
+            .await?
+            .pop()
+            .unwrap_or_default())
     }
 
     /// Adds `delta` to the integer at `key` (absent counts as 0) and returns the new value.
@@ -79,10 +90,16 @@ impl Store {
         let mut attempt = 0u32;
         loop {
             let new = value.checked_add(delta).ok_or_else(|| {
-                Error::invalid(format!("add: {value} + {delta} overflows a 64-bit integer at key {key:?}"))
+                Error::invalid(format!(
+                    "add: {value} + {delta} overflows a 64-bit integer at key {key:?}"
+                ))
             })?;
             let txn = Txn::new()
-                .when([Compare::mod_revision(full.clone(), CompareOp::Equal, mod_rev)])
+                .when([Compare::mod_revision(
+                    full.clone(),
+                    CompareOp::Equal,
+                    mod_rev,
+                )])
                 .and_then([TxnOp::put(full.clone(), new.to_string(), None)])
                 .or_else([TxnOp::get(full.clone(), None)]);
             let resp = self.etcd.txn(deadline, "store add", txn).await?;
@@ -103,7 +120,9 @@ impl Store {
             }
             attempt += 1;
             if Instant::now() >= deadline {
-                return Err(Error::timeout(format!("add: key {key:?} kept changing; gave up")));
+                return Err(Error::timeout(format!(
+                    "add: key {key:?} kept changing; gave up"
+                )));
             }
         }
     }
@@ -123,7 +142,10 @@ impl Store {
             .when([guard])
             .and_then([TxnOp::put(full.clone(), desired.to_vec(), None)])
             .or_else([TxnOp::get(full.clone(), None)]);
-        let resp = self.etcd.txn(self.op_deadline(), "store compare_set", txn).await?;
+        let resp = self
+            .etcd
+            .txn(self.op_deadline(), "store compare_set", txn)
+            .await?;
         if resp.succeeded() {
             return Ok(desired.to_vec());
         }
@@ -135,7 +157,9 @@ impl Store {
 
     /// Waits until every key exists.
     pub async fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<()> {
-        self.wait_for(keys, self.wait_deadline(timeout), timeout).await.map(|_| ())
+        self.wait_for(keys, self.wait_deadline(timeout), timeout)
+            .await
+            .map(|_| ())
     }
 
     /// True if every key exists right now.
@@ -165,7 +189,11 @@ impl Store {
             .call(self.op_deadline(), "store num_keys", move |mut c| {
                 let prefix = prefix.clone();
                 async move {
-                    c.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await
+                    c.get(
+                        prefix,
+                        Some(GetOptions::new().with_prefix().with_count_only()),
+                    )
+                    .await
                 }
             })
             .await?;
@@ -173,8 +201,13 @@ impl Store {
     }
 
     /// Waits for all keys, then returns their values in order, read at one revision.
-    pub async fn multi_get(&self, keys: &[&str], timeout: Option<Duration>) -> Result<Vec<Vec<u8>>> {
-        self.wait_for(keys, self.wait_deadline(timeout), timeout).await
+    pub async fn multi_get(
+        &self,
+        keys: &[&str],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.wait_for(keys, self.wait_deadline(timeout), timeout)
+            .await
     }
 
     /// Sets every key in one transaction: all or nothing.
@@ -198,7 +231,9 @@ impl Store {
                 "multi_set: {total} bytes in one call exceeds etcd's request limit of {RDZV_MAX_VALUE_BYTES} bytes"
             )));
         }
-        self.etcd.txn(self.op_deadline(), "store set", Txn::new().and_then(ops)).await?;
+        self.etcd
+            .txn(self.op_deadline(), "store set", Txn::new().and_then(ops))
+            .await?;
         Ok(())
     }
 
@@ -208,7 +243,10 @@ impl Store {
             .iter()
             .map(|k| Ok(TxnOp::get(self.key(k)?, None)))
             .collect::<Result<Vec<_>>>()?;
-        let resp = self.etcd.txn(deadline, "store get", Txn::new().and_then(ops)).await?;
+        let resp = self
+            .etcd
+            .txn(deadline, "store get", Txn::new().and_then(ops))
+            .await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         let values = ranges(&resp)
             .iter()
@@ -256,7 +294,11 @@ impl Store {
             }
             let mut watch = self
                 .etcd
-                .watch(revision + 1, &[Target::Prefix(self.prefix.clone())], self.op_deadline())
+                .watch(
+                    revision + 1,
+                    &[Target::Prefix(self.prefix.clone())],
+                    self.op_deadline(),
+                )
                 .await?;
             loop {
                 let events = tokio::select! {
@@ -294,7 +336,8 @@ fn check_value(key: &str, value: &[u8]) -> Result<()> {
 }
 
 fn parse_integer(key: &str, value: &[u8]) -> Result<i64> {
-    std::str::from_utf8(value).ok().and_then(|s| s.trim().parse().ok()).ok_or_else(|| {
-        Error::invalid(format!("add: the value at key {key:?} is not an integer"))
-    })
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| Error::invalid(format!("add: the value at key {key:?} is not an integer")))
 }

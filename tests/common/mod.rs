@@ -18,17 +18,31 @@ pub struct Etcd {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 impl Etcd {
     pub fn start() -> Etcd {
-        let name = format!("rdzv-test-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        let name = format!(
+            "rdzv-test-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
         let data_dir = std::env::temp_dir().join(&name);
         let _ = std::fs::remove_dir_all(&data_dir);
-        let mut etcd = Etcd { child: None, client_port: free_port(), peer_port: free_port(), data_dir, name };
+        let mut etcd = Etcd {
+            child: None,
+            client_port: free_port(),
+            peer_port: free_port(),
+            data_dir,
+            name,
+        };
         etcd.launch();
         etcd
     }
@@ -39,7 +53,11 @@ impl Etcd {
 
     /// A rendezvous URL on this server with a run id unique to the calling test.
     pub fn url(&self, run: &str, query: &str) -> String {
-        format!("etcd://{}/{run}-{}?{query}", self.endpoint(), SEQ.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "etcd://{}/{run}-{}?{query}",
+            self.endpoint(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        )
     }
 
     fn launch(&mut self) {
@@ -48,8 +66,18 @@ impl Etcd {
         let mut child = Command::new("etcd")
             .args(["--name", &self.name, "--data-dir"])
             .arg(&self.data_dir)
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
             .args(["--initial-cluster", &format!("{}={peer}", self.name)])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -105,5 +133,8 @@ pub fn on_threads<T: Send + 'static>(
             std::thread::spawn(move || f(i))
         })
         .collect();
-    handles.into_iter().map(|h| h.join().expect("thread panicked")).collect()
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("thread panicked"))
+        .collect()
 }
