@@ -1,0 +1,568 @@
+// rdzv.hpp: header-only C++17 binding of the rdzv C ABI (include/rdzv.h).
+//
+// One RAII, move-only class per C handle (Params, Rendezvous, Store), each a std::unique_ptr
+// with the handle's own _free function as deleter. Every failing call throws an exception
+// derived from rdzv::Error whose type matches the C status (ClosedError for RDZV_ERR_CLOSED,
+// ...); the rdzv_error_t the call returned is always freed before the throw.
+//
+// Thread-safety is the C library's: Rendezvous and Store may be used from several threads at
+// once (one next() per Rendezvous at a time); cancel(), shutdown() and set_closed() may be
+// called from another thread to wake a blocked next(). Params must not be changed while it is
+// being read. Destroying a handle while another thread uses it is undefined, as in C: call
+// shutdown() and join the other threads first.
+//
+// A moved-from object holds no handle; calls on it throw InvalidArgumentError.
+
+#ifndef RDZV_RDZV_HPP
+#define RDZV_RDZV_HPP
+
+#include <rdzv.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace rdzv {
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+/// Base of every exception thrown by rdzv. what() is "RDZV_ERR_...: message".
+class Error : public std::runtime_error {
+ public:
+  Error(rdzv_status_t status, const std::string& message)
+      : std::runtime_error(std::string(rdzv_status_name(status)) + ": " + message),
+        status_(status),
+        message_(message) {}
+
+  /// The C status code (never RDZV_OK).
+  rdzv_status_t status() const noexcept { return status_; }
+  /// The library's message, without the status name.
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  rdzv_status_t status_;
+  std::string message_;
+};
+
+// Names match the Rust/Python error family (torch's Rendezvous*Error where one exists).
+#define RDZV_HPP_DEFINE_ERROR(Name)                                                      \
+  class Name : public Error {                                                            \
+   public:                                                                               \
+    Name(rdzv_status_t status, const std::string& message) : Error(status, message) {}   \
+  };
+RDZV_HPP_DEFINE_ERROR(InvalidArgumentError)
+RDZV_HPP_DEFINE_ERROR(ClosedError)
+RDZV_HPP_DEFINE_ERROR(TimeoutError)
+RDZV_HPP_DEFINE_ERROR(ConnectionError)
+RDZV_HPP_DEFINE_ERROR(StateError)
+RDZV_HPP_DEFINE_ERROR(GracefulExitError)
+RDZV_HPP_DEFINE_ERROR(ShutdownError)
+RDZV_HPP_DEFINE_ERROR(InternalError)
+RDZV_HPP_DEFINE_ERROR(CancelledError)
+#undef RDZV_HPP_DEFINE_ERROR
+
+namespace detail {
+
+/// Throws the exception matching `status`. Unknown codes (from a newer library) are Error.
+[[noreturn]] inline void throw_status(rdzv_status_t status, const std::string& message) {
+  switch (status) {
+    case RDZV_ERR_INVALID_ARGUMENT: throw InvalidArgumentError(status, message);
+    case RDZV_ERR_CLOSED: throw ClosedError(status, message);
+    case RDZV_ERR_TIMEOUT: throw TimeoutError(status, message);
+    case RDZV_ERR_CONNECTION: throw ConnectionError(status, message);
+    case RDZV_ERR_STATE: throw StateError(status, message);
+    case RDZV_ERR_GRACEFUL_EXIT: throw GracefulExitError(status, message);
+    case RDZV_ERR_SHUTDOWN: throw ShutdownError(status, message);
+    case RDZV_ERR_INTERNAL: throw InternalError(status, message);
+    case RDZV_ERR_CANCELLED: throw CancelledError(status, message);
+    default: throw Error(status, message);
+  }
+}
+
+/// Owns the rdzv_error_t a call may produce; check() frees it and throws on failure.
+class ErrorSlot {
+ public:
+  ErrorSlot() = default;
+  ErrorSlot(const ErrorSlot&) = delete;
+  ErrorSlot& operator=(const ErrorSlot&) = delete;
+  ~ErrorSlot() { rdzv_error_free(err_); }
+
+  rdzv_error_t** out() noexcept { return &err_; }
+
+  void check(rdzv_status_t status) {
+    if (status == RDZV_OK) return;
+    // The message is copied before the error is freed (by the destructor, during unwinding).
+    std::string message = err_ != nullptr ? rdzv_error_message(err_) : "";
+    throw_status(status, message);
+  }
+
+ private:
+  rdzv_error_t* err_ = nullptr;
+};
+
+/// Calls `fn(rdzv_error_t**)` and throws if it did not return RDZV_OK.
+template <class Fn>
+void call(Fn&& fn) {
+  ErrorSlot slot;
+  slot.check(fn(slot.out()));
+}
+
+[[noreturn]] inline void throw_empty(const char* what) {
+  throw InvalidArgumentError(RDZV_ERR_INVALID_ARGUMENT,
+                             std::string(what) + " holds no handle (moved from)");
+}
+
+struct ParamsDeleter {
+  void operator()(rdzv_params_t* p) const noexcept { rdzv_params_free(p); }
+};
+struct RendezvousDeleter {
+  void operator()(rdzv_t* p) const noexcept { rdzv_free(p); }
+};
+struct StoreDeleter {
+  void operator()(rdzv_store_t* p) const noexcept { rdzv_store_free(p); }
+};
+
+/// Frees a library-owned buffer at scope exit.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { rdzv_bytes_free(data, len); }
+  template <class T>
+  T to() const {
+    return data == nullptr ? T() : T(data, data + len);
+  }
+  uint8_t* data = nullptr;
+  size_t len = 0;
+};
+
+/// A duration as C timeout milliseconds: <= 0 is "do not wait", fractions round up, and huge
+/// values (e.g. hours::max()) saturate instead of overflowing; the library caps at one year.
+template <class Rep, class Period>
+int64_t timeout_ms(std::chrono::duration<Rep, Period> d) {
+  const double ms = std::chrono::duration<double, std::milli>(d).count();
+  if (!(ms > 0)) return 0;
+  constexpr double kCap = 1e15;  // ~31,700 years: far above the library's cap, far below 2^63.
+  return ms >= kCap ? static_cast<int64_t>(kCap) : static_cast<int64_t>(std::ceil(ms));
+}
+
+constexpr int64_t kStoreDefaultTimeout = -1;
+
+/// Byte views over std::string, std::string_view and std::vector<uint8_t>.
+inline const uint8_t* bytes_of(std::string_view s) noexcept {
+  return reinterpret_cast<const uint8_t*>(s.data());
+}
+inline const uint8_t* bytes_of(const std::vector<uint8_t>& v) noexcept { return v.data(); }
+
+/// NUL-terminated pointers to `keys`, valid while `keys` lives.
+inline std::vector<const char*> c_keys(const std::vector<std::string>& keys) {
+  std::vector<const char*> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) out.push_back(k.c_str());
+  return out;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Params
+// ---------------------------------------------------------------------------------------------
+
+/// Parameters of a rendezvous (torch's RendezvousParameters).
+class Params {
+ public:
+  /// From explicit values: backend "etcd-v3" (or "etcd"), endpoints "HOST:PORT[,HOST:PORT]",
+  /// a non-empty run id and 1 <= min_nodes <= max_nodes.
+  Params(const std::string& backend, const std::string& endpoints, const std::string& run_id,
+         uint32_t min_nodes, uint32_t max_nodes) {
+    rdzv_params_t* out = nullptr;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_params_new(backend.c_str(), endpoints.c_str(), run_id.c_str(), min_nodes,
+                             max_nodes, &out, e);
+    });
+    ptr_.reset(out);
+  }
+
+  /// From `etcd://HOST:PORT[,HOST:PORT...]/RUN_ID?name=value&...`.
+  static Params from_url(const std::string& url) {
+    rdzv_params_t* out = nullptr;
+    detail::call([&](rdzv_error_t** e) { return rdzv_params_from_url(url.c_str(), &out, e); });
+    return Params(out);
+  }
+
+  /// Sets one option (see rdzv_params_set for names). Returns *this for chaining.
+  Params& set(const std::string& name, const std::string& value) {
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_params_set(ptr_.get(), name.c_str(), value.c_str(), e);
+    });
+    return *this;
+  }
+
+  Params(Params&&) noexcept = default;
+  Params& operator=(Params&&) noexcept = default;
+  Params(const Params&) = delete;
+  Params& operator=(const Params&) = delete;
+
+  /// The C handle, still owned by this object (NULL if moved from).
+  const rdzv_params_t* raw() const noexcept { return ptr_.get(); }
+  rdzv_params_t* raw() noexcept { return ptr_.get(); }
+  explicit operator bool() const noexcept { return ptr_ != nullptr; }
+
+ private:
+  explicit Params(rdzv_params_t* raw) noexcept : ptr_(raw) {}
+  std::unique_ptr<rdzv_params_t, detail::ParamsDeleter> ptr_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Store
+// ---------------------------------------------------------------------------------------------
+
+/// The store of one round (c10d Store semantics). Thread-safe. Calls without a timeout use
+/// the store's default (300 s unless set_timeout() changed it); a timeout <= 0 means "do not
+/// wait". Values are bytes: the std::string methods carry them unchanged (NULs included), the
+/// *_bytes methods return std::vector<uint8_t>.
+class Store {
+ public:
+  Store(Store&&) noexcept = default;
+  Store& operator=(Store&&) noexcept = default;
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  /// Adopts a handle returned by rdzv_next (ownership moves to this object).
+  explicit Store(rdzv_store_t* raw) noexcept : ptr_(raw) {}
+
+  // --- set ---
+  void set(const std::string& key, std::string_view value) const {
+    set_raw(key, detail::bytes_of(value), value.size());
+  }
+  void set(const std::string& key, const char* value) const {
+    set(key, std::string_view(value));
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value) const {
+    set_raw(key, value.data(), value.size());
+  }
+
+  // --- get: waits for the key to be set ---
+  std::string get(const std::string& key) const {
+    return get_raw<std::string>(key, detail::kStoreDefaultTimeout);
+  }
+  template <class Rep, class Period>
+  std::string get(const std::string& key, std::chrono::duration<Rep, Period> timeout) const {
+    return get_raw<std::string>(key, detail::timeout_ms(timeout));
+  }
+  std::vector<uint8_t> get_bytes(const std::string& key) const {
+    return get_raw<std::vector<uint8_t>>(key, detail::kStoreDefaultTimeout);
+  }
+  template <class Rep, class Period>
+  std::vector<uint8_t> get_bytes(const std::string& key,
+                                 std::chrono::duration<Rep, Period> timeout) const {
+    return get_raw<std::vector<uint8_t>>(key, detail::timeout_ms(timeout));
+  }
+
+  /// Atomically adds `delta` to the decimal integer at `key` (absent = 0); returns the sum.
+  int64_t add(const std::string& key, int64_t delta) const {
+    int64_t out = 0;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_add(ptr(), key.c_str(), delta, &out, e);
+    });
+    return out;
+  }
+
+  /// Sets `key` to `desired` if it holds `expected` (or is absent and `expected` is empty);
+  /// returns the value the key holds afterwards.
+  std::string compare_set(const std::string& key, std::string_view expected,
+                          std::string_view desired) const {
+    return compare_set_raw<std::string>(key, detail::bytes_of(expected), expected.size(),
+                                        detail::bytes_of(desired), desired.size());
+  }
+  std::vector<uint8_t> compare_set(const std::string& key, const std::vector<uint8_t>& expected,
+                                   const std::vector<uint8_t>& desired) const {
+    return compare_set_raw<std::vector<uint8_t>>(key, expected.data(), expected.size(),
+                                                 desired.data(), desired.size());
+  }
+
+  // --- wait: until all keys exist, else TimeoutError ---
+  void wait(const std::vector<std::string>& keys) const {
+    wait_raw(keys, detail::kStoreDefaultTimeout);
+  }
+  template <class Rep, class Period>
+  void wait(const std::vector<std::string>& keys,
+            std::chrono::duration<Rep, Period> timeout) const {
+    wait_raw(keys, detail::timeout_ms(timeout));
+  }
+
+  /// Whether all keys exist now. Does not wait.
+  bool check(const std::vector<std::string>& keys) const {
+    auto ks = detail::c_keys(keys);
+    bool out = false;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_check(ptr(), ks.data(), ks.size(), &out, e);
+    });
+    return out;
+  }
+
+  /// Deletes `key`; returns whether it existed.
+  bool delete_key(const std::string& key) const {
+    bool deleted = false;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_delete_key(ptr(), key.c_str(), &deleted, e);
+    });
+    return deleted;
+  }
+
+  /// Number of keys in this round's store.
+  int64_t num_keys() const {
+    int64_t out = 0;
+    detail::call([&](rdzv_error_t** e) { return rdzv_store_num_keys(ptr(), &out, e); });
+    return out;
+  }
+
+  // --- multi_get: waits for all keys, returns their values read at one revision ---
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys) const {
+    return multi_get_raw<std::string>(keys, detail::kStoreDefaultTimeout);
+  }
+  template <class Rep, class Period>
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys,
+                                     std::chrono::duration<Rep, Period> timeout) const {
+    return multi_get_raw<std::string>(keys, detail::timeout_ms(timeout));
+  }
+  std::vector<std::vector<uint8_t>> multi_get_bytes(const std::vector<std::string>& keys) const {
+    return multi_get_raw<std::vector<uint8_t>>(keys, detail::kStoreDefaultTimeout);
+  }
+  template <class Rep, class Period>
+  std::vector<std::vector<uint8_t>> multi_get_bytes(
+      const std::vector<std::string>& keys, std::chrono::duration<Rep, Period> timeout) const {
+    return multi_get_raw<std::vector<uint8_t>>(keys, detail::timeout_ms(timeout));
+  }
+
+  /// Sets keys[i] to values[i] for all i, all or nothing. Sizes must match.
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::string>& values) const {
+    multi_set_raw(keys, values);
+  }
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::vector<uint8_t>>& values) const {
+    multi_set_raw(keys, values);
+  }
+
+  /// Sets the default timeout of get, wait and multi_get (must be >= 0).
+  template <class Rep, class Period>
+  void set_timeout(std::chrono::duration<Rep, Period> timeout) const {
+    // A negative duration is passed through so the library reports it as invalid.
+    const int64_t ms = timeout < timeout.zero() ? -1 : detail::timeout_ms(timeout);
+    detail::call([&](rdzv_error_t** e) { return rdzv_store_set_timeout(ptr(), ms, e); });
+  }
+
+  const rdzv_store_t* raw() const noexcept { return ptr_.get(); }
+  explicit operator bool() const noexcept { return ptr_ != nullptr; }
+
+ private:
+  const rdzv_store_t* ptr() const {
+    if (!ptr_) detail::throw_empty("rdzv::Store");
+    return ptr_.get();
+  }
+
+  void set_raw(const std::string& key, const uint8_t* data, size_t len) const {
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_set(ptr(), key.c_str(), data, len, e);
+    });
+  }
+
+  template <class T>
+  T get_raw(const std::string& key, int64_t timeout_ms) const {
+    detail::Buffer buf;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_get(ptr(), key.c_str(), timeout_ms, &buf.data, &buf.len, e);
+    });
+    return buf.to<T>();
+  }
+
+  template <class T>
+  T compare_set_raw(const std::string& key, const uint8_t* expected, size_t expected_len,
+                    const uint8_t* desired, size_t desired_len) const {
+    detail::Buffer buf;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_compare_set(ptr(), key.c_str(), expected, expected_len, desired,
+                                    desired_len, &buf.data, &buf.len, e);
+    });
+    return buf.to<T>();
+  }
+
+  void wait_raw(const std::vector<std::string>& keys, int64_t timeout_ms) const {
+    auto ks = detail::c_keys(keys);
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_wait(ptr(), ks.data(), ks.size(), timeout_ms, e);
+    });
+  }
+
+  template <class T>
+  std::vector<T> multi_get_raw(const std::vector<std::string>& keys, int64_t timeout_ms) const {
+    auto ks = detail::c_keys(keys);
+    std::vector<detail::Buffer> bufs(keys.size());
+    std::vector<uint8_t*> data(keys.size(), nullptr);
+    std::vector<size_t> lens(keys.size(), 0);
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_multi_get(ptr(), ks.data(), ks.size(), timeout_ms, data.data(),
+                                  lens.data(), e);
+    });
+    // Hand every buffer to its owner first, so none leaks if a copy below throws.
+    for (size_t i = 0; i < keys.size(); ++i) {
+      bufs[i].data = data[i];
+      bufs[i].len = lens[i];
+    }
+    std::vector<T> out;
+    out.reserve(keys.size());
+    for (const auto& b : bufs) out.push_back(b.to<T>());
+    return out;
+  }
+
+  template <class V>
+  void multi_set_raw(const std::vector<std::string>& keys, const std::vector<V>& values) const {
+    if (keys.size() != values.size()) {
+      throw InvalidArgumentError(RDZV_ERR_INVALID_ARGUMENT,
+                                 "multi_set: " + std::to_string(keys.size()) + " keys but " +
+                                     std::to_string(values.size()) + " values");
+    }
+    auto ks = detail::c_keys(keys);
+    std::vector<const uint8_t*> vs;
+    std::vector<size_t> lens;
+    vs.reserve(values.size());
+    lens.reserve(values.size());
+    for (const auto& v : values) {
+      vs.push_back(detail::bytes_of(v));
+      lens.push_back(v.size());
+    }
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_multi_set(ptr(), ks.data(), vs.data(), lens.data(), ks.size(), e);
+    });
+  }
+
+  std::unique_ptr<rdzv_store_t, detail::StoreDeleter> ptr_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Rendezvous
+// ---------------------------------------------------------------------------------------------
+
+/// This node's place in a completed round.
+struct RoundInfo {
+  uint64_t round = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  std::string master_addr;
+  uint16_t master_port = 0;
+};
+
+/// What next() returns: the round and its store. Works with `auto [info, store] = r.next();`.
+struct Round {
+  RoundInfo info;
+  Store store;
+};
+
+/// One node's handle on a rendezvous. The destructor shuts the node down (revoking its lease)
+/// and frees the handle; no other thread may be using it then.
+class Rendezvous {
+ public:
+  /// Connects to etcd and registers this node (at most connect_timeout). Does not consume
+  /// `params`.
+  explicit Rendezvous(const Params& params) {
+    rdzv_t* out = nullptr;
+    detail::call([&](rdzv_error_t** e) { return rdzv_new(params.raw(), &out, e); });
+    ptr_.reset(out);
+  }
+
+  Rendezvous(Rendezvous&&) noexcept = default;
+  Rendezvous& operator=(Rendezvous&&) noexcept = default;
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  /// Joins the next round and blocks until this node is a member of a completed round (at
+  /// most join_timeout). Throws ClosedError, GracefulExitError, TimeoutError, ShutdownError,
+  /// CancelledError (cancel() from another thread), ...
+  Round next() {
+    rdzv_round_t raw{};
+    rdzv_store_t* store = nullptr;
+    detail::call([&](rdzv_error_t** e) { return rdzv_next(mut_ptr(), &raw, &store, e); });
+    Store owned(store);  // owns the store before anything below can throw
+    RoundInfo info;
+    info.round = raw.round;
+    info.rank = raw.rank;
+    info.world_size = raw.world_size;
+    info.master_port = raw.master_port;
+    raw.master_addr[RDZV_ADDR_CAPACITY - 1] = '\0';
+    info.master_addr = raw.master_addr;
+    return Round{std::move(info), std::move(owned)};
+  }
+
+  /// Whether any node has closed the run.
+  bool is_closed() const {
+    bool out = false;
+    detail::call([&](rdzv_error_t** e) { return rdzv_is_closed(ptr(), &out, e); });
+    return out;
+  }
+
+  /// Closes the run for every node; blocked next() calls anywhere throw ClosedError.
+  void set_closed() const {
+    detail::call([&](rdzv_error_t** e) { return rdzv_set_closed(ptr(), e); });
+  }
+
+  /// Nodes waiting for a round after this node's last one (non-zero: call next()).
+  uint32_t num_waiting() const {
+    uint32_t out = 0;
+    detail::call([&](rdzv_error_t** e) { return rdzv_num_waiting(ptr(), &out, e); });
+    return out;
+  }
+
+  /// Members of this node's last round whose lease expired (non-zero: call next()).
+  uint32_t num_lost() const {
+    uint32_t out = 0;
+    detail::call([&](rdzv_error_t** e) { return rdzv_num_lost(ptr(), &out, e); });
+    return out;
+  }
+
+  /// Wakes a next() blocked in another thread (it throws CancelledError); the handle stays
+  /// usable. No effect when no next() is running. Never blocks.
+  void cancel() const {
+    detail::call([&](rdzv_error_t** e) { return rdzv_cancel(ptr(), e); });
+  }
+
+  /// Releases this node (wakes a blocked next(), revokes the lease). Idempotent; later calls
+  /// throw ShutdownError. Does not close the run for the others.
+  void shutdown() const {
+    detail::call([&](rdzv_error_t** e) { return rdzv_shutdown(ptr(), e); });
+  }
+
+  std::string run_id() const { return rdzv_run_id(ptr()); }
+  std::string backend() const { return rdzv_backend(ptr()); }
+  /// 32 hex digits, unique per handle.
+  std::string node_id() const { return rdzv_node_id(ptr()); }
+
+  const rdzv_t* raw() const noexcept { return ptr_.get(); }
+  explicit operator bool() const noexcept { return ptr_ != nullptr; }
+
+ private:
+  const rdzv_t* ptr() const {
+    if (!ptr_) detail::throw_empty("rdzv::Rendezvous");
+    return ptr_.get();
+  }
+  rdzv_t* mut_ptr() {
+    if (!ptr_) detail::throw_empty("rdzv::Rendezvous");
+    return ptr_.get();
+  }
+
+  std::unique_ptr<rdzv_t, detail::RendezvousDeleter> ptr_;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_RDZV_HPP

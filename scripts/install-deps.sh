@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what building and testing rdzv needs, from Debian's packages, when it is missing:
+# etcd (the server the tests start), protoc (etcd-client's build), cmake/g++/GoogleTest (C++).
+set -euo pipefail
+need=()
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+command -v cmake >/dev/null || need+=(cmake)
+command -v c++ >/dev/null || need+=(g++)
+[ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  echo "installing: ${need[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install -q pytest
