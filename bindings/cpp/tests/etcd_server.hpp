@@ -1,0 +1,177 @@
+// Test fixture: a real etcd (v3.4, `etcd` on PATH) on free loopback ports with a temporary data
+// directory. Ready when etcd logs "ready to serve client requests" (waited for with a timeout,
+// never a fixed sleep); killed and its data removed on destruction.
+#ifndef RDZV_TESTS_ETCD_SERVER_HPP
+#define RDZV_TESTS_ETCD_SERVER_HPP
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace rdzv_test {
+
+inline uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error("socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("could not bind a free port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+class EtcdServer {
+ public:
+  explicit EtcdServer(std::chrono::seconds ready_timeout = std::chrono::seconds(30)) {
+    name_ = "rdzv-cpp-test-" + std::to_string(::getpid());
+    std::string tmpl = (std::filesystem::temp_directory_path() / "rdzv-cpp-etcd-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    data_dir_ = tmpl;
+    client_port_ = free_port();
+    do peer_port_ = free_port();
+    while (peer_port_ == client_port_);
+
+    const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    std::vector<std::string> args = {"etcd",
+                                     "--name", name_,
+                                     "--data-dir", data_dir_.string(),
+                                     "--listen-client-urls", client,
+                                     "--advertise-client-urls", client,
+                                     "--listen-peer-urls", peer,
+                                     "--initial-advertise-peer-urls", peer,
+                                     "--initial-cluster", name_ + "=" + peer};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);  // etcd 3.4 logs on stderr; take both
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    const int rc = ::posix_spawnp(&pid_, "etcd", &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(fds[1]);
+    if (rc != 0) {
+      ::close(fds[0]);
+      std::filesystem::remove_all(data_dir_);
+      throw std::runtime_error("could not start etcd (is it on PATH?): " + std::to_string(rc));
+    }
+
+    // Drain etcd's output for its whole life, so it never blocks on a full pipe.
+    reader_ = std::thread([this, fd = fds[0]] { read_output(fd); });
+
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, ready_timeout, [this] { return ready_ || exited_; }) || !ready_) {
+      const std::string why = exited_ ? "etcd exited before it was ready" : "etcd not ready in time";
+      const std::string log = log_tail_locked();
+      lock.unlock();
+      stop();
+      throw std::runtime_error(why + "; last output:\n" + log);
+    }
+  }
+
+  EtcdServer(const EtcdServer&) = delete;
+  EtcdServer& operator=(const EtcdServer&) = delete;
+  ~EtcdServer() { stop(); }
+
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+
+  /// A rendezvous URL on this server whose run id is unique in this process.
+  std::string url(const std::string& run, const std::string& query = "") const {
+    static std::atomic<int> seq{0};
+    std::string u = "etcd://" + endpoint() + "/" + run + "-" + std::to_string(::getpid()) + "-" +
+                    std::to_string(seq++);
+    return query.empty() ? u : u + "?" + query;
+  }
+
+ private:
+  void read_output(int fd) {
+    std::string pending;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      pending.append(buf, static_cast<size_t>(n));
+      size_t nl;
+      while ((nl = pending.find('\n')) != std::string::npos) {
+        std::string line = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        std::lock_guard<std::mutex> lock(mu_);
+        if (line.find("ready to serve client requests") != std::string::npos) ready_ = true;
+        log_.push_back(std::move(line));
+        if (log_.size() > 20) log_.pop_front();
+        cv_.notify_all();
+      }
+    }
+    ::close(fd);
+    std::lock_guard<std::mutex> lock(mu_);
+    exited_ = true;
+    cv_.notify_all();
+  }
+
+  std::string log_tail_locked() const {
+    std::string out;
+    for (const auto& l : log_) out += l + "\n";
+    return out;
+  }
+
+  void stop() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+      pid_ = -1;
+    }
+    if (reader_.joinable()) reader_.join();
+    std::error_code ec;
+    std::filesystem::remove_all(data_dir_, ec);
+  }
+
+  std::string name_;
+  std::filesystem::path data_dir_;
+  uint16_t client_port_ = 0;
+  uint16_t peer_port_ = 0;
+  pid_t pid_ = -1;
+  std::thread reader_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool ready_ = false;
+  bool exited_ = false;
+  std::deque<std::string> log_;
+};
+
+}  // namespace rdzv_test
+
+#endif  // RDZV_TESTS_ETCD_SERVER_HPP
