@@ -12,7 +12,7 @@
 mod records;
 mod round;
 
-pub use records::{FinalRecord, JoinRecord, Member};
+pub use records::{FinalRecord, JoinRecord};
 
 use crate::backend::keys::Keys;
 use crate::backend::{Etcd, Lease};
@@ -147,15 +147,15 @@ impl Rendezvous {
         let mut round_guess = self.state().last.as_ref().map_or(0, |(f, _)| f.round + 1);
         loop {
             let lease = self.ensure_lease(deadline).await?;
-            let round = match self.join(round_guess, lease, deadline).await? {
-                Joined::Round(r) => r,
+            let (round, my_rev) = match self.join(round_guess, lease, deadline).await? {
+                Joined::Round(r, rev) => (r, rev),
                 Joined::Moved(current) => {
                     round_guess = current;
                     continue;
                 }
                 Joined::Closed => return Err(self.closed_error(left_out)),
             };
-            let outcome = round::wait_for_seal(self, round, deadline, left_out).await?;
+            let outcome = round::wait_for_seal(self, round, my_rev, deadline, left_out).await?;
             match outcome {
                 Outcome::Sealed(sealed) => match sealed.rank_of(&self.node) {
                     Some(rank) => return Ok(self.member_of(sealed, rank)),
@@ -171,13 +171,12 @@ impl Rendezvous {
     }
 
     fn member_of(&self, sealed: FinalRecord, rank: u32) -> (RoundInfo, Store) {
-        let leader = &sealed.members[0];
         let info = RoundInfo {
             round: sealed.round,
             rank,
             world_size: sealed.members.len() as u32,
-            master_addr: leader.addr.clone(),
-            master_port: leader.port,
+            master_addr: sealed.master_addr.clone(),
+            master_port: sealed.master_port,
         };
         let store = Store::new(
             self.etcd.clone(),
@@ -203,11 +202,16 @@ impl Rendezvous {
         } else {
             Compare::value(current.clone(), CompareOp::Equal, round.to_string())
         };
-        let mut ops = vec![TxnOp::put(
-            self.keys.join(round, &self.node),
-            record.to_json(),
-            Some(PutOptions::new().with_lease(lease)),
-        )];
+        let my_key = self.keys.join(round, &self.node);
+        let mut ops = vec![
+            TxnOp::put(
+                my_key.clone(),
+                record.to_json(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            // Our create revision orders us among the joiners; read it back in the same txn.
+            TxnOp::get(my_key, Some(GetOptions::new().with_keys_only())),
+        ];
         let previous = self.state().joined;
         if let Some(prev) = previous.filter(|&p| p != round) {
             ops.push(TxnOp::delete(self.keys.join(prev, &self.node), None));
@@ -225,7 +229,14 @@ impl Rendezvous {
         let resp = self.etcd.txn(deadline, "join", txn).await?;
         if resp.succeeded() {
             self.state().joined = Some(round);
-            return Ok(Joined::Round(round));
+            let created = crate::backend::ranges(&resp)
+                .first()
+                .and_then(|g| g.kvs().first())
+                .map(|kv| kv.create_revision())
+                .ok_or_else(|| {
+                    Error::internal("join: the transaction did not return the join key")
+                })?;
+            return Ok(Joined::Round(round, created));
         }
         let got = crate::backend::ranges(&resp);
         if got.get(1).is_some_and(|g| !g.kvs().is_empty()) {
@@ -388,7 +399,7 @@ impl Rendezvous {
             .collect();
         Ok(members
             .iter()
-            .filter(|m| !alive.contains(m.node.as_str()))
+            .filter(|m| !alive.contains(m.as_str()))
             .count() as u32)
     }
 
@@ -443,7 +454,8 @@ impl Rendezvous {
 }
 
 enum Joined {
-    Round(u64),
+    /// Joined this round; our join key's create revision.
+    Round(u64, i64),
     Moved(u64),
     Closed,
 }

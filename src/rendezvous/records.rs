@@ -15,19 +15,15 @@ pub struct JoinRecord {
     pub last: Option<(u64, u32)>,
 }
 
-/// One member of a sealed round.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    pub node: String,
-    pub addr: String,
-    pub port: u16,
-}
-
-/// The value of `r/{round}/final`: the members in rank order. Written once, never changed.
+/// The value of `r/{round}/final`: member node ids in rank order, and rank 0's bootstrap
+/// address. Written once, never changed. Kept compact (ids only) because every member receives
+/// it by watch: at 1024 nodes it is about 20 KB.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinalRecord {
     pub round: u64,
-    pub members: Vec<Member>,
+    pub members: Vec<String>,
+    pub master_addr: String,
+    pub master_port: u16,
 }
 
 impl JoinRecord {
@@ -61,12 +57,13 @@ impl JoinRecord {
 
 impl FinalRecord {
     pub fn to_json(&self) -> String {
-        let members: Vec<Value> = self
-            .members
-            .iter()
-            .map(|m| json!({ "node": m.node, "addr": m.addr, "port": m.port }))
-            .collect();
-        json!({ "round": self.round, "members": members }).to_string()
+        json!({
+            "round": self.round,
+            "members": self.members,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+        })
+        .to_string()
     }
 
     pub fn parse(key: &[u8], value: &[u8]) -> Result<FinalRecord> {
@@ -75,28 +72,33 @@ impl FinalRecord {
             .get("round")
             .and_then(Value::as_u64)
             .ok_or_else(|| corrupt(key, "round is missing or not a number"))?;
-        let list = v
+        let members = v
             .get("members")
             .and_then(Value::as_array)
-            .ok_or_else(|| corrupt(key, "members is missing or not a list"))?;
-        let mut members = Vec::with_capacity(list.len());
-        for m in list {
-            members.push(Member {
-                node: str_field(key, m, "node")?,
-                addr: str_field(key, m, "addr")?,
-                port: port_field(key, m)?,
-            });
-        }
+            .ok_or_else(|| corrupt(key, "members is missing or not a list"))?
+            .iter()
+            .map(|m| m.as_str().map(str::to_string))
+            .collect::<Option<Vec<String>>>()
+            .ok_or_else(|| corrupt(key, "members holds something other than node ids"))?;
         if members.is_empty() {
             return Err(corrupt(key, "a sealed round has no members"));
         }
-        Ok(FinalRecord { round, members })
+        let port = v.get("master_port").cloned().unwrap_or(Value::Null);
+        Ok(FinalRecord {
+            round,
+            members,
+            master_addr: str_field(key, &v, "master_addr")?,
+            master_port: port
+                .as_u64()
+                .and_then(|n| u16::try_from(n).ok())
+                .ok_or_else(|| corrupt(key, "master_port is missing or out of range"))?,
+        })
     }
 
     pub fn rank_of(&self, node: &str) -> Option<u32> {
         self.members
             .iter()
-            .position(|m| m.node == node)
+            .position(|m| m == node)
             .map(|i| i as u32)
     }
 }
@@ -159,11 +161,9 @@ mod tests {
         assert_eq!(JoinRecord::parse(b"k", j.to_json().as_bytes()).unwrap(), j);
         let f = FinalRecord {
             round: 4,
-            members: vec![Member {
-                node: "a".into(),
-                addr: "h".into(),
-                port: 1,
-            }],
+            members: vec!["a".into()],
+            master_addr: "h".into(),
+            master_port: 1,
         };
         assert_eq!(FinalRecord::parse(b"k", f.to_json().as_bytes()).unwrap(), f);
         assert_eq!(f.rank_of("a"), Some(0));

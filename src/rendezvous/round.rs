@@ -7,7 +7,7 @@
 //! the node back to a fresh snapshot, which is always safe because every decision is re-read
 //! from etcd state and every write is guarded by compares.
 
-use super::{FinalRecord, JoinRecord, Member, Outcome, Rendezvous};
+use super::{FinalRecord, JoinRecord, Outcome, Rendezvous};
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Target};
 use crate::error::{Error, Result};
@@ -22,6 +22,7 @@ use tokio::time::Instant;
 pub(crate) async fn wait_for_seal(
     rdzv: &Rendezvous,
     round: u64,
+    my_rev: i64,
     deadline: Instant,
     left_out: bool,
 ) -> Result<Outcome> {
@@ -33,23 +34,8 @@ pub(crate) async fn wait_for_seal(
             .with_keys_only()
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(1);
-        // Our own create revision bounds the predecessor search, so read it first; then read
-        // the predecessor, final and closed in one snapshot and watch from just after it.
-        let mine = rdzv
-            .etcd()
-            .txn(
-                deadline,
-                "read join",
-                Txn::new().and_then([TxnOp::get(me.clone(), None)]),
-            )
-            .await?;
-        let Some(my_rev) = ranges(&mine)[0]
-            .kvs()
-            .first()
-            .map(|kv| kv.create_revision())
-        else {
-            return Ok(Outcome::Rejoin);
-        };
+        // Read the predecessor (bounded by our own create revision), final and closed in one
+        // snapshot, and watch from just after it.
         let snapshot = Txn::new().and_then([
             TxnOp::get(
                 keys.join_prefix(round),
@@ -159,24 +145,23 @@ impl RoundView {
         })
     }
 
-    /// The members in rank order: survivors of the previous round first, in their old order
-    /// (so rank 0 stays rank 0), then newcomers by arrival; at most `max` of them.
-    fn members(&self, max: usize) -> Vec<Member> {
+    /// The sealed record: survivors of the previous round first, in their old order (so rank 0
+    /// stays rank 0), then newcomers by arrival; at most `max` of them.
+    fn seal_record(&self, max: usize) -> FinalRecord {
         let mut ordered: Vec<(&i64, &(String, JoinRecord))> = self.joiners.iter().collect();
         let prev_round = self.round.checked_sub(1);
         ordered.sort_by_key(|(rev, (_, rec))| match rec.last {
             Some((r, rank)) if Some(r) == prev_round => (0, rank as i64, **rev),
             _ => (1, 0, **rev),
         });
-        ordered
-            .into_iter()
-            .take(max)
-            .map(|(_, (node, rec))| Member {
-                node: node.clone(),
-                addr: rec.addr.clone(),
-                port: rec.port,
-            })
-            .collect()
+        ordered.truncate(max);
+        let rank0 = &ordered[0].1 .1;
+        FinalRecord {
+            round: self.round,
+            master_addr: rank0.addr.clone(),
+            master_port: rank0.port,
+            members: ordered.iter().map(|(_, (node, _))| node.clone()).collect(),
+        }
     }
 }
 
@@ -217,13 +202,7 @@ async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) 
             return Ok(Outcome::Sealed(FinalRecord::parse(kv.key(), kv.value())?));
         }
         let previous = match got.get(4).and_then(|g| g.kvs().first()) {
-            Some(kv) => Some(
-                FinalRecord::parse(kv.key(), kv.value())?
-                    .members
-                    .into_iter()
-                    .map(|m| m.node)
-                    .collect(),
-            ),
+            Some(kv) => Some(FinalRecord::parse(kv.key(), kv.value())?.members),
             None => None,
         };
         let mut view = RoundView {
@@ -322,10 +301,7 @@ async fn seal(
 ) -> Result<Outcome> {
     let keys = rdzv.keys();
     let round = view.round;
-    let sealed = FinalRecord {
-        round,
-        members: view.members(max),
-    };
+    let sealed = view.seal_record(max);
     let mut writes = vec![
         TxnOp::put(keys.final_(round), sealed.to_json(), None),
         TxnOp::put(keys.current(), (round + 1).to_string(), None),

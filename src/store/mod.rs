@@ -68,7 +68,17 @@ impl Store {
     }
 
     pub async fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.multi_set(&[key], &[value]).await
+        let full = self.key(key)?;
+        check_value(key, value)?;
+        let value = value.to_vec();
+        // A plain put, not a one-operation transaction: etcd applies puts about twice as fast.
+        self.etcd
+            .call(self.op_deadline(), "store set", move |mut c| {
+                let (full, value) = (full.clone(), value.clone());
+                async move { c.put(full, value, None).await }
+            })
+            .await?;
+        Ok(())
     }
 
     /// Waits up to `timeout` (or the store's default) for `key` to exist, then returns it.
