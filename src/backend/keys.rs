@@ -6,6 +6,7 @@
 //! current                      the number of the round open for joining; absent means 0
 //! alive/{node}                 one per live node, bound to the node's lease
 //! r/{round:020}/join/{node}    a node's request to join the round, bound to its lease
+//! r/{round:020}/leader         the node that seals the round, bound to its lease
 //! r/{round:020}/final          the sealed membership of the round, in rank order
 //! r/{round:020}/store/{key}    the round's key-value store
 //! ```
@@ -69,6 +70,9 @@ impl Keys {
     }
     pub fn join(&self, round: u64, node: &str) -> String {
         format!("{}join/{node}", self.round_prefix(round))
+    }
+    pub fn leader(&self, round: u64) -> String {
+        format!("{}leader", self.round_prefix(round))
     }
     pub fn final_(&self, round: u64) -> String {
         format!("{}final", self.round_prefix(round))

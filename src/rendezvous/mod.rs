@@ -147,15 +147,15 @@ impl Rendezvous {
         let mut round_guess = self.state().last.as_ref().map_or(0, |(f, _)| f.round + 1);
         loop {
             let lease = self.ensure_lease(deadline).await?;
-            let (round, my_rev) = match self.join(round_guess, lease, deadline).await? {
-                Joined::Round(r, rev) => (r, rev),
+            let (round, snapshot) = match self.join(round_guess, lease, deadline).await? {
+                Joined::Round(r, snapshot) => (r, snapshot),
                 Joined::Moved(current) => {
                     round_guess = current;
                     continue;
                 }
                 Joined::Closed => return Err(self.closed_error(left_out)),
             };
-            let outcome = round::wait_for_seal(self, round, my_rev, deadline, left_out).await?;
+            let outcome = round::wait_for_seal(self, round, snapshot, deadline, left_out).await?;
             match outcome {
                 Outcome::Sealed(sealed) => match sealed.rank_of(&self.node) {
                     Some(rank) => return Ok(self.member_of(sealed, rank)),
@@ -202,20 +202,32 @@ impl Rendezvous {
         } else {
             Compare::value(current.clone(), CompareOp::Equal, round.to_string())
         };
-        let my_key = self.keys.join(round, &self.node);
-        let mut ops = vec![
-            TxnOp::put(
-                my_key.clone(),
-                record.to_json(),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            // Our create revision orders us among the joiners; read it back in the same txn.
-            TxnOp::get(my_key, Some(GetOptions::new().with_keys_only())),
-        ];
+        let leader = self.keys.leader(round);
+        let mut ops = vec![TxnOp::put(
+            self.keys.join(round, &self.node),
+            record.to_json(),
+            Some(PutOptions::new().with_lease(lease)),
+        )];
         let previous = self.state().joined;
         if let Some(prev) = previous.filter(|&p| p != round) {
             ops.push(TxnOp::delete(self.keys.join(prev, &self.node), None));
         }
+        ops.extend(round::snapshot_reads(self, round));
+        // The first joiner becomes the round's leader in the same round trip. (Last: etcd 3.4
+        // drops the responses of operations that follow a nested transaction.)
+        ops.push(TxnOp::txn(
+            Txn::new()
+                .when([Compare::create_revision(
+                    leader.clone(),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([TxnOp::put(
+                    leader,
+                    self.node.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )]),
+        ));
         let txn = Txn::new()
             .when([
                 round_is_open,
@@ -229,14 +241,15 @@ impl Rendezvous {
         let resp = self.etcd.txn(deadline, "join", txn).await?;
         if resp.succeeded() {
             self.state().joined = Some(round);
-            let created = crate::backend::ranges(&resp)
-                .first()
-                .and_then(|g| g.kvs().first())
-                .map(|kv| kv.create_revision())
-                .ok_or_else(|| {
-                    Error::internal("join: the transaction did not return the join key")
-                })?;
-            return Ok(Joined::Round(round, created));
+            let mut snapshot = round::parse_snapshot(&resp)?;
+            let claimed = resp
+                .op_responses()
+                .iter()
+                .any(|op| matches!(op, etcd_client::TxnOpResponse::Txn(t) if t.succeeded()));
+            if claimed {
+                snapshot.leader = Some(self.node.clone());
+            }
+            return Ok(Joined::Round(round, snapshot));
         }
         let got = crate::backend::ranges(&resp);
         if got.get(1).is_some_and(|g| !g.kvs().is_empty()) {
@@ -277,20 +290,31 @@ impl Rendezvous {
         Ok(id)
     }
 
-    /// Best effort: take back this node's join request after a failed `next`.
+    /// Best effort: take back this node's join request (and the round's leadership, if this
+    /// node held it) after a failed `next`.
     async fn leave_joined_round(&self) {
         let joined = self.state().joined.take();
         if let Some(round) = joined {
-            let key = self.keys.join(round, &self.node);
+            let (join, leader) = (self.keys.join(round, &self.node), self.keys.leader(round));
+            let txn = Txn::new()
+                .when([Compare::value(
+                    leader.clone(),
+                    CompareOp::Equal,
+                    self.node.clone(),
+                )])
+                .and_then([
+                    TxnOp::delete(join.clone(), None),
+                    TxnOp::delete(leader, None),
+                ])
+                .or_else([TxnOp::delete(join, None)]);
             let deadline = Instant::now() + Duration::from_secs(2);
-            let _ = self
-                .etcd
-                .call(deadline, "leave", move |mut c| {
-                    let key = key.clone();
-                    async move { c.delete(key, None).await }
-                })
-                .await;
+            let _ = self.etcd.txn(deadline, "leave", txn).await;
         }
+    }
+
+    /// The id of this node's current lease (0 if it has none).
+    pub(crate) async fn lease_id(&self) -> i64 {
+        self.lease.lock().await.as_ref().map_or(0, |l| l.id)
     }
 
     fn closed_error(&self, left_out: bool) -> Error {
@@ -454,8 +478,8 @@ impl Rendezvous {
 }
 
 enum Joined {
-    /// Joined this round; our join key's create revision.
-    Round(u64, i64),
+    /// Joined this round; what the join transaction saw of it.
+    Round(u64, round::Snapshot),
     Moved(u64),
     Closed,
 }

@@ -17,64 +17,69 @@ use etcd_client::{
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tokio::time::Instant;
 
+/// What a node knows about its round at one etcd revision.
+pub(crate) struct Snapshot {
+    pub revision: i64,
+    /// The node holding the round's `leader` key, if any.
+    pub leader: Option<String>,
+    pub sealed: Option<FinalRecord>,
+    pub closed: bool,
+    /// Whether this node's join key still exists.
+    pub joined: bool,
+}
+
 /// Waits until round `round` is sealed (by this node or another), the run closes, or the
-/// deadline passes.
+/// deadline passes. `snap` is what the join transaction saw.
 pub(crate) async fn wait_for_seal(
     rdzv: &Rendezvous,
     round: u64,
-    my_rev: i64,
+    mut snap: Snapshot,
     deadline: Instant,
     left_out: bool,
 ) -> Result<Outcome> {
     let keys = rdzv.keys();
     let me = keys.join(round, rdzv.node());
+    let leader_key = keys.leader(round);
     loop {
-        let predecessor_query = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1);
-        // Read the predecessor (bounded by our own create revision), final and closed in one
-        // snapshot, and watch from just after it.
-        let snapshot = Txn::new().and_then([
-            TxnOp::get(
-                keys.join_prefix(round),
-                Some(predecessor_query.with_max_create_revision(my_rev - 1)),
-            ),
-            TxnOp::get(keys.final_(round), None),
-            TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
-            TxnOp::get(me.clone(), Some(GetOptions::new().with_count_only())),
-        ]);
-        let resp = rdzv.etcd().txn(deadline, "read round", snapshot).await?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        let got = ranges(&resp);
-        if got[2].count() > 0 {
+        if snap.closed {
             return Err(rdzv.closed_err(left_out));
         }
-        if let Some(kv) = got[1].kvs().first() {
-            return Ok(Outcome::Sealed(FinalRecord::parse(kv.key(), kv.value())?));
+        if let Some(sealed) = snap.sealed {
+            return Ok(Outcome::Sealed(sealed));
         }
-        if got[3].count() == 0 {
+        if !snap.joined {
             return Ok(Outcome::Rejoin);
         }
-        let Some(pred_key) = got[0].kvs().first().map(|kv| kv.key().to_vec()) else {
-            return lead(rdzv, round, deadline, left_out).await;
-        };
-        let pred_key = String::from_utf8_lossy(&pred_key).into_owned();
+        match snap.leader.as_deref() {
+            None => {
+                snap = claim_leadership(rdzv, round, deadline).await?;
+                continue;
+            }
+            Some(leader) if leader == rdzv.node() => {
+                return lead(rdzv, round, deadline, left_out).await
+            }
+            Some(_) => {}
+        }
+        // A follower watches four single keys: the leader (to take over if it dies), final,
+        // closed and its own join key. Arrivals of other nodes wake nobody but the leader.
         let targets = [
-            Target::Key(pred_key.clone()),
+            Target::Key(leader_key.clone()),
             Target::Key(keys.final_(round)),
             Target::Key(keys.closed()),
             Target::Key(me.clone()),
         ];
-        let mut watch = rdzv.etcd().watch(revision + 1, &targets, deadline).await?;
-        'watching: loop {
+        let mut watch = rdzv
+            .etcd()
+            .watch(snap.revision + 1, &targets, deadline)
+            .await?;
+        snap = 'watching: loop {
             let events = tokio::select! {
                 e = watch.events() => e,
                 _ = tokio::time::sleep_until(deadline) => return Err(timeout(rdzv, None)),
             };
             let Some(events) = events else {
-                break 'watching;
+                // The watch broke (etcd restart, compaction): start again from a fresh read.
+                break 'watching read_snapshot(rdzv, round, deadline).await?;
             };
             for ev in events {
                 let Some(kv) = ev.kv() else { continue };
@@ -86,12 +91,79 @@ pub(crate) async fn wait_for_seal(
                     return Err(rdzv.closed_err(left_out));
                 } else if key == me.as_bytes() && deleted {
                     return Ok(Outcome::Rejoin);
-                } else if key == pred_key.as_bytes() && deleted {
-                    break 'watching;
+                } else if key == leader_key.as_bytes() && deleted {
+                    break 'watching claim_leadership(rdzv, round, deadline).await?;
                 }
             }
-        }
+        };
     }
+}
+
+/// The reads every snapshot carries, in this order: leader, final, closed, own join key.
+pub(crate) fn snapshot_reads(rdzv: &Rendezvous, round: u64) -> [TxnOp; 4] {
+    let keys = rdzv.keys();
+    [
+        TxnOp::get(keys.leader(round), None),
+        TxnOp::get(keys.final_(round), None),
+        TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
+        TxnOp::get(
+            keys.join(round, rdzv.node()),
+            Some(GetOptions::new().with_count_only()),
+        ),
+    ]
+}
+
+pub(crate) fn parse_snapshot(resp: &etcd_client::TxnResponse) -> Result<Snapshot> {
+    let got = ranges(resp);
+    if got.len() < 4 {
+        return Err(Error::internal(format!(
+            "snapshot: expected 4 reads, got {:?}",
+            resp.op_responses()
+        )));
+    }
+    let got = &got[got.len() - 4..];
+    Ok(Snapshot {
+        revision: resp.header().map_or(0, |h| h.revision()),
+        leader: got[0]
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+        sealed: match got[1].kvs().first() {
+            Some(kv) => Some(FinalRecord::parse(kv.key(), kv.value())?),
+            None => None,
+        },
+        closed: got[2].count() > 0,
+        joined: got[3].count() > 0,
+    })
+}
+
+async fn read_snapshot(rdzv: &Rendezvous, round: u64, deadline: Instant) -> Result<Snapshot> {
+    let txn = Txn::new().and_then(snapshot_reads(rdzv, round));
+    parse_snapshot(&rdzv.etcd().txn(deadline, "read round", txn).await?)
+}
+
+/// Tries to become the round's leader (the leader died or none was chosen): one transaction,
+/// won by exactly one node; everyone gets a fresh snapshot back either way.
+async fn claim_leadership(rdzv: &Rendezvous, round: u64, deadline: Instant) -> Result<Snapshot> {
+    let keys = rdzv.keys();
+    let lease = rdzv.lease_id().await;
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(keys.leader(round), CompareOp::Equal, 0),
+            Compare::version(keys.join(round, rdzv.node()), CompareOp::Greater, 0),
+        ])
+        .and_then(
+            [TxnOp::put(
+                keys.leader(round),
+                rdzv.node(),
+                Some(etcd_client::PutOptions::new().with_lease(lease)),
+            )]
+            .into_iter()
+            .chain(snapshot_reads(rdzv, round))
+            .collect::<Vec<_>>(),
+        )
+        .or_else(snapshot_reads(rdzv, round));
+    parse_snapshot(&rdzv.etcd().txn(deadline, "claim leadership", txn).await?)
 }
 
 /// What the leader knows about its round, kept current by one watch.
@@ -318,6 +390,7 @@ async fn seal(
             Compare::create_revision(keys.final_(round), CompareOp::Equal, 0),
             Compare::create_revision(keys.closed(), CompareOp::Equal, 0),
             Compare::version(keys.join(round, rdzv.node()), CompareOp::Greater, 0),
+            Compare::value(keys.leader(round), CompareOp::Equal, rdzv.node()),
         ])
         .and_then(writes)
         .or_else([
