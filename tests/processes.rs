@@ -117,3 +117,80 @@ fn a_killed_member_is_reported_and_survivors_form_a_new_round() {
         assert_eq!(n.finish(), 0);
     }
 }
+
+/// Waits (by watch) until the round's leader key exists and returns the leader's node id.
+fn wait_for_leader(endpoint: &str, prefix: &str) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        let opts = etcd_client::GetOptions::new().with_prefix();
+        let resp = client.get(prefix, Some(opts)).await.unwrap();
+        let leader_of = |kv: &etcd_client::KeyValue| {
+            kv.key_str()
+                .unwrap()
+                .ends_with("/leader")
+                .then(|| kv.value_str().unwrap().to_string())
+        };
+        if let Some(leader) = resp.kvs().iter().find_map(leader_of) {
+            return leader;
+        }
+        let from = resp.header().unwrap().revision() + 1;
+        let wopts = etcd_client::WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from);
+        let mut stream = client.watch(prefix, Some(wopts)).await.unwrap();
+        let wait = async {
+            loop {
+                let msg = stream.message().await.unwrap().unwrap();
+                if let Some(leader) = msg
+                    .events()
+                    .iter()
+                    .filter_map(|e| e.kv())
+                    .find_map(leader_of)
+                {
+                    return leader;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .expect("no leader appeared")
+    })
+}
+
+#[test]
+fn a_leader_killed_before_the_round_completes_is_replaced() {
+    let etcd = Etcd::start();
+    let url = etcd.url(
+        "leader",
+        "min_nodes=2&max_nodes=3&last_call_timeout=0.5&lease_ttl=2",
+    );
+    let run = url
+        .split('/')
+        .nth(3)
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_string();
+    // The first node to join leads the round; kill it before anyone else arrives.
+    let mut first = Node::spawn(&url, &[]);
+    wait_for_leader(&etcd.endpoint(), &format!("/rdzv/{run}/"));
+    let follower = Node::spawn(&url, &[]);
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let last = Node::spawn(&url, &[]);
+    let lines = [follower.line(60), last.line(60)];
+    assert_eq!(ranks(&lines), (0..2).collect(), "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l["world_size"] == 2),
+        "the dead leader must not be a member"
+    );
+    assert_eq!(follower.finish(), 0);
+    assert_eq!(last.finish(), 0);
+}
