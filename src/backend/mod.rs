@@ -11,7 +11,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::params::{Params, Security};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use once_cell::sync::Lazy;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -322,32 +322,44 @@ impl Etcd {
         .await
     }
 
-    /// Opens one watch stream over several keys or prefixes, starting at `from_revision` so
-    /// nothing between a snapshot and the watch is missed.
-    pub async fn watch(
-        &self,
-        from_revision: i64,
-        targets: &[Target],
-        deadline: Instant,
-    ) -> Result<Watch> {
+    /// Opens one watch stream over several keys or prefixes, starting now, and returns once
+    /// etcd has confirmed every watcher. Callers read their snapshot *after* this call: every
+    /// change after the read is then delivered, and events between the watch's start and the
+    /// read only repeat what the read shows (whole-key puts and deletes, harmless to replay).
+    /// Watching from the current revision rather than a past one keeps the watcher in etcd's
+    /// synced group, which is notified at once; a watcher that starts in the past waits for
+    /// etcd's 100 ms catch-up loop, which made small rounds slow.
+    pub async fn watch(&self, targets: &[Target], deadline: Instant) -> Result<Watch> {
         let targets = targets.to_vec();
-        let stream = self
-            .call(deadline, "watch", move |mut c| {
-                let targets = targets.clone();
-                async move {
-                    let mut stream: Option<etcd_client::WatchStream> = None;
-                    for target in targets {
-                        let (key, options) = target.options(from_revision);
-                        match stream.as_mut() {
-                            None => stream = Some(c.watch(key, Some(options)).await?),
-                            Some(s) => s.watch(key, Some(options)).await?,
-                        }
+        self.call(deadline, "watch", move |mut c| {
+            let targets = targets.clone();
+            async move {
+                let mut stream: Option<etcd_client::WatchStream> = None;
+                for target in &targets {
+                    let (key, options) = target.options();
+                    match stream.as_mut() {
+                        None => stream = Some(c.watch(key, Some(options)).await?),
+                        Some(s) => s.watch(key, Some(options)).await?,
                     }
-                    Ok(stream.expect("at least one watch target"))
                 }
-            })
-            .await?;
-        Ok(Watch { stream })
+                let mut stream = stream.expect("at least one watch target");
+                let (mut created, mut pending) = (0, VecDeque::new());
+                while created < targets.len() {
+                    let Some(resp) = stream.message().await? else {
+                        return Err(etcd_client::Error::WatchError("watch stream closed".into()));
+                    };
+                    if resp.canceled() {
+                        return Err(etcd_client::Error::WatchError(resp.cancel_reason().into()));
+                    }
+                    created += usize::from(resp.created());
+                    if !resp.events().is_empty() {
+                        pending.push_back(resp.events().to_vec());
+                    }
+                }
+                Ok(Watch { stream, pending })
+            }
+        })
+        .await
     }
 }
 
@@ -359,8 +371,8 @@ pub enum Target {
 }
 
 impl Target {
-    fn options(&self, from_revision: i64) -> (String, etcd_client::WatchOptions) {
-        let options = etcd_client::WatchOptions::new().with_start_revision(from_revision);
+    fn options(&self) -> (String, etcd_client::WatchOptions) {
+        let options = etcd_client::WatchOptions::new();
         match self {
             Target::Key(k) => (k.clone(), options),
             Target::Prefix(p) => (p.clone(), options.with_prefix()),
@@ -370,13 +382,18 @@ impl Target {
 
 pub struct Watch {
     stream: etcd_client::WatchStream,
+    /// Events that arrived while the watchers were being created.
+    pending: VecDeque<Vec<etcd_client::Event>>,
 }
 
 impl Watch {
     /// The next batch of events, or `None` when the watch can no longer be trusted (stream
-    /// broken, watcher cancelled, history compacted): the caller then reads a fresh snapshot
-    /// and watches again from there, which is how compaction and etcd restarts are survived.
+    /// broken, watcher cancelled, history compacted): the caller then watches again and reads
+    /// a fresh snapshot, which is how compaction and etcd restarts are survived.
     pub async fn events(&mut self) -> Option<Vec<etcd_client::Event>> {
+        if let Some(batch) = self.pending.pop_front() {
+            return Some(batch);
+        }
         loop {
             match self.stream.message().await {
                 Ok(Some(resp)) => {

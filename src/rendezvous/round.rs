@@ -19,7 +19,6 @@ use tokio::time::Instant;
 
 /// What a node knows about its round at one etcd revision.
 pub(crate) struct Snapshot {
-    pub revision: i64,
     /// The node holding the round's `leader` key, if any.
     pub leader: Option<String>,
     pub sealed: Option<FinalRecord>,
@@ -68,10 +67,14 @@ pub(crate) async fn wait_for_seal(
             Target::Key(keys.closed()),
             Target::Key(me.clone()),
         ];
-        let mut watch = rdzv
-            .etcd()
-            .watch(snap.revision + 1, &targets, deadline)
-            .await?;
+        let mut watch = rdzv.etcd().watch(&targets, deadline).await?;
+        // Read after the watch exists, so nothing between the two is missed.
+        let fresh = read_snapshot(rdzv, round, deadline).await?;
+        let same_leader = fresh.leader.is_some() && fresh.leader != Some(rdzv.node().to_string());
+        if fresh.closed || fresh.sealed.is_some() || !fresh.joined || !same_leader {
+            snap = fresh;
+            continue;
+        }
         snap = 'watching: loop {
             let events = tokio::select! {
                 e = watch.events() => e,
@@ -123,7 +126,6 @@ pub(crate) fn parse_snapshot(resp: &etcd_client::TxnResponse) -> Result<Snapshot
     }
     let got = &got[got.len() - 4..];
     Ok(Snapshot {
-        revision: resp.header().map_or(0, |h| h.revision()),
         leader: got[0]
             .kvs()
             .first()
@@ -242,6 +244,15 @@ async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) 
     let params = rdzv.params();
     let (min, max) = (params.min_nodes as usize, params.max_nodes as usize);
     loop {
+        // Watch first, then read: the view starts from the read and the events after it
+        // (events between the two repeat what the read shows and are harmless to apply).
+        let targets = [
+            Target::Prefix(keys.join_prefix(round)),
+            Target::Prefix(keys.alive_prefix()),
+            Target::Key(keys.final_(round)),
+            Target::Key(keys.closed()),
+        ];
+        let mut watch = rdzv.etcd().watch(&targets, deadline).await?;
         let mut reads = vec![
             TxnOp::get(
                 keys.join_prefix(round),
@@ -265,7 +276,6 @@ async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) 
             .etcd()
             .txn(deadline, "read round", Txn::new().and_then(reads))
             .await?;
-        let revision = resp.header().map_or(0, |h| h.revision());
         let got = ranges(&resp);
         if got[2].count() > 0 {
             return Err(rdzv.closed_err(left_out));
@@ -295,13 +305,6 @@ async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) 
         if !view.revision_of.contains_key(rdzv.node()) {
             return Ok(Outcome::Rejoin);
         }
-        let targets = [
-            Target::Prefix(keys.join_prefix(round)),
-            Target::Prefix(keys.alive_prefix()),
-            Target::Key(keys.final_(round)),
-            Target::Key(keys.closed()),
-        ];
-        let mut watch = rdzv.etcd().watch(revision + 1, &targets, deadline).await?;
         let mut last_call: Option<Instant> = None;
         'watching: loop {
             let n = view.joiners.len();

@@ -174,7 +174,7 @@ impl Store {
 
     /// True if every key exists right now.
     pub async fn check(&self, keys: &[&str]) -> Result<bool> {
-        let (_, present) = self.read(keys, self.op_deadline()).await?;
+        let present = self.read(keys, self.op_deadline()).await?;
         Ok(present.iter().all(Option::is_some))
     }
 
@@ -247,8 +247,8 @@ impl Store {
         Ok(())
     }
 
-    /// Reads keys in one snapshot: the revision and each value (None where absent).
-    async fn read(&self, keys: &[&str], deadline: Instant) -> Result<(i64, Vec<Option<Vec<u8>>>)> {
+    /// Reads keys in one snapshot: each value, None where absent.
+    async fn read(&self, keys: &[&str], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
         let ops = keys
             .iter()
             .map(|k| Ok(TxnOp::get(self.key(k)?, None)))
@@ -257,12 +257,11 @@ impl Store {
             .etcd
             .txn(deadline, "store get", Txn::new().and_then(ops))
             .await?;
-        let revision = resp.header().map_or(0, |h| h.revision());
         let values = ranges(&resp)
             .iter()
             .map(|g| g.kvs().first().map(|kv| kv.value().to_vec()))
             .collect();
-        Ok((revision, values))
+        Ok(values)
     }
 
     /// Snapshot, then watch the store from just after it until every missing key appears.
@@ -275,41 +274,45 @@ impl Store {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        loop {
-            // The snapshot gets a normal request deadline even when the wait's is zero.
-            let (revision, values) = self.read(keys, self.op_deadline()).await?;
-            let mut missing: HashSet<String> = HashSet::new();
-            for (k, v) in keys.iter().zip(&values) {
+        let timed_out = |missing: &HashSet<String>| {
+            let waited = timeout.unwrap_or_else(|| self.timeout());
+            let names: Vec<&str> = keys
+                .iter()
+                .copied()
+                .filter(|k| missing.contains(&format!("{}{k}", self.prefix)))
+                .collect();
+            Error::timeout(format!(
+                "store: key(s) {names:?} not set within {:.1} s",
+                waited.as_secs_f64()
+            ))
+        };
+        let missing_of = |values: &[Option<Vec<u8>>]| -> Result<HashSet<String>> {
+            let mut missing = HashSet::new();
+            for (k, v) in keys.iter().zip(values) {
                 if v.is_none() {
                     missing.insert(self.key(k)?);
                 }
             }
+            Ok(missing)
+        };
+        loop {
+            // Reads get a normal request deadline even when the wait's is zero.
+            let values = self.read(keys, self.op_deadline()).await?;
+            let missing = missing_of(&values)?;
             if missing.is_empty() {
                 return Ok(values.into_iter().map(Option::unwrap_or_default).collect());
             }
-            let timed_out = |missing: &HashSet<String>| {
-                let waited = timeout.unwrap_or_else(|| self.timeout());
-                let names: Vec<&str> = keys
-                    .iter()
-                    .copied()
-                    .filter(|k| missing.contains(&format!("{}{k}", self.prefix)))
-                    .collect();
-                Error::timeout(format!(
-                    "store: key(s) {names:?} not set within {:.1} s",
-                    waited.as_secs_f64()
-                ))
-            };
             if Instant::now() >= deadline {
                 return Err(timed_out(&missing));
             }
-            let mut watch = self
-                .etcd
-                .watch(
-                    revision + 1,
-                    &[Target::Prefix(self.prefix.clone())],
-                    self.op_deadline(),
-                )
-                .await?;
+            // Watch, then read again: a key set between the first read and the watch is seen.
+            let targets = [Target::Prefix(self.prefix.clone())];
+            let mut watch = self.etcd.watch(&targets, self.op_deadline()).await?;
+            let values = self.read(keys, self.op_deadline()).await?;
+            let mut missing = missing_of(&values)?;
+            if missing.is_empty() {
+                return Ok(values.into_iter().map(Option::unwrap_or_default).collect());
+            }
             loop {
                 let events = tokio::select! {
                     e = watch.events() => e,
