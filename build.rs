@@ -8,6 +8,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-env-changed=RDZV_WRITE_HEADER");
+    // A SONAME, so programs linked against the library record its name, not its build path.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,librdzv.so");
     let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
         .expect("cbindgen.toml is readable");

@@ -148,9 +148,10 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * The status's name, e.g. `"RDZV_ERR_TIMEOUT"`. Static storage; never NULL.
+ * The name of a status code, e.g. `"RDZV_ERR_TIMEOUT"`; `"RDZV_ERR_UNKNOWN"` for a value
+ * that is not a status. Takes an `int` so any value is safe to pass. Static storage; never NULL.
  */
-const char *rdzv_status_name(rdzv_status_t status);
+const char *rdzv_status_name(int32_t status);
 
 /**
  * The error's status. Returns `RDZV_ERR_INVALID_ARGUMENT` for NULL.
@@ -300,7 +301,7 @@ const char *rdzv_run_id(const rdzv_t *rdzv);
 const char *rdzv_backend(const rdzv_t *rdzv);
 
 /**
- * This node's id (32 hex digits, unique per handle), owned by the handle. NULL for NULL.
+ * This node's id (16 hex digits, random, unique per handle), owned by the handle. NULL for NULL.
  */
 const char *rdzv_node_id(const rdzv_t *rdzv);
 

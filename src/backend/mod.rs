@@ -356,7 +356,7 @@ impl Etcd {
                         pending.push_back(resp.events().to_vec());
                     }
                 }
-                Ok(Watch { stream, pending })
+                Ok(Watch::forward(stream, pending))
             }
         })
         .await
@@ -380,33 +380,53 @@ impl Target {
     }
 }
 
+/// A confirmed watch whose messages are drained by a task of their own as soon as they arrive.
+/// Draining matters: all handles of a process share one HTTP/2 connection, and data left
+/// unread in one stream holds back the connection's flow-control window for every other
+/// request. A node that reads etcd while holding a watch would otherwise stall the whole
+/// connection once enough events are queued (this deadlocked rounds of 1024 nodes).
 pub struct Watch {
-    stream: etcd_client::WatchStream,
-    /// Events that arrived while the watchers were being created.
-    pending: VecDeque<Vec<etcd_client::Event>>,
+    events: tokio::sync::mpsc::UnboundedReceiver<Option<Vec<etcd_client::Event>>>,
+    drain: tokio::task::JoinHandle<()>,
 }
 
 impl Watch {
+    fn forward(
+        mut stream: etcd_client::WatchStream,
+        pending: VecDeque<Vec<etcd_client::Event>>,
+    ) -> Watch {
+        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
+        for batch in pending {
+            let _ = tx.send(Some(batch));
+        }
+        let drain = tokio::spawn(async move {
+            loop {
+                let batch = match stream.message().await {
+                    Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => None,
+                    Ok(Some(resp)) if resp.events().is_empty() => continue,
+                    Ok(Some(resp)) => Some(resp.events().to_vec()),
+                    _ => None,
+                };
+                let end = batch.is_none();
+                if tx.send(batch).is_err() || end {
+                    return;
+                }
+            }
+        });
+        Watch { events, drain }
+    }
+
     /// The next batch of events, or `None` when the watch can no longer be trusted (stream
     /// broken, watcher cancelled, history compacted): the caller then watches again and reads
     /// a fresh snapshot, which is how compaction and etcd restarts are survived.
     pub async fn events(&mut self) -> Option<Vec<etcd_client::Event>> {
-        if let Some(batch) = self.pending.pop_front() {
-            return Some(batch);
-        }
-        loop {
-            match self.stream.message().await {
-                Ok(Some(resp)) => {
-                    if resp.canceled() || resp.compact_revision() > 0 {
-                        return None;
-                    }
-                    if !resp.events().is_empty() {
-                        return Some(resp.events().to_vec());
-                    }
-                }
-                _ => return None,
-            }
-        }
+        self.events.recv().await.flatten()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.drain.abort();
     }
 }
 

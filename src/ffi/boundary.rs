@@ -164,23 +164,26 @@ pub(crate) fn to_timeout(ms: i64) -> Option<std::time::Duration> {
     (ms >= 0).then(|| std::time::Duration::from_millis(ms as u64))
 }
 
-/// The status's name, e.g. `"RDZV_ERR_TIMEOUT"`. Static storage; never NULL.
+/// The name of a status code, e.g. `"RDZV_ERR_TIMEOUT"`; `"RDZV_ERR_UNKNOWN"` for a value
+/// that is not a status. Takes an `int` so any value is safe to pass. Static storage; never NULL.
 #[no_mangle]
-pub extern "C" fn rdzv_status_name(status: rdzv_status_t) -> *const c_char {
-    use rdzv_status_t::*;
-    let name: &'static CStr = match status {
-        RDZV_OK => c"RDZV_OK",
-        RDZV_ERR_INVALID_ARGUMENT => c"RDZV_ERR_INVALID_ARGUMENT",
-        RDZV_ERR_CLOSED => c"RDZV_ERR_CLOSED",
-        RDZV_ERR_TIMEOUT => c"RDZV_ERR_TIMEOUT",
-        RDZV_ERR_CONNECTION => c"RDZV_ERR_CONNECTION",
-        RDZV_ERR_STATE => c"RDZV_ERR_STATE",
-        RDZV_ERR_GRACEFUL_EXIT => c"RDZV_ERR_GRACEFUL_EXIT",
-        RDZV_ERR_SHUTDOWN => c"RDZV_ERR_SHUTDOWN",
-        RDZV_ERR_INTERNAL => c"RDZV_ERR_INTERNAL",
-        RDZV_ERR_CANCELLED => c"RDZV_ERR_CANCELLED",
-    };
-    name.as_ptr()
+pub extern "C" fn rdzv_status_name(status: i32) -> *const c_char {
+    const NAMES: [&CStr; 10] = [
+        c"RDZV_OK",
+        c"RDZV_ERR_INVALID_ARGUMENT",
+        c"RDZV_ERR_CLOSED",
+        c"RDZV_ERR_TIMEOUT",
+        c"RDZV_ERR_CONNECTION",
+        c"RDZV_ERR_STATE",
+        c"RDZV_ERR_GRACEFUL_EXIT",
+        c"RDZV_ERR_SHUTDOWN",
+        c"RDZV_ERR_INTERNAL",
+        c"RDZV_ERR_CANCELLED",
+    ];
+    usize::try_from(status)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .map_or(c"RDZV_ERR_UNKNOWN".as_ptr(), |name| name.as_ptr())
 }
 
 /// The error's status. Returns `RDZV_ERR_INVALID_ARGUMENT` for NULL.

@@ -219,7 +219,7 @@ pub extern "C" fn rdzv_backend(rdzv: *const rdzv_t) -> *const c_char {
     unsafe { rdzv.as_ref() }.map_or(std::ptr::null(), |h| h.backend.as_ptr())
 }
 
-/// This node's id (32 hex digits, unique per handle), owned by the handle. NULL for NULL.
+/// This node's id (16 hex digits, random, unique per handle), owned by the handle. NULL for NULL.
 #[no_mangle]
 pub extern "C" fn rdzv_node_id(rdzv: *const rdzv_t) -> *const c_char {
     // SAFETY: NULL or a live handle.

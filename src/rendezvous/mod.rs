@@ -102,6 +102,13 @@ impl Rendezvous {
         *self.shutdown.borrow()
     }
 
+    fn check_not_shut_down(&self) -> Result<()> {
+        match self.is_shut_down() {
+            true => Err(Error::shutdown()),
+            false => Ok(()),
+        }
+    }
+
     /// Deadline for a short request: etcd gets `connect_timeout` to answer.
     fn quick_deadline(&self) -> Instant {
         Instant::now() + self.params.connect_timeout
@@ -336,6 +343,7 @@ impl Rendezvous {
 
     /// True once any node has called `set_closed`.
     pub async fn is_closed(&self) -> Result<bool> {
+        self.check_not_shut_down()?;
         let key = self.keys.closed();
         let resp = self
             .etcd
@@ -350,6 +358,7 @@ impl Rendezvous {
     /// Closes the run for every node: blocked `next` calls return closed, later ones fail fast.
     /// The marker expires after `retention`, so the run id can be used again later.
     pub async fn set_closed(&self) -> Result<()> {
+        self.check_not_shut_down()?;
         let deadline = Instant::now() + self.params.close_timeout;
         let ttl = self.params.retention.as_secs().max(1) as i64;
         let lease = self
@@ -375,6 +384,7 @@ impl Rendezvous {
     /// Nodes waiting to join the round after this node's last round: late arrivals, and
     /// members that already called `next` again. Zero before the first round completes.
     pub async fn num_waiting(&self) -> Result<u32> {
+        self.check_not_shut_down()?;
         let Some(round) = self.state().last.as_ref().map(|(f, _)| f.round) else {
             return Ok(0);
         };
@@ -399,6 +409,7 @@ impl Rendezvous {
     /// this node itself if its own lease is gone. Non-zero means the round is broken and the
     /// survivors should call `next` to form a new one.
     pub async fn num_lost(&self) -> Result<u32> {
+        self.check_not_shut_down()?;
         let Some(members) = self.state().last.as_ref().map(|(f, _)| f.members.clone()) else {
             return Ok(0);
         };

@@ -50,6 +50,7 @@ static void bad_input(void) {
     EXPECT(rdzv_store_set(NULL, "k", NULL, 0, &err), RDZV_ERR_INVALID_ARGUMENT, "store");
     CHECK(rdzv_run_id(NULL) == NULL, "run id of NULL");
     CHECK(strcmp(rdzv_status_name(RDZV_ERR_TIMEOUT), "RDZV_ERR_TIMEOUT") == 0, "status name");
+    CHECK(strcmp(rdzv_status_name(99), "RDZV_ERR_UNKNOWN") == 0, "unknown status name");
     rdzv_params_free(p);
     rdzv_params_free(NULL);
     rdzv_free(NULL);
