@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
     node.shutdown();
     return 0;
   } catch (const rdzv::Error& e) {
-    std::cout << "{\"lang\":\"cpp\",\"error\":" << json_string(rdzv_status_name(e.status()))
+    std::cout << "{\"lang\":\"cpp\",\"error\":" << json_string(rdzv::status_name(e.status()))
               << ",\"message\":" << json_string(e.message()) << "}" << std::endl;
     return 2;
   }

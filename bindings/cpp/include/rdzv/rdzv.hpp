@@ -35,11 +35,16 @@ namespace rdzv {
 // Errors
 // ---------------------------------------------------------------------------------------------
 
+/// The status's name ("RDZV_ERR_TIMEOUT"; "RDZV_ERR_UNKNOWN" for a value that is not a status).
+inline std::string status_name(rdzv_status_t status) {
+  return rdzv_status_name(static_cast<int32_t>(status));
+}
+
 /// Base of every exception thrown by rdzv. what() is "RDZV_ERR_...: message".
 class Error : public std::runtime_error {
  public:
   Error(rdzv_status_t status, const std::string& message)
-      : std::runtime_error(std::string(rdzv_status_name(status)) + ": " + message),
+      : std::runtime_error(status_name(status) + ": " + message),
         status_(status),
         message_(message) {}
 
@@ -544,7 +549,7 @@ class Rendezvous {
 
   std::string run_id() const { return rdzv_run_id(ptr()); }
   std::string backend() const { return rdzv_backend(ptr()); }
-  /// 32 hex digits, unique per handle.
+  /// Hex digits, unique per handle.
   std::string node_id() const { return rdzv_node_id(ptr()); }
 
   const rdzv_t* raw() const noexcept { return ptr_.get(); }

@@ -1,0 +1,392 @@
+// Tests of the C++ binding against a real etcd. Nodes are threads of this process, each with
+// its own Rendezvous handle. Every blocking call is bounded: rendezvous URLs carry a
+// join_timeout, futures are awaited with wait_for, store reads carry a timeout.
+#include <rdzv/rdzv.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "etcd_server.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+// One etcd per test process, started on first use (tests that need no etcd do not pay for it)
+// and killed by the environment's TearDown.
+std::unique_ptr<rdzv_test::EtcdServer>& etcd_slot() {
+  static std::unique_ptr<rdzv_test::EtcdServer> server;
+  return server;
+}
+
+rdzv_test::EtcdServer& etcd() {
+  auto& slot = etcd_slot();
+  if (!slot) slot = std::make_unique<rdzv_test::EtcdServer>();
+  return *slot;
+}
+
+class EtcdEnvironment : public ::testing::Environment {
+ public:
+  void TearDown() override { etcd_slot().reset(); }
+};
+
+// A run of exactly n nodes (the round completes when the n-th joins), bounded by join_timeout.
+std::string run_url(const std::string& run, int n, int join_timeout_s = 60) {
+  return etcd().url(run, "min_nodes=" + std::to_string(n) + "&max_nodes=" + std::to_string(n) +
+                             "&join_timeout=" + std::to_string(join_timeout_s));
+}
+
+// The future's value, or a test failure if it is not ready within `limit`.
+template <class T>
+T get_within(std::future<T>& f, std::chrono::seconds limit) {
+  if (f.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "not ready within " << limit.count() << " s";
+    throw std::runtime_error("timed out waiting for a future");
+  }
+  return f.get();
+}
+
+// Starts next() on `node` in another thread and checks it is still blocked a moment later
+// (it needs more nodes than there are). Returns the future of its outcome.
+std::future<rdzv::Round> start_blocked_next(rdzv::Rendezvous& node) {
+  auto fut = std::async(std::launch::async, [&node] { return node.next(); });
+  EXPECT_EQ(fut.wait_for(300ms), std::future_status::timeout) << "next() returned early";
+  return fut;
+}
+
+// ---------------------------------------------------------------------------------------------
+// No etcd needed
+// ---------------------------------------------------------------------------------------------
+
+template <class E>
+void expect_maps_to(rdzv_status_t status) {
+  try {
+    rdzv::detail::throw_status(status, "msg");
+    FAIL() << "no exception";
+  } catch (const E& e) {
+    EXPECT_EQ(e.status(), status);
+    EXPECT_EQ(e.message(), "msg");
+    EXPECT_NE(std::string(e.what()).find(rdzv::status_name(status)), std::string::npos);
+  } catch (...) {
+    FAIL() << "wrong exception type for " << rdzv_status_name(status);
+  }
+}
+
+TEST(Errors, EachStatusThrowsItsException) {
+  expect_maps_to<rdzv::InvalidArgumentError>(RDZV_ERR_INVALID_ARGUMENT);
+  expect_maps_to<rdzv::ClosedError>(RDZV_ERR_CLOSED);
+  expect_maps_to<rdzv::TimeoutError>(RDZV_ERR_TIMEOUT);
+  expect_maps_to<rdzv::ConnectionError>(RDZV_ERR_CONNECTION);
+  expect_maps_to<rdzv::StateError>(RDZV_ERR_STATE);
+  expect_maps_to<rdzv::GracefulExitError>(RDZV_ERR_GRACEFUL_EXIT);
+  expect_maps_to<rdzv::ShutdownError>(RDZV_ERR_SHUTDOWN);
+  expect_maps_to<rdzv::InternalError>(RDZV_ERR_INTERNAL);
+  expect_maps_to<rdzv::CancelledError>(RDZV_ERR_CANCELLED);
+  // Every one is an rdzv::Error and a std::runtime_error.
+  static_assert(std::is_base_of_v<rdzv::Error, rdzv::CancelledError>);
+  static_assert(std::is_base_of_v<std::runtime_error, rdzv::Error>);
+  expect_maps_to<rdzv::Error>(static_cast<rdzv_status_t>(99));
+  EXPECT_EQ(rdzv::status_name(static_cast<rdzv_status_t>(99)), "RDZV_ERR_UNKNOWN");
+  EXPECT_EQ(rdzv::status_name(RDZV_ERR_CLOSED), "RDZV_ERR_CLOSED");
+}
+
+TEST(Errors, TimeoutConversion) {
+  EXPECT_EQ(rdzv::detail::timeout_ms(0ms), 0);
+  EXPECT_EQ(rdzv::detail::timeout_ms(-5s), 0);
+  EXPECT_EQ(rdzv::detail::timeout_ms(1500ms), 1500);
+  EXPECT_EQ(rdzv::detail::timeout_ms(2s), 2000);
+  EXPECT_EQ(rdzv::detail::timeout_ms(1us), 1);  // rounds up: never "do not wait" by accident
+  EXPECT_GT(rdzv::detail::timeout_ms(std::chrono::hours::max()), 0);  // saturates
+}
+
+TEST(Params, BadInputThrowsInvalidArgument) {
+  EXPECT_THROW(rdzv::Params::from_url("http://127.0.0.1:2379/run"), rdzv::InvalidArgumentError);
+  EXPECT_THROW(rdzv::Params::from_url(""), rdzv::InvalidArgumentError);
+  EXPECT_THROW(rdzv::Params("etcd-v3", "127.0.0.1:2379", "", 1, 1), rdzv::InvalidArgumentError);
+  EXPECT_THROW(rdzv::Params("etcd-v3", "127.0.0.1:2379", "run", 3, 2), rdzv::InvalidArgumentError);
+  EXPECT_THROW(rdzv::Params("zookeeper", "127.0.0.1:2379", "run", 1, 1),
+               rdzv::InvalidArgumentError);
+
+  auto params = rdzv::Params::from_url("etcd://127.0.0.1:2379/run?min_nodes=1&max_nodes=2");
+  try {
+    params.set("no_such_option", "1");
+    FAIL() << "no exception";
+  } catch (const rdzv::InvalidArgumentError& e) {
+    EXPECT_EQ(e.status(), RDZV_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(e.message().find("no_such_option"), std::string::npos) << e.message();
+  }
+  EXPECT_THROW(params.set("join_timeout", "soon"), rdzv::InvalidArgumentError);
+  EXPECT_NO_THROW(params.set("join_timeout", "30").set("last_call_timeout", "0.5"));
+}
+
+TEST(Move, HandlesAreMoveOnly) {
+  static_assert(!std::is_copy_constructible_v<rdzv::Params>);
+  static_assert(!std::is_copy_assignable_v<rdzv::Params>);
+  static_assert(!std::is_copy_constructible_v<rdzv::Rendezvous>);
+  static_assert(!std::is_copy_constructible_v<rdzv::Store>);
+  static_assert(std::is_nothrow_move_constructible_v<rdzv::Params>);
+  static_assert(std::is_nothrow_move_constructible_v<rdzv::Rendezvous>);
+  static_assert(std::is_nothrow_move_constructible_v<rdzv::Store>);
+  static_assert(std::is_nothrow_move_assignable_v<rdzv::Rendezvous>);
+
+  auto a = rdzv::Params::from_url("etcd://127.0.0.1:2379/run");
+  const rdzv_params_t* raw = a.raw();
+  rdzv::Params b = std::move(a);
+  EXPECT_FALSE(a);  // NOLINT(bugprone-use-after-move): checking the moved-from state
+  EXPECT_TRUE(b);
+  EXPECT_EQ(b.raw(), raw);
+  // A moved-from object holds nothing: using it is a clean InvalidArgumentError.
+  EXPECT_THROW(a.set("min_nodes", "1"), rdzv::InvalidArgumentError);
+  EXPECT_THROW(rdzv::Rendezvous{a}, rdzv::InvalidArgumentError);
+  a = std::move(b);
+  EXPECT_TRUE(a);
+  EXPECT_NO_THROW(a.set("max_nodes", "4"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against etcd
+// ---------------------------------------------------------------------------------------------
+
+TEST(Rendezvous, ThreadsFormOneRoundAndExchangeThroughTheStore) {
+  constexpr uint32_t kNodes = 3;
+  const std::string url = run_url("round", kNodes);
+  struct Outcome {
+    rdzv::RoundInfo info;
+    std::string node_id;
+    std::vector<std::string> peers;
+    int64_t arrived;
+  };
+  std::vector<std::future<Outcome>> futures;
+  for (uint32_t i = 0; i < kNodes; ++i) {
+    futures.push_back(std::async(std::launch::async, [&url] {
+      rdzv::Rendezvous node(rdzv::Params::from_url(url));
+      auto [info, store] = node.next();
+      store.set("node/" + std::to_string(info.rank), node.node_id());
+      std::vector<std::string> keys;
+      for (uint32_t r = 0; r < info.world_size; ++r) keys.push_back("node/" + std::to_string(r));
+      auto peers = store.multi_get(keys, 30s);
+      const int64_t arrived = store.add("arrived", 1);
+      return Outcome{info, node.node_id(), std::move(peers), arrived};
+    }));
+  }
+  std::vector<Outcome> outcomes;
+  for (auto& f : futures) outcomes.push_back(get_within(f, 90s));
+
+  std::set<uint32_t> ranks;
+  std::set<int64_t> arrivals;
+  for (const auto& o : outcomes) {
+    ranks.insert(o.info.rank);
+    arrivals.insert(o.arrived);
+    EXPECT_EQ(o.info.world_size, kNodes);
+    EXPECT_EQ(o.info.round, outcomes[0].info.round);
+    EXPECT_EQ(o.info.master_addr, outcomes[0].info.master_addr);
+    EXPECT_EQ(o.info.master_port, outcomes[0].info.master_port);
+    EXPECT_FALSE(o.info.master_addr.empty());
+    EXPECT_NE(o.info.master_port, 0);
+    // Every node read the same values, and its own id sits under its own rank.
+    EXPECT_EQ(o.peers, outcomes[0].peers);
+    ASSERT_EQ(o.peers.size(), kNodes);
+    EXPECT_EQ(o.peers[o.info.rank], o.node_id);
+  }
+  EXPECT_EQ(ranks, (std::set<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(arrivals, (std::set<int64_t>{1, 2, 3}));  // add() is exact under concurrency
+}
+
+TEST(Rendezvous, SetClosedWakesBlockedNextWithClosedError) {
+  const std::string url = run_url("closed", 2);
+  rdzv::Rendezvous waiter(rdzv::Params::from_url(url));
+  rdzv::Rendezvous closer(rdzv::Params::from_url(url));
+  EXPECT_FALSE(closer.is_closed());
+
+  auto fut = start_blocked_next(waiter);
+  const auto t0 = std::chrono::steady_clock::now();
+  closer.set_closed();
+  // join_timeout is 60 s: ClosedError well within it shows next() was woken, not timed out.
+  EXPECT_THROW(get_within(fut, 20s), rdzv::ClosedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+  EXPECT_TRUE(waiter.is_closed());
+  EXPECT_THROW(closer.next(), rdzv::ClosedError);  // later calls fail at once
+}
+
+TEST(Rendezvous, CancelWakesBlockedNextAndHandleStaysUsable) {
+  const std::string url = run_url("cancel", 2);
+  rdzv::Rendezvous node(rdzv::Params::from_url(url));
+  auto fut = start_blocked_next(node);
+  // cancel() only reaches a next() that is running; repeat it until the outcome arrives, so a
+  // slow thread start cannot make the test hang until join_timeout.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  do node.cancel();
+  while (fut.wait_for(100ms) != std::future_status::ready &&
+         std::chrono::steady_clock::now() < deadline);
+  try {
+    get_within(fut, 1s);
+    FAIL() << "next() succeeded alone in a 2-node run";
+  } catch (const rdzv::CancelledError& e) {
+    EXPECT_EQ(e.status(), RDZV_ERR_CANCELLED);
+  }
+
+  // The handle is still usable: it joins a round with a second node.
+  auto again = std::async(std::launch::async, [&node] { return node.next().info; });
+  auto other = std::async(std::launch::async, [&url] {
+    rdzv::Rendezvous second(rdzv::Params::from_url(url));
+    return second.next().info;
+  });
+  const auto a = get_within(again, 90s);
+  const auto b = get_within(other, 90s);
+  EXPECT_EQ(a.world_size, 2u);
+  EXPECT_EQ(b.world_size, 2u);
+  EXPECT_EQ((std::set<uint32_t>{a.rank, b.rank}), (std::set<uint32_t>{0, 1}));
+}
+
+TEST(Rendezvous, ShutdownWakesBlockedNextAndLaterCallsFail) {
+  rdzv::Rendezvous node(rdzv::Params::from_url(run_url("shutdown", 2)));
+  auto fut = start_blocked_next(node);
+  node.shutdown();
+  EXPECT_THROW(get_within(fut, 20s), rdzv::ShutdownError);
+  EXPECT_NO_THROW(node.shutdown());  // idempotent
+  EXPECT_THROW(node.next(), rdzv::ShutdownError);
+}
+
+TEST(Rendezvous, NextTimesOutAfterJoinTimeout) {
+  rdzv::Rendezvous node(rdzv::Params::from_url(run_url("timeout", 2, /*join_timeout_s=*/1)));
+  auto fut = std::async(std::launch::async, [&node] { return node.next(); });
+  EXPECT_THROW(get_within(fut, 30s), rdzv::TimeoutError);
+}
+
+TEST(Rendezvous, AccessorsAndMove) {
+  const std::string url = run_url("accessors", 1);
+  rdzv::Rendezvous a(rdzv::Params::from_url(url));
+  const std::string run_id = url.substr(url.rfind('/') + 1, url.find('?') - url.rfind('/') - 1);
+  EXPECT_EQ(a.run_id(), run_id);
+  EXPECT_EQ(a.backend(), "etcd-v3");
+  const std::string id = a.node_id();
+  // Hex, unique per handle (rdzv.h says 32 digits; the library now makes 16).
+  EXPECT_FALSE(id.empty());
+  EXPECT_EQ(id.size() % 2, 0u);
+  EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](char c) { return std::isxdigit(c); })) << id;
+  EXPECT_EQ(a.num_waiting(), 0u);
+
+  rdzv::Rendezvous b = std::move(a);
+  EXPECT_FALSE(a);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(b.node_id(), id);
+  EXPECT_THROW(a.node_id(), rdzv::InvalidArgumentError);
+  EXPECT_THROW(a.next(), rdzv::InvalidArgumentError);
+
+  rdzv::Rendezvous c(rdzv::Params::from_url(url));
+  EXPECT_NE(c.node_id(), id);
+  c = std::move(b);  // frees c's own handle, takes b's
+  EXPECT_EQ(c.node_id(), id);
+  auto round = c.next();
+  EXPECT_EQ(round.info.world_size, 1u);
+  EXPECT_EQ(round.info.rank, 0u);
+  EXPECT_EQ(c.num_lost(), 0u);
+}
+
+TEST(Rendezvous, UnreachableEtcdThrowsConnectionError) {
+  const uint16_t port = rdzv_test::free_port();
+  const auto url = "etcd://127.0.0.1:" + std::to_string(port) + "/nobody?connect_timeout=1";
+  EXPECT_THROW(rdzv::Rendezvous{rdzv::Params::from_url(url)}, rdzv::ConnectionError);
+}
+
+// A store of a one-node round.
+rdzv::Store single_node_store() {
+  rdzv::Rendezvous node(rdzv::Params::from_url(run_url("store", 1)));
+  return node.next().store;  // the store outlives the handle
+}
+
+TEST(Store, Semantics) {
+  rdzv::Store store = single_node_store();
+
+  store.set("greeting", "hello");
+  EXPECT_EQ(store.get("greeting", 5s), "hello");
+  EXPECT_EQ(store.get("greeting"), "hello");
+
+  const std::vector<uint8_t> binary = {0, 1, 2, 0, 255};
+  store.set("binary", binary);
+  EXPECT_EQ(store.get_bytes("binary", 5s), binary);
+  const std::string with_nul("a\0b", 3);
+  store.set("nul", with_nul);
+  EXPECT_EQ(store.get("nul", 5s), with_nul);
+  store.set("empty", "");
+  EXPECT_EQ(store.get("empty", 5s), "");
+
+  EXPECT_THROW(store.get("missing", 0ms), rdzv::TimeoutError);
+  EXPECT_THROW(store.get("missing", 200ms), rdzv::TimeoutError);
+  EXPECT_THROW(store.wait({"greeting", "missing"}, 200ms), rdzv::TimeoutError);
+  EXPECT_NO_THROW(store.wait({"greeting", "binary"}, 5s));
+  EXPECT_TRUE(store.check({"greeting", "binary"}));
+  EXPECT_FALSE(store.check({"greeting", "missing"}));
+
+  EXPECT_EQ(store.add("counter", 5), 5);
+  EXPECT_EQ(store.add("counter", -2), 3);
+  EXPECT_EQ(store.get("counter", 1s), "3");
+  EXPECT_THROW(store.add("greeting", 1), rdzv::InvalidArgumentError);  // not an integer
+
+  // compare_set: absent + empty expected sets; a mismatch leaves the value and returns it.
+  EXPECT_EQ(store.compare_set("cas", "", "one"), "one");
+  EXPECT_EQ(store.compare_set("cas", "wrong", "two"), "one");
+  EXPECT_EQ(store.compare_set("cas", "one", "two"), "two");
+  EXPECT_EQ(store.compare_set("absent", "x", "y"), "x");
+  EXPECT_FALSE(store.check({"absent"}));
+  EXPECT_EQ(store.compare_set("cas_bytes", std::vector<uint8_t>{}, std::vector<uint8_t>{7}),
+            std::vector<uint8_t>{7});
+
+  store.multi_set({"m/a", "m/b"}, std::vector<std::string>{"A", "B"});
+  EXPECT_EQ(store.multi_get({"m/b", "m/a"}, 5s), (std::vector<std::string>{"B", "A"}));
+  store.multi_set({"mb/a"}, std::vector<std::vector<uint8_t>>{{1, 2}});
+  EXPECT_EQ(store.multi_get_bytes({"mb/a"}, 5s), (std::vector<std::vector<uint8_t>>{{1, 2}}));
+  EXPECT_THROW(store.multi_get({"m/a", "missing"}, 200ms), rdzv::TimeoutError);
+  EXPECT_THROW(store.multi_set({"x", "y"}, std::vector<std::string>{"only one"}),
+               rdzv::InvalidArgumentError);
+
+  const int64_t before = store.num_keys();
+  EXPECT_TRUE(store.delete_key("greeting"));
+  EXPECT_FALSE(store.delete_key("greeting"));
+  EXPECT_EQ(store.num_keys(), before - 1);
+
+  EXPECT_THROW(store.set("", "v"), rdzv::InvalidArgumentError);
+  EXPECT_THROW(store.get(std::string(RDZV_MAX_KEY_BYTES + 1, 'k'), 0ms),
+               rdzv::InvalidArgumentError);
+
+  // The store default applies to calls without a timeout.
+  store.set_timeout(200ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(store.get("missing"), rdzv::TimeoutError);
+  EXPECT_THROW(store.wait({"missing"}), rdzv::TimeoutError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+  EXPECT_THROW(store.set_timeout(-1s), rdzv::InvalidArgumentError);
+}
+
+TEST(Store, GetWaitsForAnotherThreadsSet) {
+  rdzv::Store store = single_node_store();
+  auto fut = std::async(std::launch::async, [&store] { return store.get("late", 30s); });
+  EXPECT_EQ(fut.wait_for(200ms), std::future_status::timeout);
+  store.set("late", "arrived");
+  EXPECT_EQ(get_within(fut, 30s), "arrived");
+}
+
+TEST(Store, MoveLeavesAnEmptyStore) {
+  rdzv::Store a = single_node_store();
+  a.set("k", "v");
+  rdzv::Store b = std::move(a);
+  EXPECT_FALSE(a);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(b.get("k", 1s), "v");
+  EXPECT_THROW(a.get("k", 1s), rdzv::InvalidArgumentError);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new EtcdEnvironment);
+  return RUN_ALL_TESTS();
+}

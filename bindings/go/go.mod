@@ -1,0 +1,3 @@
+module github.com/rdzv/rdzv/bindings/go
+
+go 1.22

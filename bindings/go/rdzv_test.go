@@ -1,0 +1,592 @@
+package rdzv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Every blocking call here is bounded: URLs carry a join_timeout, Next gets a context with a
+// deadline, store reads carry a timeout and channel receives are raced against a timer.
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+type nextOutcome struct {
+	info  RoundInfo
+	store *Store
+	err   error
+}
+
+// startNext runs Next(ctx) in a goroutine and checks it is still blocked a moment later (the
+// run needs more nodes than there are).
+func startNext(t *testing.T, r *Rendezvous, ctx context.Context) <-chan nextOutcome {
+	t.Helper()
+	ch := make(chan nextOutcome, 1)
+	go func() {
+		info, store, err := r.Next(ctx)
+		ch <- nextOutcome{info, store, err}
+	}()
+	select {
+	case o := <-ch:
+		t.Fatalf("Next returned early: %+v", o)
+	case <-time.After(300 * time.Millisecond):
+	}
+	return ch
+}
+
+func receive(t *testing.T, ch <-chan nextOutcome, limit time.Duration) nextOutcome {
+	t.Helper()
+	select {
+	case o := <-ch:
+		return o
+	case <-time.After(limit):
+		t.Fatalf("Next did not return within %v", limit)
+		return nextOutcome{}
+	}
+}
+
+func TestNodesFormRoundAndExchangeThroughStore(t *testing.T) {
+	const n = 3
+	url := runURL("round", n, 60)
+	type result struct {
+		info   RoundInfo
+		nodeID string
+		peers  [][]byte
+		added  int64
+		err    error
+	}
+	results := make(chan result, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			res := result{}
+			defer func() { results <- res }()
+			p, err := ParamsFromURL(url)
+			if err != nil {
+				res.err = err
+				return
+			}
+			defer p.Close()
+			r, err := NewRendezvous(p)
+			if err != nil {
+				res.err = err
+				return
+			}
+			defer r.Close()
+			res.nodeID = r.NodeID()
+			info, store, err := r.Next(ctxTimeout(t, 60*time.Second))
+			if err != nil {
+				res.err = err
+				return
+			}
+			defer store.Close()
+			res.info = info
+			if res.err = store.Set(fmt.Sprintf("node/%d", info.Rank), []byte(r.NodeID())); res.err != nil {
+				return
+			}
+			keys := make([]string, info.WorldSize)
+			for k := range keys {
+				keys[k] = fmt.Sprintf("node/%d", k)
+			}
+			if res.peers, res.err = store.MultiGet(keys, 30*time.Second); res.err != nil {
+				return
+			}
+			res.added, res.err = store.Add("arrived", 1)
+		}()
+	}
+	var all []result
+	for i := 0; i < n; i++ {
+		select {
+		case r := <-results:
+			if r.err != nil {
+				t.Fatalf("node failed: %v", r.err)
+			}
+			all = append(all, r)
+		case <-time.After(90 * time.Second):
+			t.Fatal("nodes did not finish in time")
+		}
+	}
+	var ranks, added []int
+	for _, r := range all {
+		ranks = append(ranks, int(r.info.Rank))
+		added = append(added, int(r.added))
+		if r.info.WorldSize != n || r.info.Round != all[0].info.Round {
+			t.Errorf("round %+v differs from %+v", r.info, all[0].info)
+		}
+		if r.info.MasterAddr == "" || r.info.MasterPort == 0 ||
+			r.info.MasterAddr != all[0].info.MasterAddr || r.info.MasterPort != all[0].info.MasterPort {
+			t.Errorf("master %s:%d vs %s:%d", r.info.MasterAddr, r.info.MasterPort, all[0].info.MasterAddr, all[0].info.MasterPort)
+		}
+		if len(r.peers) != n || string(r.peers[r.info.Rank]) != r.nodeID {
+			t.Errorf("rank %d read %q, want its own id %s at its rank", r.info.Rank, r.peers, r.nodeID)
+		}
+		for k := range r.peers {
+			if !bytes.Equal(r.peers[k], all[0].peers[k]) {
+				t.Errorf("nodes read different values: %q vs %q", r.peers, all[0].peers)
+			}
+		}
+	}
+	sort.Ints(ranks)
+	sort.Ints(added)
+	if fmt.Sprint(ranks) != "[0 1 2]" {
+		t.Errorf("ranks %v, want [0 1 2]", ranks)
+	}
+	if fmt.Sprint(added) != "[1 2 3]" {
+		t.Errorf("Add results %v, want [1 2 3]", added)
+	}
+}
+
+func TestNextCancelledByContextThenUsableAgain(t *testing.T) {
+	url := runURL("cancel", 2, 60)
+	r := mustRendezvous(t, url)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch := startNext(t, r, ctx)
+	start := time.Now()
+	cancel()
+	o := receive(t, ch, 10*time.Second)
+	if elapsed := time.Since(start); elapsed > 5*time.Second {
+		t.Errorf("cancelled Next took %v", elapsed)
+	}
+	if !errors.Is(o.err, context.Canceled) || !errors.Is(o.err, ErrCancelled) {
+		t.Fatalf("err = %v, want context.Canceled and ErrCancelled", o.err)
+	}
+	var rerr *Error
+	if !errors.As(o.err, &rerr) || rerr.Status != StatusCancelled {
+		t.Errorf("errors.As *Error: %v", o.err)
+	}
+
+	// The handle is usable again: it forms a round with a second node.
+	again := make(chan nextOutcome, 2)
+	go func() {
+		info, s, err := r.Next(ctxTimeout(t, 60*time.Second))
+		again <- nextOutcome{info, s, err}
+	}()
+	go func() {
+		other := mustRendezvous(t, url)
+		info, s, err := other.Next(ctxTimeout(t, 60*time.Second))
+		again <- nextOutcome{info, s, err}
+	}()
+	a, b := receive(t, again, 90*time.Second), receive(t, again, 90*time.Second)
+	if a.err != nil || b.err != nil {
+		t.Fatalf("round after cancel: %v / %v", a.err, b.err)
+	}
+	defer a.store.Close()
+	defer b.store.Close()
+	if a.info.WorldSize != 2 || a.info.Rank == b.info.Rank {
+		t.Errorf("rounds %+v and %+v", a.info, b.info)
+	}
+}
+
+func TestNextContextDeadline(t *testing.T) {
+	r := mustRendezvous(t, runURL("deadline", 2, 60))
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := r.Next(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrCancelled) {
+		t.Fatalf("err = %v, want context.DeadlineExceeded and ErrCancelled", err)
+	}
+	if elapsed := time.Since(start); elapsed > 10*time.Second {
+		t.Errorf("Next with a 500ms deadline took %v", elapsed)
+	}
+	// An already-done context does not even start.
+	if _, _, err := r.Next(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Next on an expired context: %v", err)
+	}
+}
+
+func TestNextJoinTimeout(t *testing.T) {
+	r := mustRendezvous(t, runURL("jointimeout", 2, 1))
+	_, _, err := r.Next(ctxTimeout(t, 30*time.Second))
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("err = %v, want ErrTimeout", err)
+	}
+}
+
+func TestSetClosedWakesNext(t *testing.T) {
+	url := runURL("closed", 2, 60)
+	waiter, closer := mustRendezvous(t, url), mustRendezvous(t, url)
+	if closed, err := closer.IsClosed(); err != nil || closed {
+		t.Fatalf("IsClosed = %v, %v before closing", closed, err)
+	}
+	ch := startNext(t, waiter, ctxTimeout(t, 60*time.Second))
+	if err := closer.SetClosed(); err != nil {
+		t.Fatal(err)
+	}
+	// join_timeout is 60 s: ErrClosed well before shows Next was woken.
+	if o := receive(t, ch, 20*time.Second); !errors.Is(o.err, ErrClosed) {
+		t.Fatalf("err = %v, want ErrClosed", o.err)
+	}
+	if closed, err := waiter.IsClosed(); err != nil || !closed {
+		t.Errorf("IsClosed = %v, %v after closing", closed, err)
+	}
+	if _, _, err := closer.Next(ctxTimeout(t, 30*time.Second)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Next on a closed run: %v", err)
+	}
+}
+
+func TestShutdownAndCloseWakeNext(t *testing.T) {
+	url := runURL("shutdown", 2, 60)
+	r := mustRendezvous(t, url)
+	ch := startNext(t, r, ctxTimeout(t, 60*time.Second))
+	if err := r.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if o := receive(t, ch, 20*time.Second); !errors.Is(o.err, ErrShutdown) {
+		t.Fatalf("err = %v, want ErrShutdown", o.err)
+	}
+	if _, _, err := r.Next(ctxTimeout(t, 30*time.Second)); !errors.Is(err, ErrShutdown) {
+		t.Errorf("Next after Shutdown: %v", err)
+	}
+
+	// Close from another goroutine wakes a blocked Next too, and waits for it.
+	r2 := mustRendezvous(t, url)
+	ch2 := startNext(t, r2, ctxTimeout(t, 60*time.Second))
+	closed := make(chan error, 1)
+	go func() { closed <- r2.Close() }()
+	if o := receive(t, ch2, 20*time.Second); o.err == nil {
+		t.Fatal("Next succeeded alone in a 2-node run")
+	}
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close did not return")
+	}
+}
+
+func TestBadParams(t *testing.T) {
+	for _, url := range []string{"", "http://127.0.0.1:2379/run", "etcd://127.0.0.1:2379/run?min_nodes=x"} {
+		if _, err := ParamsFromURL(url); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("ParamsFromURL(%q) = %v, want ErrInvalidArgument", url, err)
+		}
+	}
+	if _, err := NewParams("etcd-v3", "127.0.0.1:2379", "run", 3, 2); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("min > max: %v", err)
+	}
+	if _, err := NewParams("etcd-v3", "127.0.0.1:2379", "", 1, 1); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("empty run id: %v", err)
+	}
+	p, err := NewParams("etcd-v3", "127.0.0.1:2379", "run", 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	err = p.Set("no_such_option", "1")
+	var rerr *Error
+	if !errors.Is(err, ErrInvalidArgument) || !errors.As(err, &rerr) ||
+		rerr.Status != StatusInvalidArgument || !strings.Contains(rerr.Message, "no_such_option") {
+		t.Errorf("Set(unknown) = %#v", err)
+	}
+	if errors.Is(err, ErrTimeout) {
+		t.Error("an invalid-argument error matches ErrTimeout")
+	}
+	if err := p.Set("join_timeout", "30"); err != nil {
+		t.Errorf("Set(join_timeout): %v", err)
+	}
+	if _, err := NewRendezvous(nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("NewRendezvous(nil): %v", err)
+	}
+}
+
+func TestUnreachableEtcdIsConnectionError(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	p, err := ParamsFromURL(fmt.Sprintf("etcd://127.0.0.1:%d/nobody?connect_timeout=1", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := NewRendezvous(p); !errors.Is(err, ErrConnection) {
+		t.Fatalf("err = %v, want ErrConnection", err)
+	}
+}
+
+func TestAccessors(t *testing.T) {
+	url := runURL("accessors", 1, 30)
+	r := mustRendezvous(t, url)
+	runID := url[strings.LastIndex(url, "/")+1 : strings.Index(url, "?")]
+	if r.RunID() != runID || r.Backend() != "etcd-v3" {
+		t.Errorf("RunID %q Backend %q", r.RunID(), r.Backend())
+	}
+	// Hex, unique per handle (rdzv.h says 32 digits; the library now makes 16).
+	if id := r.NodeID(); id == "" || len(id)%2 != 0 || strings.Trim(id, "0123456789abcdef") != "" {
+		t.Errorf("NodeID %q is not hex", id)
+	}
+	if other := mustRendezvous(t, url); other.NodeID() == r.NodeID() {
+		t.Errorf("two handles share NodeID %q", r.NodeID())
+	}
+	if n, err := r.NumWaiting(); err != nil || n != 0 {
+		t.Errorf("NumWaiting = %d, %v", n, err)
+	}
+	info, s, err := r.Next(ctxTimeout(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if info.Rank != 0 || info.WorldSize != 1 {
+		t.Errorf("info %+v", info)
+	}
+	if n, err := r.NumLost(); err != nil || n != 0 {
+		t.Errorf("NumLost = %d, %v", n, err)
+	}
+}
+
+// singleStore is the store of a one-node round; it outlives its Rendezvous.
+func singleStore(t *testing.T) *Store {
+	t.Helper()
+	r := mustRendezvous(t, runURL("store", 1, 30))
+	_, s, err := r.Next(ctxTimeout(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestStoreSemantics(t *testing.T) {
+	s := singleStore(t)
+	check := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+
+	check("Set", s.Set("greeting", []byte("hello")))
+	v, err := s.Get("greeting", 5*time.Second)
+	check("Get", err)
+	if string(v) != "hello" {
+		t.Errorf("Get = %q", v)
+	}
+	bin := []byte{0, 1, 2, 0, 255}
+	check("Set binary", s.Set("binary", bin))
+	if v, err := s.Get("binary", DefaultTimeout); err != nil || !bytes.Equal(v, bin) {
+		t.Errorf("Get binary = %v, %v", v, err)
+	}
+	check("Set empty", s.Set("empty", nil))
+	if v, err := s.Get("empty", time.Second); err != nil || len(v) != 0 {
+		t.Errorf("Get empty = %v, %v", v, err)
+	}
+
+	if _, err := s.Get("missing", 0); !errors.Is(err, ErrTimeout) {
+		t.Errorf("Get missing, no wait: %v", err)
+	}
+	if _, err := s.Get("missing", 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Errorf("Get missing: %v", err)
+	}
+	if err := s.Wait([]string{"greeting", "missing"}, 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Errorf("Wait missing: %v", err)
+	}
+	check("Wait", s.Wait([]string{"greeting", "binary"}, 5*time.Second))
+	if ok, err := s.Check([]string{"greeting", "binary"}); err != nil || !ok {
+		t.Errorf("Check present = %v, %v", ok, err)
+	}
+	if ok, err := s.Check([]string{"greeting", "missing"}); err != nil || ok {
+		t.Errorf("Check missing = %v, %v", ok, err)
+	}
+
+	if n, err := s.Add("counter", 5); err != nil || n != 5 {
+		t.Errorf("Add = %d, %v", n, err)
+	}
+	if n, err := s.Add("counter", -2); err != nil || n != 3 {
+		t.Errorf("Add = %d, %v", n, err)
+	}
+	if _, err := s.Add("greeting", 1); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("Add on text: %v", err)
+	}
+
+	for _, c := range []struct{ expected, desired, want string }{
+		{"", "one", "one"},      // absent + empty expected: set
+		{"wrong", "two", "one"}, // mismatch: unchanged
+		{"one", "two", "two"},   // match: swapped
+	} {
+		if v, err := s.CompareSet("cas", []byte(c.expected), []byte(c.desired)); err != nil || string(v) != c.want {
+			t.Errorf("CompareSet(%q, %q) = %q, %v; want %q", c.expected, c.desired, v, err, c.want)
+		}
+	}
+	if v, err := s.CompareSet("absent", []byte("x"), []byte("y")); err != nil || string(v) != "x" {
+		t.Errorf("CompareSet on absent key = %q, %v", v, err)
+	}
+
+	check("MultiSet", s.MultiSet([]string{"m/a", "m/b", "m/empty"}, [][]byte{[]byte("A"), []byte("B"), nil}))
+	vals, err := s.MultiGet([]string{"m/b", "m/a", "m/empty"}, 5*time.Second)
+	check("MultiGet", err)
+	if len(vals) != 3 || string(vals[0]) != "B" || string(vals[1]) != "A" || len(vals[2]) != 0 {
+		t.Errorf("MultiGet = %q", vals)
+	}
+	if _, err := s.MultiGet([]string{"m/a", "missing"}, 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Errorf("MultiGet missing: %v", err)
+	}
+	if err := s.MultiSet([]string{"x", "y"}, [][]byte{nil}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("MultiSet length mismatch: %v", err)
+	}
+
+	before, err := s.NumKeys()
+	check("NumKeys", err)
+	if d, err := s.DeleteKey("greeting"); err != nil || !d {
+		t.Errorf("DeleteKey = %v, %v", d, err)
+	}
+	if d, err := s.DeleteKey("greeting"); err != nil || d {
+		t.Errorf("DeleteKey again = %v, %v", d, err)
+	}
+	if after, err := s.NumKeys(); err != nil || after != before-1 {
+		t.Errorf("NumKeys %d -> %d, %v", before, after, err)
+	}
+
+	if err := s.Set("", []byte("v")); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("empty key: %v", err)
+	}
+	if err := s.Set(strings.Repeat("k", 4097), nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("long key: %v", err)
+	}
+
+	// The store default applies to DefaultTimeout.
+	check("SetTimeout", s.SetTimeout(200*time.Millisecond))
+	start := time.Now()
+	if _, err := s.Get("missing", DefaultTimeout); !errors.Is(err, ErrTimeout) {
+		t.Errorf("Get with store default: %v", err)
+	}
+	if time.Since(start) > 20*time.Second {
+		t.Errorf("store default not applied")
+	}
+}
+
+func TestStoreGetWaitsForConcurrentSet(t *testing.T) {
+	s := singleStore(t)
+	got := make(chan []byte, 1)
+	go func() {
+		v, err := s.Get("late", 30*time.Second)
+		if err != nil {
+			v = []byte("error: " + err.Error())
+		}
+		got <- v
+	}()
+	select {
+	case v := <-got:
+		t.Fatalf("Get returned before Set: %q", v)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := s.Set("late", []byte("arrived")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case v := <-got:
+		if string(v) != "arrived" {
+			t.Errorf("Get = %q", v)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Get did not return")
+	}
+}
+
+func TestStoreConcurrentAdd(t *testing.T) {
+	s := singleStore(t)
+	const workers, each = 4, 10
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*each)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				if _, err := s.Add("n", 1); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n, err := s.Add("n", 0); err != nil || n != workers*each {
+		t.Errorf("sum = %d, %v", n, err)
+	}
+}
+
+func TestCloseIsIdempotent(t *testing.T) {
+	p, err := ParamsFromURL(runURL("close", 1, 30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRendezvous(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, s, err := r.Next(ctxTimeout(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := p.Close(); err != nil {
+			t.Errorf("Params.Close #%d: %v", i, err)
+		}
+		if err := r.Close(); err != nil {
+			t.Errorf("Rendezvous.Close #%d: %v", i, err)
+		}
+	}
+	// The store outlives its Rendezvous, then closes idempotently too.
+	if err := s.Set("after", []byte("close")); err != nil {
+		t.Errorf("store after Rendezvous.Close: %v", err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := s.Close(); err != nil {
+			t.Errorf("Store.Close #%d: %v", i, err)
+		}
+	}
+	// Calls on closed handles fail cleanly.
+	if err := p.Set("min_nodes", "1"); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("Params.Set after Close: %v", err)
+	}
+	if _, err := NewRendezvous(p); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("NewRendezvous(closed params): %v", err)
+	}
+	if _, _, err := r.Next(ctxTimeout(t, 5*time.Second)); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("Next after Close: %v", err)
+	}
+	if _, err := s.Get("after", 0); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("Store.Get after Close: %v", err)
+	}
+	if r.NodeID() == "" {
+		t.Error("NodeID empty after Close")
+	}
+}
+
+func TestStatusNames(t *testing.T) {
+	if StatusTimeout.String() != "RDZV_ERR_TIMEOUT" || Status(99).String() != "RDZV_ERR_UNKNOWN" {
+		t.Errorf("names: %s %s", StatusTimeout, Status(99))
+	}
+	for st, sentinel := range sentinels {
+		err := error(&Error{Status: st, Message: "m"})
+		if !errors.Is(err, sentinel) {
+			t.Errorf("%s does not match its sentinel", st)
+		}
+		for other, s2 := range sentinels {
+			if other != st && errors.Is(err, s2) {
+				t.Errorf("%s matches %s's sentinel", st, other)
+			}
+		}
+	}
+}

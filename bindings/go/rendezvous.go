@@ -1,0 +1,231 @@
+package rdzv
+
+/*
+#include <stdlib.h>
+#include "rdzv.h"
+*/
+import "C"
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// RoundInfo is this node's place in a completed round.
+type RoundInfo struct {
+	Round      uint64 // 0 for a run's first round, then increasing
+	Rank       uint32 // in [0, WorldSize)
+	WorldSize  uint32
+	MasterAddr string // MASTER_ADDR: rank 0's local_addr option, else its host name
+	MasterPort uint16 // MASTER_PORT: a TCP port that was free on rank 0 when it joined
+}
+
+// Rendezvous is one node's handle on a rendezvous. Safe for concurrent use, except that only
+// one Next runs at a time per handle.
+type Rendezvous struct {
+	// Every C call holds mu for reading; Close takes it for writing to free the handle, so the
+	// handle is never freed under a running call.
+	mu   sync.RWMutex
+	_ptr *C.rdzv_t
+
+	runID, backend, nodeID string // copied at creation: valid even after Close
+}
+
+// cancelRetry is how often Next repeats rdzv_cancel until the blocked call returns: a cancel
+// that lands just before the C call starts would otherwise be lost.
+const cancelRetry = 50 * time.Millisecond
+
+// NewRendezvous connects to etcd and registers this node (at most connect_timeout, default
+// 10 s; ErrConnection if etcd does not answer). params stays owned by the caller.
+func NewRendezvous(params *Params) (*Rendezvous, error) {
+	if params == nil {
+		return nil, &Error{Status: StatusInvalidArgument, Message: "params is nil"}
+	}
+	params.mu.RLock()
+	defer params.mu.RUnlock()
+	if params._ptr == nil {
+		return nil, errClosedHandle("Params")
+	}
+	var out *C.rdzv_t
+	err := call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_new(params._ptr, &out, e) })
+	runtime.KeepAlive(params)
+	if err != nil {
+		return nil, err
+	}
+	r := &Rendezvous{
+		_ptr:    out,
+		runID:   C.GoString(C.rdzv_run_id(out)),
+		backend: C.GoString(C.rdzv_backend(out)),
+		nodeID:  C.GoString(C.rdzv_node_id(out)),
+	}
+	runtime.SetFinalizer(r, func(r *Rendezvous) { _ = r.Close() })
+	return r, nil
+}
+
+// with runs f on the live handle under the read lock.
+func (r *Rendezvous) with(f func(ptr *C.rdzv_t) error) error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r._ptr == nil {
+		return errClosedHandle("Rendezvous")
+	}
+	err := f(r._ptr)
+	runtime.KeepAlive(r)
+	return err
+}
+
+type nextResult struct {
+	info  RoundInfo
+	store *C.rdzv_store_t
+	err   error
+}
+
+// Next joins the next round and blocks until this node is a member of a completed round, the
+// run closes (ErrClosed, ErrGracefulExit), join_timeout passes (ErrTimeout), the handle is
+// shut down (ErrShutdown) or ctx is done. When ctx is done first, Next cancels the join (the
+// node withdraws; the handle stays usable) and returns an error matching both ErrCancelled
+// and ctx.Err() (context.Canceled or context.DeadlineExceeded). If the round completes at the
+// same moment, the round wins: it is returned, since dropping it would break the others'.
+func (r *Rendezvous) Next(ctx context.Context) (RoundInfo, *Store, error) {
+	if err := ctx.Err(); err != nil {
+		return RoundInfo{}, nil, &Error{Status: StatusCancelled, Message: "context done before next", cause: err}
+	}
+	done := make(chan nextResult, 1)
+	go func() { done <- r.next() }()
+
+	var res nextResult
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		res = r.cancelUntil(done)
+		if e, ok := res.err.(*Error); ok && e.Status == StatusCancelled {
+			res.err = &Error{Status: StatusCancelled, Message: e.Message, cause: ctx.Err()}
+		}
+	}
+	if res.err != nil {
+		return RoundInfo{}, nil, res.err
+	}
+	return res.info, newStore(res.store), nil
+}
+
+// cancelUntil calls rdzv_cancel until the blocked next reports.
+func (r *Rendezvous) cancelUntil(done <-chan nextResult) nextResult {
+	ticker := time.NewTicker(cancelRetry)
+	defer ticker.Stop()
+	for {
+		_ = r.Cancel()
+		select {
+		case res := <-done:
+			return res
+		case <-ticker.C:
+		}
+	}
+}
+
+func (r *Rendezvous) next() nextResult {
+	var res nextResult
+	var round C.rdzv_round_t
+	res.err = r.with(func(ptr *C.rdzv_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_next(ptr, &round, &res.store, e)
+		})
+	})
+	if res.err == nil {
+		res.info = RoundInfo{
+			Round:      uint64(round.round),
+			Rank:       uint32(round.rank),
+			WorldSize:  uint32(round.world_size),
+			MasterAddr: C.GoString(&round.master_addr[0]),
+			MasterPort: uint16(round.master_port),
+		}
+	}
+	return res
+}
+
+// IsClosed reports whether any node has closed the run.
+func (r *Rendezvous) IsClosed() (bool, error) {
+	var closed C.bool
+	err := r.with(func(ptr *C.rdzv_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_is_closed(ptr, &closed, e) })
+	})
+	return bool(closed), err
+}
+
+// SetClosed closes the run for every node: blocked Next calls anywhere return ErrClosed.
+func (r *Rendezvous) SetClosed() error {
+	return r.with(func(ptr *C.rdzv_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_set_closed(ptr, e) })
+	})
+}
+
+// NumWaiting is the number of nodes waiting for a round after this node's last one; non-zero
+// means the members should call Next to admit them.
+func (r *Rendezvous) NumWaiting() (uint32, error) {
+	var n C.uint32_t
+	err := r.with(func(ptr *C.rdzv_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_num_waiting(ptr, &n, e) })
+	})
+	return uint32(n), err
+}
+
+// NumLost is the number of members of this node's last round whose lease expired; non-zero
+// means the round is broken and the survivors should call Next.
+func (r *Rendezvous) NumLost() (uint32, error) {
+	var n C.uint32_t
+	err := r.with(func(ptr *C.rdzv_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_num_lost(ptr, &n, e) })
+	})
+	return uint32(n), err
+}
+
+// Cancel wakes a Next blocked in another goroutine (it returns ErrCancelled); the handle
+// stays usable. No effect when no Next is running. Prefer cancelling Next's context.
+func (r *Rendezvous) Cancel() error {
+	return r.with(func(ptr *C.rdzv_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_cancel(ptr, e) })
+	})
+}
+
+// Shutdown releases this node: wakes a blocked Next (ErrShutdown) and revokes the node's
+// lease. It does not close the run for the others. Idempotent; later calls fail with
+// ErrShutdown.
+func (r *Rendezvous) Shutdown() error {
+	return r.with(func(ptr *C.rdzv_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_shutdown(ptr, e) })
+	})
+}
+
+// Close shuts the node down (waking a blocked Next), waits for calls in flight and frees the
+// handle. Idempotent. Stores obtained from Next stay usable.
+func (r *Rendezvous) Close() error {
+	var err error
+	r.mu.RLock()
+	if r._ptr != nil {
+		err = call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_shutdown(r._ptr, e) })
+	}
+	r.mu.RUnlock()
+	if err != nil && (err.(*Error)).Status == StatusShutdown {
+		err = nil // already shut down
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r._ptr == nil {
+		return nil
+	}
+	C.rdzv_free(r._ptr)
+	r._ptr = nil
+	runtime.SetFinalizer(r, nil)
+	return err
+}
+
+// RunID is the run id.
+func (r *Rendezvous) RunID() string { return r.runID }
+
+// Backend is the backend name ("etcd-v3").
+func (r *Rendezvous) Backend() string { return r.backend }
+
+// NodeID is this node's id: hex digits, unique per handle.
+func (r *Rendezvous) NodeID() string { return r.nodeID }

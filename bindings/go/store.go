@@ -1,0 +1,288 @@
+package rdzv
+
+/*
+#include <stdlib.h>
+#include "rdzv.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// DefaultTimeout, passed as a timeout, means the store's default (300 s unless SetTimeout
+// changed it). Any negative duration means the same; 0 means "do not wait".
+const DefaultTimeout time.Duration = -1
+
+// Store is the store of one round (c10d Store semantics): keys are non-empty strings of at
+// most 4096 bytes, values are bytes. Safe for concurrent use; Close waits for calls in flight.
+type Store struct {
+	mu   sync.RWMutex
+	_ptr *C.rdzv_store_t
+}
+
+func newStore(ptr *C.rdzv_store_t) *Store {
+	s := &Store{_ptr: ptr}
+	runtime.SetFinalizer(s, func(s *Store) { _ = s.Close() })
+	return s
+}
+
+// timeoutMs converts to the C convention: negative = store default, fractions round up so a
+// positive timeout never becomes "do not wait".
+func timeoutMs(d time.Duration) C.int64_t {
+	if d < 0 {
+		return -1
+	}
+	ms := d / time.Millisecond
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return C.int64_t(ms)
+}
+
+func (s *Store) with(f func(ptr *C.rdzv_store_t) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s._ptr == nil {
+		return errClosedHandle("Store")
+	}
+	err := f(s._ptr)
+	runtime.KeepAlive(s)
+	return err
+}
+
+// bytesPtr points C at b's contents (Go memory without Go pointers, so cgo allows it).
+func bytesPtr(b []byte) *C.uint8_t {
+	if len(b) == 0 {
+		return nil
+	}
+	return (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(b)))
+}
+
+// takeBytes copies a library buffer into Go memory and frees it.
+func takeBytes(p *C.uint8_t, n C.size_t) []byte {
+	if p == nil {
+		return []byte{}
+	}
+	out := make([]byte, int(n))
+	copy(out, unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n)))
+	C.rdzv_bytes_free(p, n)
+	return out
+}
+
+// cKeys copies keys into C memory (an array of C strings); free releases it.
+func cKeys(keys []string) (arr **C.char, free func()) {
+	n := len(keys)
+	if n == 0 {
+		n = 1 // a valid pointer even for no keys
+	}
+	ptrSize := C.size_t(unsafe.Sizeof((*C.char)(nil)))
+	base := (**C.char)(C.calloc(C.size_t(n), ptrSize))
+	slots := unsafe.Slice(base, n)
+	for i, k := range keys {
+		slots[i] = C.CString(k)
+	}
+	return base, func() {
+		for _, p := range slots {
+			C.free(unsafe.Pointer(p))
+		}
+		C.free(unsafe.Pointer(base))
+	}
+}
+
+// Set sets key to value.
+func (s *Store) Set(key string, value []byte) error {
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	return s.with(func(ptr *C.rdzv_store_t) error {
+		err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_set(ptr, ck, bytesPtr(value), C.size_t(len(value)), e)
+		})
+		runtime.KeepAlive(value)
+		return err
+	})
+}
+
+// Get waits up to timeout for key to be set and returns its value (ErrTimeout if it is still
+// absent). DefaultTimeout uses the store's default.
+func (s *Store) Get(key string, timeout time.Duration) ([]byte, error) {
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	var out []byte
+	err := s.with(func(ptr *C.rdzv_store_t) error {
+		var p *C.uint8_t
+		var n C.size_t
+		if err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_get(ptr, ck, timeoutMs(timeout), &p, &n, e)
+		}); err != nil {
+			return err
+		}
+		out = takeBytes(p, n)
+		return nil
+	})
+	return out, err
+}
+
+// Add atomically adds delta to the decimal integer at key (absent counts as 0) and returns
+// the sum. ErrInvalidArgument if the value is not an integer or the sum overflows.
+func (s *Store) Add(key string, delta int64) (int64, error) {
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	var out C.int64_t
+	err := s.with(func(ptr *C.rdzv_store_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_add(ptr, ck, C.int64_t(delta), &out, e)
+		})
+	})
+	return int64(out), err
+}
+
+// CompareSet sets key to desired if it holds expected (or is absent and expected is empty),
+// atomically, and returns the value the key holds afterwards (expected itself when the key is
+// absent and expected is not empty).
+func (s *Store) CompareSet(key string, expected, desired []byte) ([]byte, error) {
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	var out []byte
+	err := s.with(func(ptr *C.rdzv_store_t) error {
+		var p *C.uint8_t
+		var n C.size_t
+		err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_compare_set(ptr, ck, bytesPtr(expected), C.size_t(len(expected)),
+				bytesPtr(desired), C.size_t(len(desired)), &p, &n, e)
+		})
+		runtime.KeepAlive(expected)
+		runtime.KeepAlive(desired)
+		if err != nil {
+			return err
+		}
+		out = takeBytes(p, n)
+		return nil
+	})
+	return out, err
+}
+
+// Wait waits up to timeout until all keys exist (ErrTimeout otherwise).
+func (s *Store) Wait(keys []string, timeout time.Duration) error {
+	ck, free := cKeys(keys)
+	defer free()
+	return s.with(func(ptr *C.rdzv_store_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_wait(ptr, ck, C.size_t(len(keys)), timeoutMs(timeout), e)
+		})
+	})
+}
+
+// Check reports whether all keys exist now. It does not wait.
+func (s *Store) Check(keys []string) (bool, error) {
+	ck, free := cKeys(keys)
+	defer free()
+	var ok C.bool
+	err := s.with(func(ptr *C.rdzv_store_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_check(ptr, ck, C.size_t(len(keys)), &ok, e)
+		})
+	})
+	return bool(ok), err
+}
+
+// DeleteKey deletes key and reports whether it existed.
+func (s *Store) DeleteKey(key string) (bool, error) {
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	var deleted C.bool
+	err := s.with(func(ptr *C.rdzv_store_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_delete_key(ptr, ck, &deleted, e)
+		})
+	})
+	return bool(deleted), err
+}
+
+// NumKeys is the number of keys in this round's store.
+func (s *Store) NumKeys() (int64, error) {
+	var n C.int64_t
+	err := s.with(func(ptr *C.rdzv_store_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_store_num_keys(ptr, &n, e) })
+	})
+	return int64(n), err
+}
+
+// MultiGet waits up to timeout for all keys, then returns their values read at one revision,
+// in the order of keys.
+func (s *Store) MultiGet(keys []string, timeout time.Duration) ([][]byte, error) {
+	ck, free := cKeys(keys)
+	defer free()
+	var out [][]byte
+	err := s.with(func(ptr *C.rdzv_store_t) error {
+		// Output arrays in Go memory: C writes only C pointers into them.
+		vals := make([]*C.uint8_t, len(keys)+1)
+		lens := make([]C.size_t, len(keys)+1)
+		if err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_multi_get(ptr, ck, C.size_t(len(keys)), timeoutMs(timeout),
+				&vals[0], &lens[0], e)
+		}); err != nil {
+			return err
+		}
+		out = make([][]byte, len(keys))
+		for i := range keys {
+			out[i] = takeBytes(vals[i], lens[i])
+		}
+		return nil
+	})
+	return out, err
+}
+
+// MultiSet sets keys[i] to values[i] for all i, all or nothing.
+func (s *Store) MultiSet(keys []string, values [][]byte) error {
+	if len(keys) != len(values) {
+		return &Error{Status: StatusInvalidArgument, Message: "MultiSet: keys and values differ in length"}
+	}
+	ck, freeKeys := cKeys(keys)
+	defer freeKeys()
+	// cgo forbids Go pointers stored in C memory, so the values are copied to C memory too.
+	n := len(values) + 1
+	cvals := unsafe.Slice((**C.uint8_t)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof((*C.uint8_t)(nil))))), n)
+	clens := make([]C.size_t, n)
+	defer func() {
+		for _, p := range cvals {
+			C.free(unsafe.Pointer(p))
+		}
+		C.free(unsafe.Pointer(&cvals[0]))
+	}()
+	for i, v := range values {
+		if len(v) > 0 {
+			cvals[i] = (*C.uint8_t)(C.CBytes(v))
+		}
+		clens[i] = C.size_t(len(v))
+	}
+	return s.with(func(ptr *C.rdzv_store_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_multi_set(ptr, ck, &cvals[0], &clens[0], C.size_t(len(keys)), e)
+		})
+	})
+}
+
+// SetTimeout sets the default timeout of Get, Wait and MultiGet (must be >= 0).
+func (s *Store) SetTimeout(timeout time.Duration) error {
+	return s.with(func(ptr *C.rdzv_store_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+			return C.rdzv_store_set_timeout(ptr, timeoutMs(timeout), e)
+		})
+	})
+}
+
+// Close frees the store handle after calls in flight return. Idempotent.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s._ptr != nil {
+		C.rdzv_store_free(s._ptr)
+		s._ptr = nil
+		runtime.SetFinalizer(s, nil)
+	}
+	return nil
+}

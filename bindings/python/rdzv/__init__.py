@@ -1,0 +1,48 @@
+"""rdzv: elastic-training rendezvous on etcd v3 (Python binding of the rdzv C ABI).
+
+    from rdzv import EtcdV3RendezvousHandler
+
+    with EtcdV3RendezvousHandler.from_url("etcd://127.0.0.1:2379/job1?min_nodes=2&max_nodes=4") as h:
+        info = h.next_rendezvous()
+        with info.store as store:
+            store.set(f"node/{info.rank}", "hello")
+
+The API mirrors ``torch.distributed.elastic.rendezvous``; torch is not needed
+(``rdzv.torch_backend`` plugs this into torchrun when it is installed).
+"""
+
+from .errors import (
+    RendezvousCancelledError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousInternalError,
+    RendezvousInvalidArgumentError,
+    RendezvousShutdownError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from .handler import EtcdV3RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
+from .params import RendezvousParameters
+from .store import Store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EtcdV3RendezvousHandler",
+    "RendezvousCancelledError",
+    "RendezvousClosedError",
+    "RendezvousConnectionError",
+    "RendezvousError",
+    "RendezvousGracefulExitError",
+    "RendezvousInfo",
+    "RendezvousInternalError",
+    "RendezvousInvalidArgumentError",
+    "RendezvousParameters",
+    "RendezvousShutdownError",
+    "RendezvousStateError",
+    "RendezvousStoreInfo",
+    "RendezvousTimeoutError",
+    "Store",
+]

@@ -1,0 +1,235 @@
+"""ctypes declarations for every function of ``include/rdzv.h`` and the library lookup.
+
+The library is found, in order:
+
+1. the ``RDZV_LIBRARY`` environment variable (path to ``librdzv.so``; an error if it does not
+   load, rather than a silent fall-back);
+2. the package directory (a wheel or an install that copied ``librdzv.so`` next to this file);
+3. the repository's build directories, found by walking up from this file to the directory that
+   holds ``Cargo.toml``: ``target/release`` first, then ``target/debug``.
+
+The library is loaded on first use, so ``import rdzv`` works without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from ctypes import (
+    POINTER,
+    Structure,
+    c_bool,
+    c_char,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_uint8,
+)
+from pathlib import Path
+
+# Constants from rdzv.h (checked against the header by the tests).
+RDZV_MAX_VALUE_BYTES = (1024 * 1024) + (512 * 1024) - 4096
+RDZV_ADDR_CAPACITY = 256
+RDZV_MAX_KEY_BYTES = 4096
+
+# rdzv_status_t
+RDZV_OK = 0
+RDZV_ERR_INVALID_ARGUMENT = 1
+RDZV_ERR_CLOSED = 2
+RDZV_ERR_TIMEOUT = 3
+RDZV_ERR_CONNECTION = 4
+RDZV_ERR_STATE = 5
+RDZV_ERR_GRACEFUL_EXIT = 6
+RDZV_ERR_SHUTDOWN = 7
+RDZV_ERR_INTERNAL = 8
+RDZV_ERR_CANCELLED = 9
+
+STATUS_NAMES = {
+    RDZV_OK: "RDZV_OK",
+    RDZV_ERR_INVALID_ARGUMENT: "RDZV_ERR_INVALID_ARGUMENT",
+    RDZV_ERR_CLOSED: "RDZV_ERR_CLOSED",
+    RDZV_ERR_TIMEOUT: "RDZV_ERR_TIMEOUT",
+    RDZV_ERR_CONNECTION: "RDZV_ERR_CONNECTION",
+    RDZV_ERR_STATE: "RDZV_ERR_STATE",
+    RDZV_ERR_GRACEFUL_EXIT: "RDZV_ERR_GRACEFUL_EXIT",
+    RDZV_ERR_SHUTDOWN: "RDZV_ERR_SHUTDOWN",
+    RDZV_ERR_INTERNAL: "RDZV_ERR_INTERNAL",
+    RDZV_ERR_CANCELLED: "RDZV_ERR_CANCELLED",
+}
+
+rdzv_status_t = c_int  # a C enum is int-sized
+
+
+class rdzv_error_t(Structure):
+    """Opaque."""
+
+
+class rdzv_params_t(Structure):
+    """Opaque."""
+
+
+class rdzv_store_t(Structure):
+    """Opaque."""
+
+
+class rdzv_t(Structure):
+    """Opaque."""
+
+
+class rdzv_round_t(Structure):
+    _fields_ = [
+        ("round", c_uint64),
+        ("rank", c_uint32),
+        ("world_size", c_uint32),
+        ("master_port", c_uint16),
+        ("master_addr", c_char * RDZV_ADDR_CAPACITY),
+    ]
+
+
+ErrorP = POINTER(rdzv_error_t)
+ErrorPP = POINTER(ErrorP)
+ParamsP = POINTER(rdzv_params_t)
+StoreP = POINTER(rdzv_store_t)
+RdzvP = POINTER(rdzv_t)
+BytesP = POINTER(c_uint8)
+KeysP = POINTER(c_char_p)  # const char *const *
+
+# name -> (restype, [argtypes]); one entry per function of include/rdzv.h.
+SIGNATURES = {
+    "rdzv_status_name": (c_char_p, [c_int32]),
+    "rdzv_error_status": (rdzv_status_t, [ErrorP]),
+    "rdzv_error_message": (c_char_p, [ErrorP]),
+    "rdzv_error_free": (None, [ErrorP]),
+    "rdzv_bytes_free": (None, [BytesP, c_size_t]),
+    "rdzv_params_from_url": (rdzv_status_t, [c_char_p, POINTER(ParamsP), ErrorPP]),
+    "rdzv_params_new": (
+        rdzv_status_t,
+        [c_char_p, c_char_p, c_char_p, c_uint32, c_uint32, POINTER(ParamsP), ErrorPP],
+    ),
+    "rdzv_params_set": (rdzv_status_t, [ParamsP, c_char_p, c_char_p, ErrorPP]),
+    "rdzv_params_free": (None, [ParamsP]),
+    "rdzv_new": (rdzv_status_t, [ParamsP, POINTER(RdzvP), ErrorPP]),
+    "rdzv_next": (rdzv_status_t, [RdzvP, POINTER(rdzv_round_t), POINTER(StoreP), ErrorPP]),
+    "rdzv_is_closed": (rdzv_status_t, [RdzvP, POINTER(c_bool), ErrorPP]),
+    "rdzv_set_closed": (rdzv_status_t, [RdzvP, ErrorPP]),
+    "rdzv_num_waiting": (rdzv_status_t, [RdzvP, POINTER(c_uint32), ErrorPP]),
+    "rdzv_num_lost": (rdzv_status_t, [RdzvP, POINTER(c_uint32), ErrorPP]),
+    "rdzv_cancel": (rdzv_status_t, [RdzvP, ErrorPP]),
+    "rdzv_shutdown": (rdzv_status_t, [RdzvP, ErrorPP]),
+    "rdzv_free": (None, [RdzvP]),
+    "rdzv_run_id": (c_char_p, [RdzvP]),
+    "rdzv_backend": (c_char_p, [RdzvP]),
+    "rdzv_node_id": (c_char_p, [RdzvP]),
+    "rdzv_store_set": (rdzv_status_t, [StoreP, c_char_p, BytesP, c_size_t, ErrorPP]),
+    "rdzv_store_get": (
+        rdzv_status_t,
+        [StoreP, c_char_p, c_int64, POINTER(BytesP), POINTER(c_size_t), ErrorPP],
+    ),
+    "rdzv_store_add": (rdzv_status_t, [StoreP, c_char_p, c_int64, POINTER(c_int64), ErrorPP]),
+    "rdzv_store_compare_set": (
+        rdzv_status_t,
+        [
+            StoreP,
+            c_char_p,
+            BytesP,
+            c_size_t,
+            BytesP,
+            c_size_t,
+            POINTER(BytesP),
+            POINTER(c_size_t),
+            ErrorPP,
+        ],
+    ),
+    "rdzv_store_wait": (rdzv_status_t, [StoreP, KeysP, c_size_t, c_int64, ErrorPP]),
+    "rdzv_store_check": (rdzv_status_t, [StoreP, KeysP, c_size_t, POINTER(c_bool), ErrorPP]),
+    "rdzv_store_delete_key": (rdzv_status_t, [StoreP, c_char_p, POINTER(c_bool), ErrorPP]),
+    "rdzv_store_num_keys": (rdzv_status_t, [StoreP, POINTER(c_int64), ErrorPP]),
+    "rdzv_store_multi_get": (
+        rdzv_status_t,
+        [StoreP, KeysP, c_size_t, c_int64, POINTER(BytesP), POINTER(c_size_t), ErrorPP],
+    ),
+    "rdzv_store_multi_set": (
+        rdzv_status_t,
+        [StoreP, KeysP, POINTER(BytesP), POINTER(c_size_t), c_size_t, ErrorPP],
+    ),
+    "rdzv_store_set_timeout": (rdzv_status_t, [StoreP, c_int64, ErrorPP]),
+    "rdzv_store_free": (None, [StoreP]),
+}
+
+if sys.platform == "darwin":
+    LIBRARY_FILE = "librdzv.dylib"
+elif os.name == "nt":
+    LIBRARY_FILE = "rdzv.dll"
+else:
+    LIBRARY_FILE = "librdzv.so"
+
+ENV_VAR = "RDZV_LIBRARY"
+
+
+def candidate_paths() -> list[Path]:
+    """Where the library is looked for when ``RDZV_LIBRARY`` is not set, in order."""
+    here = Path(__file__).resolve().parent
+    paths = [here / LIBRARY_FILE]
+    for parent in here.parents:
+        if (parent / "Cargo.toml").is_file():
+            paths.append(parent / "target" / "release" / LIBRARY_FILE)
+            paths.append(parent / "target" / "debug" / LIBRARY_FILE)
+            break
+    return paths
+
+
+def find_library() -> Path:
+    """The path of the library that would be loaded; raises ``OSError`` if there is none."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise OSError(f"{ENV_VAR}={env!r} does not name a file")
+        return path
+    tried = candidate_paths()
+    for path in tried:
+        if path.is_file():
+            return path
+    raise OSError(
+        f"{LIBRARY_FILE} not found: set {ENV_VAR} to its path, or build it with `cargo build`. "
+        f"Tried: {', '.join(str(p) for p in tried)}"
+    )
+
+
+def _declare(cdll: ctypes.CDLL) -> ctypes.CDLL:
+    for name, (restype, argtypes) in SIGNATURES.items():
+        fn = getattr(cdll, name)  # AttributeError names a missing symbol
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return cdll
+
+
+_lib: ctypes.CDLL | None = None
+_lib_lock = threading.Lock()
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library with every function declared; loaded on first call."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                path = find_library()
+                try:
+                    cdll = ctypes.CDLL(str(path))
+                except OSError as e:
+                    raise OSError(f"cannot load {path}: {e}") from e
+                _lib = _declare(cdll)
+    return _lib
+
+
+def library_path() -> str:
+    """The file name of the loaded library."""
+    return lib()._name

@@ -1,0 +1,261 @@
+"""Helpers shared by the wrappers: calling with an error out-parameter, string and byte
+conversion, timeouts, handle lifetime, and running blocking calls so that Ctrl-C works."""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import math
+import os
+import threading
+import time
+from typing import Any, Callable, Iterable, TypeVar
+
+from . import _ffi
+from .errors import RendezvousInvalidArgumentError, RendezvousShutdownError, error_for
+
+T = TypeVar("T")
+
+# Timeouts above this are capped by the library anyway (one year); keeps int64 safe.
+_MAX_MS = 2**62
+
+
+def lib() -> ctypes.CDLL:
+    return _ffi.lib()
+
+
+def call(fn: Callable[..., int], *args: Any) -> None:
+    """Calls a fallible function with a trailing ``rdzv_error_t **`` and raises on failure.
+    The error object is always freed."""
+    err = _ffi.ErrorP()
+    status = fn(*args, ctypes.byref(err))
+    if status != _ffi.RDZV_OK:
+        raise take_error(status, err)
+
+
+def take_error(status: int, err: Any) -> Exception:
+    L = lib()
+    if err:
+        try:
+            status = L.rdzv_error_status(err)
+            raw = L.rdzv_error_message(err)
+            message = raw.decode("utf-8", "replace") if raw else ""
+        finally:
+            L.rdzv_error_free(err)
+    else:
+        raw = L.rdzv_status_name(status)
+        message = raw.decode() if raw else f"status {status}"
+    return error_for(status, message)
+
+
+def cstr(value: Any, what: str) -> bytes:
+    """A NUL-terminated UTF-8 string argument. Path-like objects are accepted."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, bytes):
+        raise TypeError(f"{what}: expected str, got bytes")
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: expected str, got {type(value).__name__}")
+    if "\0" in value:
+        raise RendezvousInvalidArgumentError(f"{what}: must not contain a NUL character")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RendezvousInvalidArgumentError(f"{what}: not valid UTF-8 ({e})") from None
+
+
+def key_arg(key: Any) -> bytes:
+    return cstr(key, "key")
+
+
+def keys_arg(keys: Any) -> list[bytes]:
+    if isinstance(keys, str):  # a lone key, not its characters
+        keys = [keys]
+    return [key_arg(k) for k in keys]
+
+
+def keys_array(encoded: list[bytes]) -> Any:
+    return (ctypes.c_char_p * len(encoded))(*encoded)
+
+
+def value_arg(value: Any) -> bytes:
+    """A store value: bytes-like, or str (encoded as UTF-8)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"store value: expected bytes or str, got {type(value).__name__}")
+
+
+class Buffer:
+    """A pointer to the bytes of ``data`` for the duration of a call (never NULL)."""
+
+    def __init__(self, data: bytes):
+        self._keep = ctypes.c_char_p(data)
+        self.ptr = ctypes.cast(self._keep, _ffi.BytesP)
+        self.len = len(data)
+
+
+def take_bytes(ptr: Any, length: int) -> bytes:
+    """Copies a library-owned buffer into ``bytes`` and frees it."""
+    if not ptr:
+        return b""
+    try:
+        return ctypes.string_at(ptr, length) if length else b""
+    finally:
+        lib().rdzv_bytes_free(ptr, length)
+
+
+def seconds(timeout: Any, what: str = "timeout") -> float:
+    """Seconds from a ``datetime.timedelta`` or a number of seconds; must be >= 0."""
+    if isinstance(timeout, datetime.timedelta):
+        secs = timeout.total_seconds()
+    elif isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what}: expected datetime.timedelta or seconds, got {type(timeout).__name__}")
+    else:
+        secs = float(timeout)
+    if math.isnan(secs) or secs < 0:
+        raise RendezvousInvalidArgumentError(f"{what}: expected at least 0 seconds, got {timeout!r}")
+    return secs
+
+
+def timeout_ms(timeout: Any, what: str = "timeout") -> int:
+    """Milliseconds for the library: ``None`` is -1 (the store's default)."""
+    if timeout is None:
+        return -1
+    secs = seconds(timeout, what)
+    if math.isinf(secs):
+        return _MAX_MS
+    return min(_MAX_MS, int(math.ceil(secs * 1000)))
+
+
+class Owned:
+    """A library handle used from several threads and freed once: ``close`` marks it closed at
+    once, and the free happens when the last call in flight (``use``) has returned."""
+
+    def __init__(self, ptr: Any, free: Callable[[Any], None], what: str):
+        self._ptr = ptr
+        self._free = free
+        self._what = what
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def use(self) -> "_Use":
+        return _Use(self)
+
+    def _acquire(self) -> Any:
+        with self._lock:
+            if self._closing or not self._ptr:
+                raise RendezvousShutdownError(f"the {self._what} is closed")
+            self._users += 1
+            return self._ptr
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            ptr = self._take_if_idle()
+        if ptr is not None:
+            self._free(ptr)
+
+    def _take_if_idle(self) -> Any:
+        if self._closing and self._users == 0 and self._ptr:
+            ptr, self._ptr = self._ptr, None
+            return ptr
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            ptr = self._take_if_idle()
+        if ptr is not None:
+            self._free(ptr)
+
+
+class _Use:
+    __slots__ = ("_owned", "_ptr")
+
+    def __init__(self, owned: Owned):
+        self._owned = owned
+
+    def __enter__(self) -> Any:
+        self._ptr = self._owned._acquire()
+        return self._ptr
+
+    def __exit__(self, *exc: Any) -> None:
+        self._owned._release()
+
+
+def run_blocking(
+    work: Callable[[], T],
+    *,
+    name: str,
+    cancel: Callable[[], None] | None = None,
+    discard: Callable[[T], None] | None = None,
+    grace: float = 10.0,
+) -> T:
+    """Runs a blocking foreign call so that Ctrl-C works.
+
+    Signals reach only the main thread, and only between bytecodes; a foreign call blocks both.
+    So on the main thread ``work`` runs in a worker thread (ctypes releases the GIL during the
+    call) while the caller waits in short slices. On ``KeyboardInterrupt`` the caller calls
+    ``cancel`` (if given) until the worker returns or ``grace`` seconds pass, hands a result
+    that nobody will read to ``discard``, and re-raises. ``work`` must own everything it uses
+    (it may outlive the caller). Off the main thread ``work`` simply runs in place.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return work()
+
+    lock = threading.Lock()
+    state: dict[str, Any] = {}
+    # Completion is signalled with an Event, not observed with Thread.join/is_alive: on
+    # CPython 3.11 a KeyboardInterrupt inside Thread.join() can mark a running thread as
+    # stopped (the bpo-45274 clean-up), after which is_alive() wrongly returns False.
+    done = threading.Event()
+
+    def worker() -> None:
+        try:
+            outcome = (True, work())
+        except BaseException as e:  # handed to the caller
+            outcome = (False, e)
+        with lock:
+            state["outcome"] = outcome
+            abandoned = state.get("abandoned", False)
+        done.set()
+        if abandoned and outcome[0] and discard is not None:
+            discard(outcome[1])
+
+    thread = threading.Thread(target=worker, name=name, daemon=True)
+    try:
+        thread.start()
+        while not done.wait(0.1):
+            pass
+    except KeyboardInterrupt as interrupt:
+        if cancel is not None:
+            deadline = time.monotonic() + grace
+            try:
+                while not done.is_set() and time.monotonic() < deadline:
+                    try:
+                        cancel()
+                    except Exception:
+                        pass
+                    done.wait(0.05)
+            except KeyboardInterrupt:
+                pass  # a second Ctrl-C: stop waiting for the worker
+        with lock:
+            state["abandoned"] = True
+            outcome = state.get("outcome")
+        if outcome is not None and outcome[0] and discard is not None:
+            discard(outcome[1])
+        raise interrupt
+    ok, value = state["outcome"]
+    if ok:
+        return value
+    raise value
+

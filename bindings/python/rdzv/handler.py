@@ -1,0 +1,251 @@
+"""``EtcdV3RendezvousHandler``: one node's handle on a rendezvous, shaped like torch's
+``RendezvousHandler``, and ``RendezvousInfo``/``RendezvousStoreInfo``."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from . import _ffi
+from ._native import Owned, call, cstr, lib, run_blocking
+from .errors import RendezvousError, RendezvousShutdownError
+from .params import native_params, store_timeout_of, store_timeout_of_url
+from .store import Store
+
+__all__ = ["EtcdV3RendezvousHandler", "RendezvousInfo", "RendezvousStoreInfo"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RendezvousStoreInfo:
+    """MASTER_ADDR/MASTER_PORT: rank 0's address and a TCP port that was free on it."""
+
+    master_addr: str
+    master_port: int
+
+
+class RendezvousInfo:
+    """A completed round, as torch's ``RendezvousInfo``, plus ``round`` (0, 1, ...)."""
+
+    __slots__ = ("_store", "_rank", "_world_size", "_bootstrap_store_info", "_round")
+
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        world_size: int,
+        bootstrap_store_info: RendezvousStoreInfo,
+        round: int = 0,
+    ):
+        self._store = store
+        self._rank = rank
+        self._world_size = world_size
+        self._bootstrap_store_info = bootstrap_store_info
+        self._round = round
+
+    @property
+    def store(self) -> Store:
+        """The round's store (close it when done; it outlives the handler)."""
+        return self._store
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def bootstrap_store_info(self) -> RendezvousStoreInfo:
+        return self._bootstrap_store_info
+
+    @property
+    def round(self) -> int:
+        return self._round
+
+    def __repr__(self) -> str:
+        return (
+            f"RendezvousInfo(round={self._round}, rank={self._rank}, "
+            f"world_size={self._world_size}, bootstrap_store_info={self._bootstrap_store_info})"
+        )
+
+
+class EtcdV3RendezvousHandler:
+    """One node's handle on an etcd v3 rendezvous (torch's ``RendezvousHandler`` interface).
+
+    Create it from ``RendezvousParameters`` (``EtcdV3RendezvousHandler(params)`` or
+    ``from_parameters``) or from a URL (``from_url("etcd://host:2379/run?min_nodes=2")``).
+    Creating it connects to etcd and registers the node (at most ``connect_timeout``).
+    Thread-safe. Use it as a context manager, or call ``close()``.
+    """
+
+    def __init__(self, params: Any):
+        ptr = native_params(params)
+        self._setup(ptr, store_timeout_of(getattr(params, "config", None) or {}))
+
+    @classmethod
+    def from_parameters(cls, params: Any) -> "EtcdV3RendezvousHandler":
+        """A handler from ``RendezvousParameters`` (or torch's, which has the same shape)."""
+        return cls(params)
+
+    @classmethod
+    def from_url(cls, url: str) -> "EtcdV3RendezvousHandler":
+        """A handler from ``etcd://HOST:PORT[,HOST:PORT...]/RUN_ID?name=value&...``
+        (schemes ``etcd``/``etcd-v3``, or ``etcds``/``etcd+https`` for TLS)."""
+        out = _ffi.ParamsP()
+        call(lib().rdzv_params_from_url, cstr(url, "url"), ctypes.byref(out))
+        self = cls.__new__(cls)
+        self._setup(out, store_timeout_of_url(url))
+        return self
+
+    def _setup(self, params_ptr: Any, store_timeout: float) -> None:
+        """Connects (consuming ``params_ptr``) in a way that Ctrl-C can interrupt."""
+        L = lib()
+
+        def connect() -> Any:
+            try:
+                out = _ffi.RdzvP()
+                call(L.rdzv_new, params_ptr, ctypes.byref(out))
+                return out
+            finally:
+                L.rdzv_params_free(params_ptr)
+
+        ptr = run_blocking(connect, name="rdzv-connect", discard=L.rdzv_free)
+        self._run_id = L.rdzv_run_id(ptr).decode()
+        self._backend = L.rdzv_backend(ptr).decode()
+        self._node_id = L.rdzv_node_id(ptr).decode()
+        self._store_timeout = store_timeout
+        self._res = Owned(ptr, L.rdzv_free, "rendezvous handler")
+
+    # -- torch RendezvousHandler --------------------------------------------------------------
+
+    def get_backend(self) -> str:
+        """``"etcd-v3"``."""
+        return self._backend
+
+    @property
+    def use_agent_store(self) -> bool:
+        """False: workers bootstrap from MASTER_ADDR/MASTER_PORT, not from this store."""
+        return False
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Joins the next round and blocks until this node is a member of a completed round
+        (at most ``join_timeout``). Raises ``RendezvousClosedError``,
+        ``RendezvousGracefulExitError``, ``RendezvousTimeoutError``,
+        ``RendezvousConnectionError``, ``RendezvousShutdownError`` (``shutdown``/``close`` from
+        another thread) or ``RendezvousCancelledError`` (``cancel`` from another thread).
+        Ctrl-C cancels the join (the handler stays usable) and raises ``KeyboardInterrupt``."""
+        L = lib()
+
+        def work() -> tuple[Any, Any]:
+            with self._res.use() as p:
+                rnd, store = _ffi.rdzv_round_t(), _ffi.StoreP()
+                call(L.rdzv_next, p, ctypes.byref(rnd), ctypes.byref(store))
+                return rnd, store
+
+        rnd, store_ptr = run_blocking(
+            work,
+            name=f"rdzv-next:{self._node_id}",
+            cancel=self.cancel,
+            discard=lambda result: L.rdzv_store_free(result[1]),
+        )
+        store = Store._from_ptr(store_ptr, self._store_timeout)
+        info = RendezvousStoreInfo(rnd.master_addr.decode("utf-8", "replace"), rnd.master_port)
+        return RendezvousInfo(store, rnd.rank, rnd.world_size, info, rnd.round)
+
+    def is_closed(self) -> bool:
+        """Whether any node closed the run."""
+        out = ctypes.c_bool()
+        with self._res.use() as p:
+            call(lib().rdzv_is_closed, p, ctypes.byref(out))
+        return bool(out.value)
+
+    def set_closed(self) -> None:
+        """Closes the run for every node: blocked and later ``next_rendezvous`` calls anywhere
+        raise ``RendezvousClosedError``."""
+        with self._res.use() as p:
+            call(lib().rdzv_set_closed, p)
+
+    def num_nodes_waiting(self, include_lost: bool = True) -> int:
+        """Nodes waiting for a new round (``rdzv_num_waiting``), PLUS, unless ``include_lost``
+        is False, members of this node's last round that died (``rdzv_num_lost``).
+
+        torch's agent re-rendezvouses only when ``num_nodes_waiting()`` is non-zero; counting
+        lost members here makes the survivors of a round that lost a node form a new round
+        instead of waiting on a dead peer."""
+        out = ctypes.c_uint32()
+        with self._res.use() as p:
+            call(lib().rdzv_num_waiting, p, ctypes.byref(out))
+        return out.value + (self.num_nodes_lost() if include_lost else 0)
+
+    def num_nodes_lost(self) -> int:
+        """Members of this node's last round whose lease expired (``rdzv_num_lost``)."""
+        out = ctypes.c_uint32()
+        with self._res.use() as p:
+            call(lib().rdzv_num_lost, p, ctypes.byref(out))
+        return out.value
+
+    def get_run_id(self) -> str:
+        return self._run_id
+
+    @property
+    def node_id(self) -> str:
+        """This handle's node id (hex digits, unique per handle)."""
+        return self._node_id
+
+    def shutdown(self) -> bool:
+        """Releases this node (revokes its lease, wakes a blocked ``next_rendezvous``) without
+        closing the run for the others. Returns True on success or if already shut down,
+        False (logged) on failure, like torch."""
+        try:
+            with self._res.use() as p:
+                call(lib().rdzv_shutdown, p)
+        except RendezvousShutdownError:
+            return True  # already closed
+        except RendezvousError as e:
+            log.warning("rdzv: shutdown of run %r failed: %s", self._run_id, e)
+            return False
+        return True
+
+    # -- extras -------------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Wakes a ``next_rendezvous`` blocked in another thread, which raises
+        ``RendezvousCancelledError``; the handler stays usable. Never blocks."""
+        with self._res.use() as p:
+            call(lib().rdzv_cancel, p)
+
+    def close(self) -> None:
+        """``shutdown()`` and free the handle (once calls in other threads have returned).
+        Idempotent. Rounds' stores stay usable."""
+        res = getattr(self, "_res", None)
+        if res is None or res.closed:
+            return
+        try:
+            self.shutdown()
+        finally:
+            res.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._res.closed
+
+    def __enter__(self) -> "EtcdV3RendezvousHandler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = " closed" if self.closed else ""
+        return f"<{type(self).__name__} run_id={self._run_id!r} node_id={self._node_id}{state}>"

@@ -1,0 +1,214 @@
+"""``Store``: the key-value store of one round, as c10d's ``Store`` (values are bytes)."""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import itertools
+from typing import Any, Sequence
+
+from . import _ffi
+from ._native import (
+    Buffer,
+    Owned,
+    call,
+    key_arg,
+    keys_arg,
+    keys_array,
+    lib,
+    run_blocking,
+    seconds,
+    take_bytes,
+    timeout_ms,
+    value_arg,
+)
+from .errors import RendezvousInvalidArgumentError
+
+__all__ = ["Store"]
+
+_ids = itertools.count()
+
+
+class Store:
+    """The store of one round, returned in ``RendezvousInfo.store``.
+
+    Keys are non-empty ``str`` (at most 4096 bytes of UTF-8); values are ``bytes`` or ``str``
+    (encoded as UTF-8) and always come back as ``bytes``. Timeouts are ``datetime.timedelta``
+    or seconds; ``None`` means the store's default (``timeout``, 300 s unless the
+    ``store_timeout`` option or ``set_timeout`` changed it) and 0 means "do not wait".
+    Thread-safe. Stays usable after its handler is closed. ``close()`` (or a ``with`` block)
+    frees it; a call blocked in another thread finishes first.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise TypeError("a Store comes from next_rendezvous(); it cannot be created directly")
+
+    @classmethod
+    def _from_ptr(cls, ptr: Any, timeout: float) -> "Store":
+        self = cls.__new__(cls)
+        self._res = Owned(ptr, lib().rdzv_store_free, "store")
+        self._timeout = float(timeout)
+        self._name = f"rdzv-store-{next(_ids)}"
+        return self
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Frees the store. Idempotent; later calls raise ``RendezvousShutdownError``."""
+        res = getattr(self, "_res", None)
+        if res is not None:
+            res.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._res.closed
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- c10d Store API -----------------------------------------------------------------------
+
+    def set(self, key: str, value: bytes | str) -> None:
+        """Sets ``key`` to ``value``."""
+        k, buf = key_arg(key), Buffer(value_arg(value))
+        with self._res.use() as p:
+            call(lib().rdzv_store_set, p, k, buf.ptr, buf.len)
+
+    def get(self, key: str, timeout: Any = None) -> bytes:
+        """Waits for ``key`` to be set and returns its value; ``RendezvousTimeoutError`` if it
+        is still absent after ``timeout``."""
+        k, ms = key_arg(key), timeout_ms(timeout)
+
+        def work() -> bytes:
+            with self._res.use() as p:
+                ptr, n = _ffi.BytesP(), ctypes.c_size_t()
+                call(lib().rdzv_store_get, p, k, ms, ctypes.byref(ptr), ctypes.byref(n))
+                return take_bytes(ptr, n.value)
+
+        return self._blocking(work, ms)
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically adds ``amount`` to the integer at ``key`` (absent is 0); returns the sum."""
+        if isinstance(amount, bool) or not isinstance(amount, int) or not -(2**63) <= amount < 2**63:
+            raise TypeError(f"amount: expected a 64-bit int, got {amount!r}")
+        k, out = key_arg(key), ctypes.c_int64()
+        with self._res.use() as p:
+            call(lib().rdzv_store_add, p, k, amount, ctypes.byref(out))
+        return out.value
+
+    def compare_set(self, key: str, expected_value: bytes | str, desired_value: bytes | str) -> bytes:
+        """Sets ``key`` to ``desired_value`` if it holds ``expected_value`` (or is absent and
+        ``expected_value`` is empty); returns the value the key holds afterwards (when the key
+        is absent and ``expected_value`` is not empty: ``expected_value``)."""
+        k = key_arg(key)
+        exp, des = Buffer(value_arg(expected_value)), Buffer(value_arg(desired_value))
+        ptr, n = _ffi.BytesP(), ctypes.c_size_t()
+        with self._res.use() as p:
+            call(
+                lib().rdzv_store_compare_set,
+                p, k, exp.ptr, exp.len, des.ptr, des.len, ctypes.byref(ptr), ctypes.byref(n),
+            )
+        return take_bytes(ptr, n.value)
+
+    def wait(self, keys: Sequence[str] | str, timeout: Any = None) -> None:
+        """Waits until every key exists; ``RendezvousTimeoutError`` after ``timeout``."""
+        ks, ms = keys_arg(keys), timeout_ms(timeout)
+
+        def work() -> None:
+            arr = keys_array(ks)
+            with self._res.use() as p:
+                call(lib().rdzv_store_wait, p, arr, len(ks), ms)
+
+        self._blocking(work, ms)
+
+    def check(self, keys: Sequence[str] | str) -> bool:
+        """Whether every key exists now. Does not wait."""
+        ks = keys_arg(keys)
+        arr, out = keys_array(ks), ctypes.c_bool()
+        with self._res.use() as p:
+            call(lib().rdzv_store_check, p, arr, len(ks), ctypes.byref(out))
+        return bool(out.value)
+
+    def delete_key(self, key: str) -> bool:
+        """Deletes ``key``; returns whether it existed."""
+        k, out = key_arg(key), ctypes.c_bool()
+        with self._res.use() as p:
+            call(lib().rdzv_store_delete_key, p, k, ctypes.byref(out))
+        return bool(out.value)
+
+    def num_keys(self) -> int:
+        """The number of keys in this round's store."""
+        out = ctypes.c_int64()
+        with self._res.use() as p:
+            call(lib().rdzv_store_num_keys, p, ctypes.byref(out))
+        return out.value
+
+    def multi_get(self, keys: Sequence[str], timeout: Any = None) -> list[bytes]:
+        """Waits for every key, then returns their values read at one revision."""
+        ks, ms = keys_arg(keys), timeout_ms(timeout)
+
+        def work() -> list[bytes]:
+            arr = keys_array(ks)
+            ptrs = (_ffi.BytesP * len(ks))()
+            lens = (ctypes.c_size_t * len(ks))()
+            with self._res.use() as p:
+                call(lib().rdzv_store_multi_get, p, arr, len(ks), ms, ptrs, lens)
+            out: list[bytes] = []
+            try:
+                for i in range(len(ks)):
+                    out.append(take_bytes(ptrs[i], lens[i]))
+                    ptrs[i] = _ffi.BytesP()
+            finally:  # free the rest even if a copy failed
+                for i in range(len(out), len(ks)):
+                    if ptrs[i]:
+                        lib().rdzv_bytes_free(ptrs[i], lens[i])
+            return out
+
+        return self._blocking(work, ms)
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        """Sets every ``keys[i]`` to ``values[i]``, all or nothing."""
+        ks = keys_arg(keys)
+        vs = [value_arg(v) for v in values]
+        if len(ks) != len(vs):
+            raise RendezvousInvalidArgumentError(
+                f"multi_set: {len(ks)} keys but {len(vs)} values"
+            )
+        bufs = [Buffer(v) for v in vs]
+        arr = keys_array(ks)
+        ptrs = (_ffi.BytesP * len(bufs))(*[b.ptr for b in bufs])
+        lens = (ctypes.c_size_t * len(bufs))(*[b.len for b in bufs])
+        with self._res.use() as p:
+            call(lib().rdzv_store_multi_set, p, arr, ptrs, lens, len(ks))
+
+    def set_timeout(self, timeout: Any) -> None:
+        """Sets the default timeout of ``get``, ``wait`` and ``multi_get``."""
+        secs = seconds(timeout)
+        ms = timeout_ms(secs)
+        with self._res.use() as p:
+            call(lib().rdzv_store_set_timeout, p, ms)
+        self._timeout = secs
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        """The default timeout of ``get``, ``wait`` and ``multi_get``."""
+        return datetime.timedelta(seconds=min(self._timeout, 365 * 86400.0))
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _blocking(self, work: Any, ms: int) -> Any:
+        if ms == 0:  # does not wait
+            return work()
+        return run_blocking(work, name=self._name)
+
+    def __repr__(self) -> str:
+        return f"<rdzv.Store{' closed' if self.closed else ''}>"

@@ -1,0 +1,335 @@
+"""torchrun backend ``etcd-v3``: rdzv as a ``torch.distributed.elastic`` rendezvous handler.
+
+Installed with this package, the entry point ``[project.entry-points."torchrun.handlers"]
+etcd-v3 = "rdzv.torch_backend:create_handler"`` lets you run::
+
+    torchrun --nnodes 1:4 --rdzv-backend etcd-v3 --rdzv-endpoint etcd-host:2379 \\
+             --rdzv-id job42 --rdzv-conf last_call_timeout=10 train.py
+
+torch's plugin loader calls the entry point with NO argument and registers what it returns as
+the handler creator, so ``create_handler()`` returns ``create_handler`` itself, and
+``create_handler(params)`` creates a handler. Without the entry point, call ``register()``.
+
+Differences from the torch-free ``EtcdV3RendezvousHandler``, to behave like torch's handlers:
+
+* ``next_rendezvous`` returns torch's ``RendezvousInfo`` whose store is a
+  ``torch.distributed.Store`` (``TorchStore``) forwarding to the round's store;
+* errors are torch's exception classes (and also rdzv's);
+* ``shutdown()`` closes the run for every node before releasing this one, as torch's
+  ``DynamicRendezvousHandler.shutdown`` does (torchrun calls it when the job ends);
+* ``--rdzv-endpoint`` may omit the port (2379) and may start with ``http://``/``https://``;
+* torch-specific ``--rdzv-conf`` keys that do not apply (``is_host``, ``read_timeout``...) are
+  ignored; torchrun's ``timeout`` is rdzv's ``join_timeout``.
+
+torch is optional: without it ``create_handler`` returns the same handler without the torch
+base classes, and ``next_rendezvous`` returns ``rdzv.RendezvousInfo``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import types
+from typing import Any, Callable
+
+from . import errors
+from .handler import EtcdV3RendezvousHandler
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+try:
+    import torch.distributed as _dist
+    from torch.distributed.elastic.rendezvous import api as _api
+except ImportError:  # torch is optional
+    _dist = None
+    _api = None
+
+TORCH_AVAILABLE = _api is not None
+
+__all__ = [
+    "TORCH_AVAILABLE",
+    "TorchEtcdV3RendezvousHandler",
+    "TorchStore",
+    "create_handler",
+    "register",
+]
+
+BACKEND = "etcd-v3"
+DEFAULT_ETCD_PORT = 2379
+
+#: torch rendezvous options that mean nothing to rdzv; dropped instead of rejected.
+IGNORED_TORCH_OPTIONS = frozenset(
+    {
+        "rank",  # static backend
+        "is_host",  # c10d backend: whether to host the TCPStore
+        "read_timeout",  # c10d backend: TCPStore reads
+        "use_libuv",
+        "heartbeat",
+        "keep_alive_interval",
+        "keep_alive_max_attempt",
+    }
+)
+
+# -- torch-flavoured exceptions -------------------------------------------------------------
+
+_TORCH_PEERS = {
+    errors.RendezvousClosedError: "RendezvousClosedError",
+    errors.RendezvousTimeoutError: "RendezvousTimeoutError",
+    errors.RendezvousConnectionError: "RendezvousConnectionError",
+    errors.RendezvousStateError: "RendezvousStateError",
+    errors.RendezvousGracefulExitError: "RendezvousGracefulExitError",
+}
+
+
+def _handler_error_classes() -> dict[type, type]:
+    """For each rdzv error class, a class deriving from it and from torch's counterpart (or
+    torch's ``RendezvousError``), so ``except`` clauses of either library match."""
+    if not TORCH_AVAILABLE:
+        return {}
+    table: dict[type, type] = {}
+    for cls in (errors.RendezvousError, *errors.ERROR_CLASSES.values()):
+        peer = getattr(_api, _TORCH_PEERS.get(cls, "RendezvousError"), None) or _api.RendezvousError
+        table[cls] = type(cls.__name__, (cls, peer), {"__module__": __name__})
+    return table
+
+
+def _store_error_classes() -> dict[type, type]:
+    """Store errors also derive from ``torch.distributed.DistStoreError`` (RuntimeError on
+    torch versions without it), which is what c10d stores raise."""
+    if not TORCH_AVAILABLE:
+        return {}
+    base = getattr(_dist, "DistStoreError", None) or RuntimeError
+    return {
+        cls: type(f"Store{cls.__name__}", (cls, base), {"__module__": __name__})
+        for cls in (errors.RendezvousError, *errors.ERROR_CLASSES.values())
+    }
+
+
+_HANDLER_ERRORS = _handler_error_classes()
+_STORE_ERRORS = _store_error_classes()
+
+
+def _translated(exc: errors.RendezvousError, table: dict[type, type]) -> BaseException:
+    cls = table.get(type(exc))
+    if cls is None:
+        return exc
+    new = cls(str(exc), exc.status)
+    new.__traceback__ = exc.__traceback__
+    return new
+
+
+def _translating(table: dict[type, type]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except errors.RendezvousError as e:
+                new = _translated(e, table)
+                if new is e:
+                    raise
+                raise new from None
+
+        return wrapper
+
+    return decorate
+
+
+_handler_errors = _translating(_HANDLER_ERRORS)
+_store_errors = _translating(_STORE_ERRORS)
+
+# -- parameters -----------------------------------------------------------------------------
+
+
+def _normalize_endpoint(endpoint: str) -> tuple[str, str | None]:
+    """``HOST[:PORT][,...]`` with the default port added and any ``http(s)://`` scheme
+    removed; returns the endpoints and the protocol the scheme implied (or None)."""
+    protocol = None
+    out = []
+    for part in (p.strip() for p in (endpoint or "").split(",")):
+        if not part:
+            continue
+        for scheme in ("http://", "https://"):
+            if part.lower().startswith(scheme):
+                protocol = scheme[:-3]
+                part = part[len(scheme):]
+        part = part.rstrip("/")
+        if part.endswith("]") or ":" not in part:  # no port (IPv6 literals are bracketed)
+            part = f"{part}:{DEFAULT_ETCD_PORT}"
+        out.append(part)
+    return ",".join(out), protocol
+
+
+def _rdzv_params(params: Any) -> Any:
+    """rdzv parameters from torch's ``RendezvousParameters`` (or anything of that shape)."""
+    endpoint, protocol = _normalize_endpoint(getattr(params, "endpoint", "") or "")
+    config = {}
+    for name, value in (getattr(params, "config", None) or {}).items():
+        if name in IGNORED_TORCH_OPTIONS:
+            log.debug("rdzv: ignoring torch rendezvous option %s=%r", name, value)
+            continue
+        config[name] = value
+    if protocol is not None:
+        config.setdefault("protocol", protocol)
+    return types.SimpleNamespace(
+        backend=BACKEND,
+        endpoint=endpoint,
+        run_id=params.run_id,
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        local_addr=getattr(params, "local_addr", None),
+        config=config,
+    )
+
+
+# -- store ----------------------------------------------------------------------------------
+
+
+def _store_timeout(timeout: Any) -> Any:
+    """c10d's timeout 0 (``kNoTimeout``) means "wait forever": the library caps it at a year."""
+    if isinstance(timeout, datetime.timedelta) and timeout == datetime.timedelta(0):
+        return float("inf")
+    return timeout
+
+
+if TORCH_AVAILABLE:
+    _StoreBase: Any = _dist.Store
+else:
+
+    class _StoreBase:  # type: ignore[no-redef]
+        pass
+
+
+class TorchStore(_StoreBase):
+    """A ``torch.distributed.Store`` (a Python subclass, which c10d supports) forwarding to a
+    round's ``rdzv.Store``. Method names of both the Python API (``num_keys``) and the C++
+    trampoline (``getNumKeys``, ``deleteKey``) are provided."""
+
+    def __init__(self, store: Store):
+        super().__init__()
+        self._rdzv_store = store
+
+    @property
+    def rdzv_store(self) -> Store:
+        return self._rdzv_store
+
+    @_store_errors
+    def set(self, key: str, value: Any) -> None:
+        self._rdzv_store.set(key, value)
+
+    @_store_errors
+    def get(self, key: str) -> bytes:
+        return self._rdzv_store.get(key)
+
+    @_store_errors
+    def add(self, key: str, value: int) -> int:
+        return self._rdzv_store.add(key, value)
+
+    @_store_errors
+    def compare_set(self, key: str, expected_value: Any, desired_value: Any) -> bytes:
+        return self._rdzv_store.compare_set(key, expected_value, desired_value)
+
+    @_store_errors
+    def check(self, keys: list[str]) -> bool:
+        return self._rdzv_store.check(keys)
+
+    @_store_errors
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        self._rdzv_store.wait(keys, _store_timeout(timeout))
+
+    @_store_errors
+    def delete_key(self, key: str) -> bool:
+        return self._rdzv_store.delete_key(key)
+
+    deleteKey = delete_key
+
+    @_store_errors
+    def num_keys(self) -> int:
+        return self._rdzv_store.num_keys()
+
+    getNumKeys = num_keys
+
+    @_store_errors
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._rdzv_store.multi_get(keys)
+
+    @_store_errors
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        self._rdzv_store.multi_set(keys, values)
+
+    @_store_errors
+    def set_timeout(self, timeout: Any) -> None:
+        timeout = _store_timeout(timeout)
+        self._rdzv_store.set_timeout(timeout)
+        base_set_timeout = getattr(_StoreBase, "set_timeout", None)
+        if base_set_timeout is not None and isinstance(timeout, datetime.timedelta):
+            base_set_timeout(self, timeout)  # keep c10d's own notion in step
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self._rdzv_store.timeout
+
+    def clone(self) -> "TorchStore":
+        return self  # the rdzv store is thread-safe
+
+    def close(self) -> None:
+        self._rdzv_store.close()
+
+
+# -- handler --------------------------------------------------------------------------------
+
+_torch_bases: tuple[type, ...] = (_api.RendezvousHandler,) if TORCH_AVAILABLE else ()
+
+
+class TorchEtcdV3RendezvousHandler(EtcdV3RendezvousHandler, *_torch_bases):  # type: ignore[misc]
+    """The handler torchrun gets for ``--rdzv-backend etcd-v3`` (see the module doc)."""
+
+    @_handler_errors
+    def __init__(self, params: Any):
+        super().__init__(_rdzv_params(params))
+
+    @_handler_errors
+    def next_rendezvous(self) -> Any:
+        info = super().next_rendezvous()
+        self.last_round = info.round
+        if not TORCH_AVAILABLE:
+            return info
+        store = TorchStore(info.store)
+        if hasattr(_api, "RendezvousInfo"):
+            boot = info.bootstrap_store_info
+            store_info = _api.RendezvousStoreInfo(boot.master_addr, boot.master_port)
+            return _api.RendezvousInfo(store, info.rank, info.world_size, store_info)
+        return store, info.rank, info.world_size  # torch < 2.4
+
+    is_closed = _handler_errors(EtcdV3RendezvousHandler.is_closed)
+    set_closed = _handler_errors(EtcdV3RendezvousHandler.set_closed)
+    num_nodes_waiting = _handler_errors(EtcdV3RendezvousHandler.num_nodes_waiting)
+    num_nodes_lost = _handler_errors(EtcdV3RendezvousHandler.num_nodes_lost)
+    cancel = _handler_errors(EtcdV3RendezvousHandler.cancel)
+
+    def shutdown(self) -> bool:
+        """Releases this node only. Unlike torch's own handlers this does not close the run:
+        one agent leaving (scale-down, preemption) must not end the job for the others. The
+        run ends when a node calls ``set_closed()``."""
+        return super().shutdown()
+
+
+def create_handler(params: Any = None) -> Any:
+    """torchrun's creator for ``etcd-v3``: ``create_handler(params)`` returns a
+    ``TorchEtcdV3RendezvousHandler`` for torch's ``RendezvousParameters``.
+    ``create_handler()`` (how torch's entry-point loader calls it) returns the creator."""
+    if params is None:
+        return create_handler
+    return TorchEtcdV3RendezvousHandler(params)
+
+
+def register() -> None:
+    """Registers ``etcd-v3`` in torch's handler registry (not needed when the package is
+    installed, since the entry point does it)."""
+    if not TORCH_AVAILABLE:
+        raise ImportError("rdzv.torch_backend.register() needs torch")
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(BACKEND, create_handler)

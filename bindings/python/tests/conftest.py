@@ -1,0 +1,139 @@
+"""Test fixtures: a real etcd (v3.4, binary on PATH) on free loopback ports, started once per
+session and ready when it says so; unique run ids; helpers that never wait without a deadline."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+PKG_ROOT = Path(__file__).resolve().parent.parent  # bindings/python
+REPO_ROOT = PKG_ROOT.parent.parent
+sys.path.insert(0, str(PKG_ROOT))
+
+import rdzv  # noqa: E402
+
+READY_TIMEOUT = 30.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    def __init__(self, data_dir: Path):
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            raise RuntimeError("etcd (v3.4) must be on PATH to run these tests")
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.name = f"rdzv-py-{os.getpid()}"
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.log: collections.deque[str] = collections.deque(maxlen=200)
+        ready = threading.Event()
+        self.proc = subprocess.Popen(
+            [
+                etcd,
+                "--name", self.name,
+                "--data-dir", str(data_dir),
+                "--listen-client-urls", client,
+                "--advertise-client-urls", client,
+                "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"{self.name}={peer}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+
+        def drain() -> None:  # keeps reading so etcd never blocks on a full pipe
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.log.append(line.rstrip())
+                if "ready to serve client requests" in line:
+                    ready.set()
+
+        threading.Thread(target=drain, name="etcd-log", daemon=True).start()
+        if not ready.wait(READY_TIMEOUT):
+            self.stop()
+            raise RuntimeError(
+                f"etcd did not report ready within {READY_TIMEOUT} s:\n" + "\n".join(self.log)
+            )
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def url(self, run_id: str, **options: object) -> str:
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"etcd://{self.endpoint}/{run_id}" + (f"?{query}" if query else "")
+
+    def params(self, run_id: str, min_nodes: int, max_nodes: int, **options: object):
+        options.setdefault("join_timeout", 30)
+        options.setdefault("connect_timeout", 5)
+        return rdzv.RendezvousParameters(
+            "etcd-v3", self.endpoint, run_id, min_nodes, max_nodes, local_addr="127.0.0.1",
+            **options,
+        )
+
+    def handler(self, run_id: str, min_nodes: int, max_nodes: int, **options: object):
+        return rdzv.EtcdV3RendezvousHandler(self.params(run_id, min_nodes, max_nodes, **options))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory):
+    server = Etcd(tmp_path_factory.mktemp("etcd") / "data")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def run_id(request: pytest.FixtureRequest) -> str:
+    """A run id unique to this test (and to this session)."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", request.node.name)[:40]
+    return f"py-{name}-{uuid.uuid4().hex[:12]}"
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
+    """Polls ``predicate`` until it returns a truthy value; fails the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def find_thread(name: str):
+    for t in threading.enumerate():
+        if t.name == name and t.is_alive():
+            return t
+    return None

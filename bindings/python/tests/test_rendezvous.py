@@ -1,0 +1,357 @@
+"""Rendezvous scenarios against a real etcd: nodes as threads and as processes, closing,
+cancelling, Ctrl-C, timeouts, late arrivals and lost members."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import PKG_ROOT, find_thread, wait_until
+from rdzv import (
+    EtcdV3RendezvousHandler,
+    RendezvousCancelledError,
+    RendezvousClosedError,
+    RendezvousShutdownError,
+    RendezvousTimeoutError,
+)
+
+T = 30  # seconds: the bound on any wait in these tests
+NODE = PKG_ROOT / "examples" / "node.py"
+
+
+def next_thread(handler):
+    """The worker thread of a next_rendezvous() running on the main thread, or None."""
+    return find_thread(f"rdzv-next:{handler.node_id}")
+
+
+def wait_for_next(handler):
+    return wait_until(lambda: next_thread(handler), T, "next_rendezvous to start")
+
+
+def test_single_node(etcd, run_id):
+    with etcd.handler(run_id, 1, 1) as h:
+        assert h.get_run_id() == run_id
+        assert h.get_backend() == "etcd-v3"
+        assert h.use_agent_store is False
+        assert h.node_id and int(h.node_id, 16) >= 0  # hex
+        assert h.num_nodes_waiting() == 0 and h.num_nodes_lost() == 0
+        assert h.is_closed() is False
+        info = h.next_rendezvous()
+        with info.store:
+            assert (info.round, info.rank, info.world_size) == (0, 0, 1)
+            assert info.bootstrap_store_info.master_addr == "127.0.0.1"  # local_addr
+            assert 0 < info.bootstrap_store_info.master_port < 65536
+        with h.next_rendezvous().store as store:  # a new round
+            assert store is not info.store
+        assert h.num_nodes_waiting() == 0
+
+
+def test_from_url(etcd, run_id):
+    url = etcd.url(run_id, min_nodes=1, max_nodes=1, local_addr="localhost", store_timeout=7)
+    with EtcdV3RendezvousHandler.from_url(url) as h:
+        assert h.get_run_id() == run_id
+        info = h.next_rendezvous()
+        with info.store:
+            assert info.bootstrap_store_info.master_addr == "localhost"
+            assert info.store.timeout.total_seconds() == 7
+
+
+def run_nodes(urls):
+    procs = [
+        subprocess.Popen([sys.executable, str(NODE), url], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for url in urls
+    ]
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=90)
+            assert p.returncode == 0, f"node failed ({p.returncode}): {out} {err}"
+            lines = out.strip().splitlines()
+            assert len(lines) == 1, out
+            results.append(json.loads(lines[0]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=T)
+    return results
+
+
+def test_nodes_as_processes(etcd, run_id):
+    n = 3
+    url = etcd.url(run_id, min_nodes=n, max_nodes=n, join_timeout=60)
+    results = run_nodes([url] * n)
+    assert sorted(r["rank"] for r in results) == list(range(n))
+    for r in results:
+        assert r["lang"] == "python"
+        assert r["world_size"] == n
+        assert r["round"] == results[0]["round"]
+        assert r["peers"] == ["python"] * n  # read every peer's value
+
+
+def test_example_reports_errors_as_json(etcd, run_id):
+    from conftest import free_port
+
+    r = subprocess.run(
+        [sys.executable, str(NODE), f"etcd://127.0.0.1:{free_port()}/{run_id}?connect_timeout=1"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 2
+    report = json.loads(r.stdout)
+    assert report["lang"] == "python" and report["error"] == "RDZV_ERR_CONNECTION"
+    r = subprocess.run([sys.executable, str(NODE)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 64 and "usage" in r.stderr
+
+
+def test_min_below_max_completes_after_last_call(etcd, run_id):
+    with etcd.handler(run_id, 2, 4, last_call_timeout=1) as a, \
+            etcd.handler(run_id, 2, 4, last_call_timeout=1) as b:
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(h.next_rendezvous) for h in (a, b)]
+            infos = [f.result(timeout=T) for f in futures]
+        elapsed = time.monotonic() - t0
+        assert sorted(i.rank for i in infos) == [0, 1]
+        assert all(i.world_size == 2 for i in infos)
+        assert infos[0].round == infos[1].round
+        assert elapsed >= 0.9, "a round below max_nodes must wait for last_call_timeout"
+        for i in infos:
+            i.store.close()
+
+
+def test_full_round_does_not_wait_for_last_call(etcd, run_id):
+    with etcd.handler(run_id, 1, 2, last_call_timeout=60) as a, \
+            etcd.handler(run_id, 1, 2, last_call_timeout=60) as b:
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(h.next_rendezvous) for h in (a, b)]
+            infos = [f.result(timeout=T) for f in futures]
+        assert time.monotonic() - t0 < T
+        assert sorted(i.rank for i in infos) == [0, 1]
+        for i in infos:
+            i.store.close()
+
+
+def test_set_closed_wakes_a_blocked_next(etcd, run_id):
+    with etcd.handler(run_id, 2, 2) as a, etcd.handler(run_id, 2, 2) as b:
+        def close_when_blocked():
+            wait_for_next(a)
+            b.set_closed()
+
+        with ThreadPoolExecutor(1) as pool:
+            closer = pool.submit(close_when_blocked)
+            t0 = time.monotonic()
+            with pytest.raises(RendezvousClosedError):
+                a.next_rendezvous()  # join_timeout is 30 s: only the close ends it sooner
+            assert time.monotonic() - t0 < 15
+            closer.result(timeout=T)
+        assert a.is_closed() and b.is_closed()
+        with pytest.raises(RendezvousClosedError):
+            b.next_rendezvous()
+
+
+def test_cancel_wakes_a_blocked_next_and_handler_stays_usable(etcd, run_id):
+    with etcd.handler(run_id, 2, 2) as a, etcd.handler(run_id, 2, 2) as b:
+        def cancel_until_returned():
+            worker = wait_for_next(a)
+            deadline = time.monotonic() + T
+            while worker.is_alive():  # a cancel before the join starts has no effect
+                assert time.monotonic() < deadline, "next_rendezvous ignored cancel()"
+                a.cancel()
+                worker.join(0.05)
+
+        with ThreadPoolExecutor(1) as pool:
+            canceller = pool.submit(cancel_until_returned)
+            t0 = time.monotonic()
+            with pytest.raises(RendezvousCancelledError):
+                a.next_rendezvous()
+            assert time.monotonic() - t0 < 15
+            canceller.result(timeout=T)
+
+        a.cancel()  # no next running: no effect
+        with ThreadPoolExecutor(1) as pool:
+            other = pool.submit(b.next_rendezvous)
+            mine = a.next_rendezvous()
+            theirs = other.result(timeout=T)
+        assert {mine.rank, theirs.rank} == {0, 1}
+        assert mine.world_size == theirs.world_size == 2
+        mine.store.close()
+        theirs.store.close()
+
+
+def test_ctrl_c_cancels_next_and_handler_stays_usable(etcd, run_id):
+    with etcd.handler(run_id, 2, 2) as a, etcd.handler(run_id, 2, 2) as b:
+        def interrupt_when_blocked():
+            wait_for_next(a)
+            _thread.interrupt_main()  # what Ctrl-C does
+
+        with ThreadPoolExecutor(1) as pool:
+            interrupter = pool.submit(interrupt_when_blocked)
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                a.next_rendezvous()
+            assert time.monotonic() - t0 < 15
+            interrupter.result(timeout=T)
+        # The join was cancelled, not abandoned: otherwise this next would fail with
+        # "another call to next is already running".
+
+        with ThreadPoolExecutor(1) as pool:
+            other = pool.submit(b.next_rendezvous)
+            mine = a.next_rendezvous()
+            theirs = other.result(timeout=T)
+        assert {mine.rank, theirs.rank} == {0, 1}
+        mine.store.close()
+        theirs.store.close()
+
+
+def test_join_timeout(etcd, run_id):
+    with etcd.handler(run_id, 2, 2, join_timeout=1) as a:
+        t0 = time.monotonic()
+        with pytest.raises(RendezvousTimeoutError):
+            a.next_rendezvous()
+        assert 0.9 <= time.monotonic() - t0 < 15
+        assert a.num_nodes_waiting() == 0  # still usable
+
+
+def test_shutdown_wakes_a_blocked_next_and_close_is_idempotent(etcd, run_id):
+    a = etcd.handler(run_id, 2, 2)
+
+    def shutdown_when_blocked():
+        wait_for_next(a)
+        return a.shutdown()
+
+    with ThreadPoolExecutor(1) as pool:
+        stopper = pool.submit(shutdown_when_blocked)
+        t0 = time.monotonic()
+        with pytest.raises(RendezvousShutdownError):
+            a.next_rendezvous()
+        assert time.monotonic() - t0 < 15
+        assert stopper.result(timeout=T) is True
+    assert a.shutdown() is True  # idempotent
+    with pytest.raises(RendezvousShutdownError):
+        a.next_rendezvous()
+    a.close()
+    a.close()
+    assert a.closed
+    for call in (a.next_rendezvous, a.is_closed, a.set_closed, a.num_nodes_waiting, a.cancel):
+        with pytest.raises(RendezvousShutdownError):
+            call()
+    assert a.get_run_id() == run_id
+
+
+def test_context_manager_closes(etcd, run_id):
+    with etcd.handler(run_id, 1, 1) as h:
+        pass
+    assert h.closed
+    with pytest.raises(RendezvousShutdownError):
+        h.num_nodes_waiting()
+
+
+def test_late_arrival_waits_and_is_admitted(etcd, run_id):
+    opts = dict(last_call_timeout=1)
+    with etcd.handler(run_id, 2, 3, **opts) as a, etcd.handler(run_id, 2, 3, **opts) as b, \
+            etcd.handler(run_id, 2, 3, **opts) as c, ThreadPoolExecutor(3) as pool:
+        first = [pool.submit(h.next_rendezvous) for h in (a, b)]
+        ia, ib = (f.result(timeout=T) for f in first)
+        assert ia.world_size == ib.world_size == 2
+
+        late = pool.submit(c.next_rendezvous)
+        wait_until(lambda: a.num_nodes_waiting() == 1, T, "a to see the late node")
+        assert a.num_nodes_waiting(include_lost=False) == 1 and a.num_nodes_lost() == 0
+        assert not late.done()
+
+        again = [pool.submit(h.next_rendezvous) for h in (a, b)]
+        ja, jb = (f.result(timeout=T) for f in again)
+        jc = late.result(timeout=T)
+        assert ja.world_size == jb.world_size == jc.world_size == 3
+        assert ja.round == jb.round == jc.round > ia.round
+        assert (ja.rank < jb.rank) == (ia.rank < ib.rank)  # survivors keep their order
+        assert jc.rank == 2
+        for info in (ia, ib, ja, jb, jc):
+            info.store.close()
+
+
+JOIN_AND_HOLD = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from rdzv import EtcdV3RendezvousHandler
+h = EtcdV3RendezvousHandler.from_url(sys.argv[1])
+info = h.next_rendezvous()
+print("joined", info.rank, flush=True)
+sys.stdin.read()  # hold the membership until killed
+"""
+
+
+def test_lost_member_counts_as_waiting(etcd, run_id):
+    url = etcd.url(run_id, min_nodes=2, max_nodes=2, lease_ttl=2, join_timeout=T)
+    peer = subprocess.Popen([sys.executable, "-c", JOIN_AND_HOLD, url, str(PKG_ROOT)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        with etcd.handler(run_id, 2, 2, lease_ttl=2) as a, ThreadPoolExecutor(2) as pool:
+            line = pool.submit(peer.stdout.readline)
+            info = a.next_rendezvous()
+            assert line.result(timeout=T).startswith("joined")
+            assert a.num_nodes_waiting() == 0
+            peer.kill()  # SIGKILL: no shutdown, the lease must expire
+            peer.wait(timeout=T)
+            wait_until(lambda: a.num_nodes_lost() == 1, T, "the dead member to be noticed")
+            assert a.num_nodes_waiting(include_lost=False) == 0
+            assert a.num_nodes_waiting() == 1  # what torch's agent polls
+            info.store.close()
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+        peer.wait(timeout=T)
+
+
+INTERRUPTED_NODE = """
+import sys, threading, time
+sys.path.insert(0, sys.argv[2])
+from rdzv import EtcdV3RendezvousHandler
+h = EtcdV3RendezvousHandler.from_url(sys.argv[1])
+name = "rdzv-next:" + h.node_id
+
+def announce():  # tells the parent once next_rendezvous is under way
+    deadline = time.monotonic() + 30
+    while not any(t.name == name for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+    print("blocked", flush=True)
+
+threading.Thread(target=announce, daemon=True).start()
+t0 = time.monotonic()
+try:
+    h.next_rendezvous()
+    print("joined", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", round(time.monotonic() - t0, 3), h.num_nodes_waiting(), flush=True)
+h.close()
+"""
+
+
+def test_real_sigint_interrupts_next(etcd, run_id):
+    import signal
+
+    url = etcd.url(run_id, min_nodes=2, max_nodes=2, join_timeout=T)
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_NODE, url, str(PKG_ROOT)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(proc.stdout.readline).result(timeout=T).strip() == "blocked"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=T)
+        assert proc.returncode == 0, err
+        assert out.startswith("interrupted"), (out, err)
+        assert float(out.split()[1]) < 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=T)
