@@ -2,8 +2,8 @@
 //!
 //! A node joins round `r` by writing one key, `r/{r}/join/{node}`, bound to its lease, in a
 //! transaction guarded by `current == r` (one round trip, no retry loop under contention).
-//! The joiner with the oldest create revision leads the round; every other joiner watches
-//! only the joiner just before it (no herd) and the round's `final` key. The leader watches
+//! The first joiner also claims the round's `leader` key in that transaction; every other
+//! joiner watches only single keys (leader, final, closed, its own). The leader watches
 //! the round's join keys and the `alive/` keys, and seals the round by writing `final` (the
 //! members in rank order) and `current = r + 1` in one transaction guarded by "final absent".
 //! So a round of N nodes costs N join writes plus one seal, and a sealed membership never

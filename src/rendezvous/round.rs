@@ -1,11 +1,11 @@
 //! Waiting for a round to be sealed, and sealing it when this node leads.
 //!
-//! Followers watch only their predecessor's join key (the etcd election recipe), so a join or a
-//! death wakes one node, not all of them. The leader (oldest live joiner) keeps the round's
-//! joiners and the run's live nodes in memory, fed by one watch, and seals when the rules in
-//! `should_seal` say so. Any doubt about the watch (etcd restarted, history compacted) sends
-//! the node back to a fresh snapshot, which is always safe because every decision is re-read
-//! from etcd state and every write is guarded by compares.
+//! Followers watch four single keys (the round's leader, final, closed and their own join key),
+//! so an arrival wakes only the leader. The leader (the node holding the round's `leader` key)
+//! keeps the round's joiners and the run's live nodes in memory, fed by one watch, and seals
+//! when the round is activated and full, or its last call is over. Any doubt about a watch
+//! (etcd restarted, history compacted) sends the node back to watch-then-read, which is always
+//! safe because every decision is re-read from etcd and every write is guarded by compares.
 
 use super::{FinalRecord, JoinRecord, Outcome, Rendezvous};
 use crate::backend::keys::Keys;
