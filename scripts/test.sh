@@ -16,6 +16,8 @@ suite() {
   if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "=== $name FAILED"; fi
 }
 
+# cargo test does not build the cdylib the C, C++, Go and Python tests load: build it first.
+cargo build --quiet
 suite "rustfmt" cargo fmt --check
 suite "clippy" cargo clippy --all-targets --quiet -- -D warnings
 suite "rust tests (unit, etcd integration, processes, C ABI, header)" cargo test
