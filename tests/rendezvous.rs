@@ -180,13 +180,18 @@ fn shutdown_and_cancel_wake_a_blocked_next() {
 fn etcd_restart_during_join_still_forms_the_round() {
     let mut etcd = Etcd::start();
     let url = etcd.url("restart", "min_nodes=3&max_nodes=3&join_timeout=60");
+    let run = url
+        .split('/')
+        .nth(3)
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_string();
     let first = node(&url);
-    let (tx, rx) = mpsc::channel();
-    let t = std::thread::spawn(move || {
-        let _ = tx.send(());
-        first.next().unwrap().0
-    });
-    rx.recv().unwrap();
+    let t = std::thread::spawn(move || first.next().unwrap().0);
+    // The first node has joined (and leads) once the round's leader key exists.
+    common::wait_for_leader(&etcd.endpoint(), &format!("/rdzv/{run}/"));
     etcd.restart();
     let others = on_threads(2, move |_| node(&url).next().unwrap().0);
     let mut infos = others;

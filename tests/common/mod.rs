@@ -138,3 +138,48 @@ pub fn on_threads<T: Send + 'static>(
         .map(|h| h.join().expect("thread panicked"))
         .collect()
 }
+
+/// Waits (by watch) until the round's leader key exists and returns the leader's node id.
+pub fn wait_for_leader(endpoint: &str, prefix: &str) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        let opts = etcd_client::GetOptions::new().with_prefix();
+        let resp = client.get(prefix, Some(opts)).await.unwrap();
+        let leader_of = |kv: &etcd_client::KeyValue| {
+            kv.key_str()
+                .unwrap()
+                .ends_with("/leader")
+                .then(|| kv.value_str().unwrap().to_string())
+        };
+        if let Some(leader) = resp.kvs().iter().find_map(leader_of) {
+            return leader;
+        }
+        let from = resp.header().unwrap().revision() + 1;
+        let wopts = etcd_client::WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from);
+        let mut stream = client.watch(prefix, Some(wopts)).await.unwrap();
+        let wait = async {
+            loop {
+                let msg = stream.message().await.unwrap().unwrap();
+                if let Some(leader) = msg
+                    .events()
+                    .iter()
+                    .filter_map(|e| e.kv())
+                    .find_map(leader_of)
+                {
+                    return leader;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .expect("no leader appeared")
+    })
+}
