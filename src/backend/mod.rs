@@ -307,6 +307,22 @@ fn read_file(option: &str, path: &str) -> Result<Vec<u8>> {
 }
 
 impl Etcd {
+    /// One range read (a key, or a prefix/count/keys-only read per `options`), retried on
+    /// transient failure.
+    pub async fn get(
+        &self,
+        deadline: Instant,
+        what: &str,
+        key: String,
+        options: etcd_client::GetOptions,
+    ) -> Result<etcd_client::GetResponse> {
+        self.call(deadline, what, move |mut c| {
+            let (key, options) = (key.clone(), options.clone());
+            async move { c.get(key, Some(options)).await }
+        })
+        .await
+    }
+
     /// One transaction, retried as a whole on transient failure. Every transaction rdzv sends
     /// is guarded by compares, so a retry after an ambiguous failure cannot apply twice.
     pub async fn txn(

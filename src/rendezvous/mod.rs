@@ -344,13 +344,15 @@ impl Rendezvous {
     /// True once any node has called `set_closed`.
     pub async fn is_closed(&self) -> Result<bool> {
         self.check_not_shut_down()?;
-        let key = self.keys.closed();
+        let options = GetOptions::new().with_count_only();
         let resp = self
             .etcd
-            .call(self.quick_deadline(), "is_closed", move |mut c| {
-                let key = key.clone();
-                async move { c.get(key, Some(GetOptions::new().with_count_only())).await }
-            })
+            .get(
+                self.quick_deadline(),
+                "is_closed",
+                self.keys.closed(),
+                options,
+            )
             .await?;
         Ok(resp.count() > 0)
     }
@@ -391,16 +393,12 @@ impl Rendezvous {
         let prefix = self.keys.join_prefix(round + 1);
         let resp = self
             .etcd
-            .call(self.quick_deadline(), "num_waiting", move |mut c| {
-                let prefix = prefix.clone();
-                async move {
-                    c.get(
-                        prefix,
-                        Some(GetOptions::new().with_prefix().with_count_only()),
-                    )
-                    .await
-                }
-            })
+            .get(
+                self.quick_deadline(),
+                "num_waiting",
+                prefix,
+                GetOptions::new().with_prefix().with_count_only(),
+            )
             .await?;
         Ok(resp.count().clamp(0, u32::MAX as i64) as u32)
     }
@@ -416,16 +414,12 @@ impl Rendezvous {
         let prefix = self.keys.alive_prefix();
         let resp = self
             .etcd
-            .call(self.quick_deadline(), "num_lost", move |mut c| {
-                let prefix = prefix.clone();
-                async move {
-                    c.get(
-                        prefix,
-                        Some(GetOptions::new().with_prefix().with_keys_only()),
-                    )
-                    .await
-                }
-            })
+            .get(
+                self.quick_deadline(),
+                "num_lost",
+                prefix,
+                GetOptions::new().with_prefix().with_keys_only(),
+            )
             .await?;
         let alive: std::collections::HashSet<&str> = resp
             .kvs()

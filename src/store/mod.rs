@@ -194,18 +194,10 @@ impl Store {
     /// Number of keys in this round's store.
     pub async fn num_keys(&self) -> Result<i64> {
         let prefix = self.prefix.clone();
+        let options = GetOptions::new().with_prefix().with_count_only();
         let resp = self
             .etcd
-            .call(self.op_deadline(), "store num_keys", move |mut c| {
-                let prefix = prefix.clone();
-                async move {
-                    c.get(
-                        prefix,
-                        Some(GetOptions::new().with_prefix().with_count_only()),
-                    )
-                    .await
-                }
-            })
+            .get(self.op_deadline(), "store num_keys", prefix, options)
             .await?;
         Ok(resp.count())
     }
