@@ -16,7 +16,7 @@ pub enum ErrorKind {
     Connection,
     /// Data under the run's prefix is corrupt or was written by something else.
     State,
-    /// The run closed while this node was left out of the round (a surplus node): not a failure.
+    /// The run closed while this node waited outside the running round (late or surplus).
     GracefulExit,
     /// The handle was shut down (possibly from another thread) during or before the call.
     Shutdown,

@@ -239,3 +239,107 @@ fn connection_error_names_the_endpoint_and_does_not_hang() {
     );
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// Raw access to the test's etcd, for planting foreign data and checking cleanup.
+fn etcd_client(etcd: &Etcd) -> (tokio::runtime::Runtime, etcd_client::Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
+        .unwrap();
+    (rt, client)
+}
+
+fn run_prefix(url: &str) -> String {
+    format!(
+        "/rdzv/{}/",
+        url.split('/').nth(3).unwrap().split('?').next().unwrap()
+    )
+}
+
+#[test]
+fn a_node_left_out_of_a_full_round_exits_gracefully_when_the_run_closes() {
+    let etcd = Etcd::start();
+    let url = etcd.url("surplus", "min_nodes=2&max_nodes=2");
+    let members = on_threads(2, {
+        let url = url.clone();
+        move |_| {
+            let n = node(&url);
+            let info = n.next().unwrap().0;
+            std::mem::forget(n); // stay alive as members of the full round
+            info
+        }
+    });
+    assert_one_world(&members);
+    let surplus = Arc::new(node(&url));
+    let (tx, rx) = mpsc::channel();
+    {
+        let surplus = surplus.clone();
+        std::thread::spawn(move || tx.send(surplus.next().map(|_| ()).unwrap_err().kind()));
+    }
+    let closer = node(&url);
+    // Wait (by watch) until the surplus node holds a join key in round 1: it is waiting.
+    common::wait_for_leader(
+        &etcd.endpoint(),
+        &format!("{}r/00000000000000000001/", run_prefix(&url)),
+    );
+    closer.set_closed().unwrap();
+    let kind = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("surplus next did not return");
+    assert_eq!(kind, ErrorKind::GracefulExit);
+}
+
+#[test]
+fn foreign_data_under_the_prefix_is_a_state_error() {
+    let etcd = Etcd::start();
+    let url = etcd.url("foreign", "min_nodes=1&max_nodes=1");
+    let (rt, mut client) = etcd_client(&etcd);
+    rt.block_on(client.put(format!("{}current", run_prefix(&url)), "not a number", None))
+        .unwrap();
+    let err = node(&url).next().map(|_| ()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::State, "{err}");
+    assert!(err.message().contains("current"), "{err}");
+}
+
+#[test]
+fn the_last_node_out_of_a_closed_run_deletes_its_rounds() {
+    let etcd = Etcd::start();
+    let url = etcd.url("cleanup", "min_nodes=2&max_nodes=2");
+    let nodes: Vec<Arc<BlockingRendezvous>> = (0..2).map(|_| Arc::new(node(&url))).collect();
+    let infos = on_threads(2, {
+        let nodes = nodes.clone();
+        move |i| nodes[i].next().unwrap().0
+    });
+    assert_one_world(&infos);
+    let (rt, mut client) = etcd_client(&etcd);
+    let count = |client: &mut etcd_client::Client, suffix: &str| {
+        let opts = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        rt.block_on(client.get(format!("{}{suffix}", run_prefix(&url)), Some(opts)))
+            .unwrap()
+            .count()
+    };
+    assert!(count(&mut client, "r/") > 0);
+    nodes[0].set_closed().unwrap();
+    nodes[0].shutdown().unwrap();
+    assert!(
+        count(&mut client, "r/") > 0,
+        "a node is still in the run: keep its data"
+    );
+    nodes[1].shutdown().unwrap();
+    assert_eq!(
+        count(&mut client, "r/"),
+        0,
+        "the last node out removes the rounds"
+    );
+    assert_eq!(
+        count(&mut client, "closed"),
+        1,
+        "the closed marker stays until it expires"
+    );
+    assert_eq!(count(&mut client, "alive/"), 0);
+}

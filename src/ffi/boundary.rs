@@ -21,7 +21,8 @@ pub enum rdzv_status_t {
     RDZV_ERR_CONNECTION = 4,
     /// Corrupt or foreign data under the run's prefix (torch: RendezvousStateError).
     RDZV_ERR_STATE = 5,
-    /// The run closed while this node was left out of a full round; not a failure
+    /// The run closed while this node waited outside the running round (it arrived late, or
+    /// a full round left it out); not a failure
     /// (torch: RendezvousGracefulExitError).
     RDZV_ERR_GRACEFUL_EXIT = 6,
     /// The handle was shut down, possibly from another thread while this call was blocked.

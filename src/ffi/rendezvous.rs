@@ -70,7 +70,7 @@ pub extern "C" fn rdzv_new(
 /// while a round is running waits (others see it in `rdzv_num_waiting`) until a member calls
 /// `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
 /// `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
-/// while this node was left out of a full round, `RDZV_ERR_SHUTDOWN` if `rdzv_shutdown` is
+/// while this node waited outside the running round (late or surplus), `RDZV_ERR_SHUTDOWN` if `rdzv_shutdown` is
 /// called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is. On success fills `*round` and, if `store` is not NULL, sets `*store` to a
 /// new handle on the round's store (free with `rdzv_store_free`; it stays usable after
 /// `rdzv_free` of this handle).

@@ -162,7 +162,11 @@ impl Rendezvous {
                 }
                 Joined::Closed => return Err(self.closed_error(left_out)),
             };
-            let outcome = round::wait_for_seal(self, round, snapshot, deadline, left_out).await?;
+            // A node that was not in the previous round is outside the running world: if the
+            // run closes while it waits, that is a graceful exit, not a failure.
+            let last_round = self.state().last.as_ref().map(|(f, _)| f.round);
+            let outside = left_out || (round > 0 && last_round != Some(round - 1));
+            let outcome = round::wait_for_seal(self, round, snapshot, deadline, outside).await?;
             match outcome {
                 Outcome::Sealed(sealed) => match sealed.rank_of(&self.node) {
                     Some(rank) => return Ok(self.member_of(sealed, rank)),
@@ -328,7 +332,7 @@ impl Rendezvous {
         if left_out {
             Error::new(
                 ErrorKind::GracefulExit,
-                "the run was closed while this node was waiting outside a full round",
+                "the run was closed while this node waited outside the running round (late or surplus)",
             )
         } else {
             Error::closed(format!("rendezvous {:?} is closed", self.params.run_id))
