@@ -1,7 +1,10 @@
 /* End-to-end test of the C ABI, compiled against include/rdzv.h and linked with the built
  * library: bad input at the boundary, then three nodes on threads forming a round and
  * exchanging values through the store.   Usage: rdzv_test ETCD_HOST:PORT RUN_ID */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +97,39 @@ done:
     return NULL;
 }
 
+/* A process that forks after using the library can make and use new handles in the child;
+ * a handle inherited from the parent refuses to work there instead of hanging. */
+static void fork_child_uses_new_handles(const char *endpoint, const char *run) {
+    char fork_url[512];
+    snprintf(fork_url, sizeof fork_url, "etcd://%s/%s-fork?min_nodes=1&max_nodes=1", endpoint, run);
+    rdzv_params_t *p = NULL;
+    rdzv_t *parent = NULL;
+    CHECK(rdzv_params_from_url(fork_url, &p, NULL) == RDZV_OK, "fork params");
+    CHECK(rdzv_new(p, &parent, NULL) == RDZV_OK, "parent handle");
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        rdzv_round_t r;
+        if (rdzv_next(parent, &r, NULL, NULL) != RDZV_ERR_INVALID_ARGUMENT) _exit(10);
+        rdzv_t *child = NULL;
+        if (rdzv_new(p, &child, NULL) != RDZV_OK) _exit(11);
+        if (rdzv_next(child, &r, NULL, NULL) != RDZV_OK) _exit(12);
+        if (r.world_size != 1 || r.rank != 0) _exit(13);
+        if (rdzv_shutdown(child, NULL) != RDZV_OK) _exit(14);
+        rdzv_free(child);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "forked child failed with code %d",
+          WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    /* The parent's handle still works after the fork. */
+    rdzv_round_t r;
+    CHECK(rdzv_next(parent, &r, NULL, NULL) == RDZV_OK, "parent next after fork");
+    rdzv_free(parent);
+    rdzv_params_free(p);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) { fprintf(stderr, "usage: %s HOST:PORT RUN_ID\n", argv[0]); return 64; }
     snprintf(url, sizeof url, "etcd://%s/%s?min_nodes=%d&max_nodes=%d", argv[1], argv[2], NODES, NODES);
@@ -120,6 +156,7 @@ int main(int argc, char **argv) {
         }
     }
     for (int r = 0; r < NODES; r++) CHECK(seen[r] == 1, "rank %d taken %d times", r, seen[r]);
+    fork_child_uses_new_handles(argv[1], argv[2]);
     printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);
     return failures ? 1 : 0;
 }
