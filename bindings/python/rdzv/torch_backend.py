@@ -15,8 +15,10 @@ Differences from the torch-free ``EtcdV3RendezvousHandler``, to behave like torc
 * ``next_rendezvous`` returns torch's ``RendezvousInfo`` whose store is a
   ``torch.distributed.Store`` (``TorchStore``) forwarding to the round's store;
 * errors are torch's exception classes (and also rdzv's);
-* ``shutdown()`` closes the run for every node before releasing this one, as torch's
-  ``DynamicRendezvousHandler.shutdown`` does (torchrun calls it when the job ends);
+* ``shutdown()`` releases this node without closing the run, unlike torch's
+  ``DynamicRendezvousHandler.shutdown``: one agent leaving must not end the job for the others;
+* ``num_nodes_waiting()`` counts waiting and lost nodes, so the agent re-rendezvouses when a
+  member dies;
 * ``--rdzv-endpoint`` may omit the port (2379) and may start with ``http://``/``https://``;
 * torch-specific ``--rdzv-conf`` keys that do not apply (``is_host``, ``read_timeout``...) are
   ignored; torchrun's ``timeout`` is rdzv's ``join_timeout``.
