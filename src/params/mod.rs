@@ -323,8 +323,9 @@ pub(crate) fn parse_seconds(name: &str, value: &str) -> Result<Duration> {
     } else {
         None
     };
-    match secs {
-        Some(s) if Duration::from_secs_f64(s) <= MAX_TIMEOUT => Ok(Duration::from_secs_f64(s)),
+    // try_from: a 40-digit number must be an error, not a panic.
+    match secs.and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+        Some(d) if d <= MAX_TIMEOUT => Ok(d),
         _ => Err(Error::invalid(format!(
             "option {name}: expected a number of seconds between 0 and {} (e.g. 30 or 0.5), got {value:?}",
             MAX_TIMEOUT.as_secs()

@@ -77,3 +77,82 @@ fn debug_output_hides_secrets() {
         "{shown}"
     );
 }
+
+/// A small property test: URLs spliced from valid and hostile fragments never panic, and every
+/// failure is an invalid-argument error with a message.
+#[test]
+fn spliced_urls_never_panic() {
+    const PIECES: &[&str] = &[
+        "etcd://",
+        "etcds://",
+        "http://",
+        "h",
+        ":",
+        "2379",
+        "99999",
+        ",",
+        "/",
+        "job",
+        "%",
+        "%2F",
+        "%zz",
+        "?",
+        "&",
+        "=",
+        "min_nodes",
+        "max_nodes",
+        "nnodes",
+        "1",
+        "0",
+        ":",
+        "-1",
+        "4294967296",
+        "last_call_timeout",
+        "0.5",
+        "1e9",
+        ".",
+        "protocol",
+        "https",
+        "cacert",
+        "[::1]",
+        "@",
+        "+",
+        "\u{0}",
+        "é",
+        " ",
+        "join_timeout",
+        "99999999999",
+        "key_prefix",
+        "x",
+    ];
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for _ in 0..50_000 {
+        let len = (next() % 16) as usize;
+        let url: String = (0..len)
+            .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+            .collect();
+        if let Err(e) = Params::from_url(&url) {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{url:?}: {e}");
+            assert!(!e.message().is_empty());
+        }
+    }
+}
+
+#[test]
+fn absurd_numbers_are_rejected_not_panicked_on() {
+    let huge = "9".repeat(40);
+    assert!(invalid(Params::from_url(&format!(
+        "etcd://h:1/j?join_timeout={huge}"
+    )))
+    .contains("join_timeout"));
+    assert!(
+        invalid(Params::from_url(&format!("etcd://h:1/j?min_nodes={huge}"))).contains("min_nodes")
+    );
+    assert!(invalid(Params::from_url("etcd://h:1/j?join_timeout=1..2")).contains("join_timeout"));
+}
