@@ -149,3 +149,88 @@ fn a_leader_killed_before_the_round_completes_is_replaced() {
     assert_eq!(follower.finish(), 0);
     assert_eq!(last.finish(), 0);
 }
+
+/// Waits (by watch) until the number of keys under `prefix` satisfies `done`.
+fn wait_for_keys(endpoint: &str, prefix: &str, done: impl Fn(usize) -> bool) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        let opts = etcd_client::WatchOptions::new().with_prefix();
+        let mut stream = client.watch(prefix, Some(opts)).await.unwrap();
+        let wait = async {
+            loop {
+                let count_opts = etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only();
+                let count = client.get(prefix, Some(count_opts)).await.unwrap().count();
+                if done(count as usize) {
+                    return;
+                }
+                stream.message().await.unwrap().unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .expect("key count never matched")
+    })
+}
+
+fn joiners_of_round_0(url: &str) -> String {
+    let run = url.split('/').nth(3).unwrap().split('?').next().unwrap();
+    format!("/rdzv/{run}/r/00000000000000000000/join/")
+}
+
+#[test]
+fn a_member_killed_during_the_last_call_is_left_out() {
+    let etcd = Etcd::start();
+    // min 2 reached at once; the last call (4 s) outlasts the dead node's lease (2 s).
+    let url = etcd.url(
+        "lastcall-kill",
+        "min_nodes=2&max_nodes=4&last_call_timeout=4&lease_ttl=2",
+    );
+    let mut nodes: Vec<Node> = (0..3).map(|_| Node::spawn(&url, &[])).collect();
+    wait_for_keys(&etcd.endpoint(), &joiners_of_round_0(&url), |n| n == 3);
+    let mut victim = nodes.remove(1);
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    let lines: Vec<Value> = nodes.iter().map(|n| n.line(60)).collect();
+    assert_eq!(ranks(&lines), (0..2).collect(), "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l["world_size"] == 2),
+        "the killed node must not be a member: {lines:?}"
+    );
+    for n in nodes {
+        assert_eq!(n.finish(), 0);
+    }
+}
+
+#[test]
+fn below_min_nodes_the_survivors_wait_for_replacements() {
+    let etcd = Etcd::start();
+    let url = etcd.url("below-min", "min_nodes=3&max_nodes=3&lease_ttl=2");
+    let mut first: Vec<Node> = (0..2).map(|_| Node::spawn(&url, &[])).collect();
+    wait_for_keys(&etcd.endpoint(), &joiners_of_round_0(&url), |n| n == 2);
+    let mut victim = first.remove(0);
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    // Until its lease expires a killed node is indistinguishable from a slow one; wait for
+    // etcd to drop it so the newcomers cannot be sealed together with it.
+    wait_for_keys(&etcd.endpoint(), &joiners_of_round_0(&url), |n| n == 1);
+    // One survivor cannot form a round of 3; two newcomers complete it without the dead node.
+    let late: Vec<Node> = (0..2).map(|_| Node::spawn(&url, &[])).collect();
+    let all: Vec<Node> = first.into_iter().chain(late).collect();
+    let lines: Vec<Value> = all.iter().map(|n| n.line(60)).collect();
+    assert_eq!(ranks(&lines), (0..3).collect(), "{lines:?}");
+    let victim_pid = victim.child.id();
+    assert!(lines
+        .iter()
+        .all(|l| l["pid"] != victim_pid && l["world_size"] == 3));
+    for n in all {
+        assert_eq!(n.finish(), 0);
+    }
+}
