@@ -118,3 +118,58 @@ fn a_hundred_rounds_in_a_row_keep_ranks_unique_and_agreed() {
         }
     }
 }
+
+#[test]
+fn an_etcd_restart_between_rounds_loses_no_round_and_no_store_value() {
+    let mut etcd = Etcd::start();
+    let url = etcd.url("restart-complete", "min_nodes=2&max_nodes=2");
+    let barrier = Arc::new(Barrier::new(2));
+    let (restart_tx, restart_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let restart_tx = Arc::new(std::sync::Mutex::new(Some(restart_tx)));
+    let done_rx = Arc::new(std::sync::Mutex::new(done_rx));
+    let workers = {
+        let url = url.clone();
+        let barrier = barrier.clone();
+        (0..2)
+            .map(|_| {
+                let (url, barrier, restart_tx, done_rx) = (
+                    url.clone(),
+                    barrier.clone(),
+                    restart_tx.clone(),
+                    done_rx.clone(),
+                );
+                std::thread::spawn(move || {
+                    let me = node(&url);
+                    let (first, store) = me.next().unwrap();
+                    store.set(&format!("from/{}", first.rank), b"kept").unwrap();
+                    // Both wrote; one asks the test to restart etcd, both wait for it.
+                    if barrier.wait().is_leader() {
+                        restart_tx.lock().unwrap().take().unwrap().send(()).unwrap();
+                        done_rx.lock().unwrap().recv().unwrap();
+                    }
+                    barrier.wait();
+                    let other = 1 - first.rank;
+                    let kept = store
+                        .get(&format!("from/{other}"), Some(Duration::from_secs(30)))
+                        .unwrap();
+                    let (second, _) = me.next().unwrap();
+                    (first, second, kept)
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    restart_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    etcd.restart();
+    done_tx.send(()).unwrap();
+    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    for (first, second, kept) in &results {
+        assert_eq!(kept, b"kept", "store values survive the restart");
+        assert_eq!(first.round, 0);
+        assert_eq!(
+            second.round, 1,
+            "no round lost or duplicated across the restart"
+        );
+        assert_eq!(second.rank, first.rank, "ranks stay stable");
+    }
+}
