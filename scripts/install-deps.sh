@@ -8,6 +8,9 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v cmake >/dev/null || need+=(cmake)
 command -v c++ >/dev/null || need+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+command -v valgrind >/dev/null || need+=(valgrind)
+command -v openssl >/dev/null || need+=(openssl)
+command -v ip >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"

@@ -78,3 +78,29 @@ fn c_example_nodes_exchange_values() {
         assert!(line.contains("\"peers\":[\"c\",\"c\"]"), "{line}");
     }
 }
+
+#[test]
+fn c_program_is_clean_under_valgrind() {
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: valgrind is not installed");
+        return;
+    }
+    let etcd = Etcd::start();
+    let exe = compile("tests/c/rdzv_test.c", "rdzv_c_test_valgrind");
+    let out = Command::new("valgrind")
+        .args(["-q", "--error-exitcode=9", "--leak-check=full"])
+        .args(["--errors-for-leak-kinds=definite", "--show-leak-kinds=definite"])
+        .arg(exe)
+        .args([etcd.endpoint(), "c-valgrind".into()])
+        // The forked child deliberately leaks the parent's runtime; the fork case runs above.
+        .env("RDZV_TEST_NO_FORK", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "memory errors or leaks under valgrind:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("1 passed, 0 failed"));
+}
