@@ -1,0 +1,104 @@
+//! Scale: many nodes in one process against one local etcd. Prints the time and etcd's write
+//! count (speed is reported, not asserted: machines are shared); asserts correctness.
+
+mod common;
+
+use common::Etcd;
+use rdzv::{Params, Rendezvous};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Creates `n` handles, releases them into `next` together, checks one world, and returns the
+/// time from the release to the last return and the number of etcd writes for the round.
+fn one_round(etcd: &Etcd, n: usize) -> (Duration, i64) {
+    let url = etcd.url(
+        "scale",
+        &format!("min_nodes={n}&max_nodes={n}&join_timeout=120"),
+    );
+    let params = Params::from_url(&url).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut nodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            nodes.push(Arc::new(Rendezvous::new(params.clone()).await.unwrap()));
+        }
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        let before = client
+            .get("/", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        // All tasks wait on one barrier, so every call of next starts within a scheduler tick.
+        let barrier = Arc::new(tokio::sync::Barrier::new(n + 1));
+        let tasks: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                let (node, barrier) = (node.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    node.next().await.map(|(info, _)| info)
+                })
+            })
+            .collect();
+        barrier.wait().await;
+        let released = Instant::now();
+        let mut infos = Vec::with_capacity(n);
+        for t in tasks {
+            infos.push(t.await.unwrap().unwrap());
+        }
+        let elapsed = released.elapsed();
+        let after = client
+            .get("/", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let ranks: BTreeSet<u32> = infos.iter().map(|i| i.rank).collect();
+        assert_eq!(ranks.len(), n, "ranks must be unique");
+        assert_eq!(ranks, (0..n as u32).collect());
+        assert!(infos
+            .iter()
+            .all(|i| i.world_size as usize == n && i.round == infos[0].round));
+        for node in &nodes {
+            node.shutdown().await.unwrap();
+        }
+        (elapsed, after - before)
+    })
+}
+
+#[test]
+fn a_burst_of_256_and_a_round_of_1024_nodes() {
+    // A thousand handles share one connection, but the test process still needs descriptors.
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    let etcd = Etcd::start();
+    for n in [256, 1024] {
+        let (time, writes) = one_round(&etcd, n);
+        println!(
+            "scale: N={n} formed in {:.0} ms with {writes} etcd writes",
+            time.as_secs_f64() * 1e3
+        );
+        assert_eq!(
+            writes,
+            n as i64 + 1,
+            "a round of N costs N joins and one seal"
+        );
+    }
+}
