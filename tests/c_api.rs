@@ -89,7 +89,10 @@ fn c_program_is_clean_under_valgrind() {
     let exe = compile("tests/c/rdzv_test.c", "rdzv_c_test_valgrind");
     let out = Command::new("valgrind")
         .args(["-q", "--error-exitcode=9", "--leak-check=full"])
-        .args(["--errors-for-leak-kinds=definite", "--show-leak-kinds=definite"])
+        .args([
+            "--errors-for-leak-kinds=definite",
+            "--show-leak-kinds=definite",
+        ])
         .arg(exe)
         .args([etcd.endpoint(), "c-valgrind".into()])
         // The forked child deliberately leaks the parent's runtime; the fork case runs above.
