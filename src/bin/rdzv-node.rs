@@ -57,8 +57,7 @@ fn error_line(e: &Error) -> String {
     json!({ "error": format!("{:?}", e.kind()), "message": e.message() }).to_string()
 }
 
-fn run(o: &Options) -> Result<(), Error> {
-    let rdzv = BlockingRendezvous::new(Params::from_url(&o.url)?)?;
+fn take_part(rdzv: &BlockingRendezvous, o: &Options) -> Result<(), Error> {
     for i in 0..o.rounds {
         let (info, store) = rdzv.next()?;
         let mut line = json!({
@@ -110,8 +109,18 @@ fn main() {
             std::process::exit(64);
         }
     };
-    if let Err(e) = run(&options) {
+    let fail = |e: Error| -> ! {
         println!("{}", error_line(&e));
+        std::process::exit(2);
+    };
+    let params = Params::from_url(&options.url).unwrap_or_else(|e| fail(e));
+    let rdzv = BlockingRendezvous::new(params).unwrap_or_else(|e| fail(e));
+    // Report a failure before shutting down: shutdown may take up to close_timeout when etcd
+    // is unreachable, and whoever reads this output should not wait for that.
+    if let Err(e) = take_part(&rdzv, &options) {
+        println!("{}", error_line(&e));
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        let _ = rdzv.shutdown();
         std::process::exit(2);
     }
 }

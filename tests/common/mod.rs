@@ -183,3 +183,338 @@ pub fn wait_for_leader(endpoint: &str, prefix: &str) -> String {
             .expect("no leader appeared")
     })
 }
+
+/// A multi-member etcd cluster on this machine: every member on its own free client and peer
+/// ports with its own temporary data directory, all started together (a member reports ready
+/// only once the cluster has a quorum and a leader), each killed on drop.
+pub struct EtcdCluster {
+    members: Vec<EtcdMember>,
+    /// Addresses every member serves clients on; the first is 127.0.0.1.
+    client_hosts: Vec<String>,
+}
+
+struct EtcdMember {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    data_dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl EtcdCluster {
+    /// `n` members serving clients on 127.0.0.1.
+    pub fn start(n: usize) -> EtcdCluster {
+        EtcdCluster::start_on(n, &[])
+    }
+
+    /// `n` members serving clients on 127.0.0.1 and also on each of `extra_hosts` (addresses
+    /// of this machine, such as the host side of a veth pair).
+    pub fn start_on(n: usize, extra_hosts: &[&str]) -> EtcdCluster {
+        let tag = format!(
+            "rdzv-cluster-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let members: Vec<EtcdMember> = (0..n)
+            .map(|i| {
+                let name = format!("{tag}-m{i}");
+                let data_dir = std::env::temp_dir().join(&name);
+                let _ = std::fs::remove_dir_all(&data_dir);
+                EtcdMember {
+                    name,
+                    client_port: free_port(),
+                    peer_port: free_port(),
+                    data_dir,
+                    child: None,
+                }
+            })
+            .collect();
+        let mut client_hosts = vec!["127.0.0.1".to_string()];
+        client_hosts.extend(extra_hosts.iter().map(|h| h.to_string()));
+        let mut cluster = EtcdCluster {
+            members,
+            client_hosts,
+        };
+        let initial_cluster = cluster
+            .members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut ready = Vec::new();
+        for i in 0..n {
+            let member = &cluster.members[i];
+            let clients = cluster
+                .client_hosts
+                .iter()
+                .map(|h| format!("http://{h}:{}", member.client_port))
+                .collect::<Vec<_>>()
+                .join(",");
+            let peer = format!("http://127.0.0.1:{}", member.peer_port);
+            let mut child = Command::new("etcd")
+                .args(["--name", &member.name, "--data-dir"])
+                .arg(&member.data_dir)
+                .args([
+                    "--listen-client-urls",
+                    &clients,
+                    "--advertise-client-urls",
+                    &clients,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer,
+                    "--initial-advertise-peer-urls",
+                    &peer,
+                ])
+                .args(["--initial-cluster", &initial_cluster])
+                .args(["--initial-cluster-state", "new"])
+                .args(["--initial-cluster-token", &tag])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("etcd must be installed (Debian package etcd-server)");
+            let stderr = child.stderr.take().unwrap();
+            let (ready_tx, ready_rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if line.contains("ready to serve client requests") {
+                        let _ = ready_tx.send(());
+                    }
+                }
+            });
+            cluster.members[i].child = Some(child);
+            ready.push(ready_rx);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        for (i, r) in ready.iter().enumerate() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            r.recv_timeout(left)
+                .unwrap_or_else(|_| panic!("etcd member {i} did not report ready within 30 s"));
+        }
+        cluster
+    }
+
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
+    /// `127.0.0.1:port` of member `i`.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// Member `i`'s client endpoint on `host` (one of the hosts it was started on).
+    pub fn endpoint_on(&self, host: &str, i: usize) -> String {
+        assert!(
+            self.client_hosts.iter().any(|h| h == host),
+            "etcd does not serve on {host}"
+        );
+        format!("{host}:{}", self.members[i].client_port)
+    }
+
+    /// A rendezvous URL naming every member on 127.0.0.1, with a unique run id.
+    pub fn url(&self, run: &str, query: &str) -> String {
+        self.url_on("127.0.0.1", run, query)
+    }
+
+    /// A rendezvous URL naming every member on `host`, with a unique run id.
+    pub fn url_on(&self, host: &str, run: &str, query: &str) -> String {
+        let endpoints = (0..self.member_count())
+            .map(|i| self.endpoint_on(host, i))
+            .collect::<Vec<_>>()
+            .join(",");
+        format!(
+            "etcd://{endpoints}/{run}-{}?{query}",
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// SIGKILL member `i`, as a crash would.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The index of the raft leader, asking every running member for its status (each within
+    /// 5 s): the leader is the member whose reported leader is its own member id.
+    pub fn raft_leader(&self) -> usize {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut leaders = Vec::new();
+        for (i, m) in self.members.iter().enumerate() {
+            if m.child.is_none() {
+                continue;
+            }
+            let endpoint = self.endpoint(i);
+            let status = rt.block_on(async {
+                let ask = async {
+                    let mut c = etcd_client::Client::connect([endpoint.as_str()], None).await?;
+                    c.status().await
+                };
+                tokio::time::timeout(Duration::from_secs(5), ask).await
+            });
+            let status = status
+                .unwrap_or_else(|_| panic!("member {i} did not answer status within 5 s"))
+                .unwrap_or_else(|e| panic!("member {i} status failed: {e}"));
+            let own = status.header().expect("status has a header").member_id();
+            if status.leader() == own {
+                leaders.push(i);
+            }
+        }
+        assert_eq!(
+            leaders.len(),
+            1,
+            "exactly one member must be the raft leader"
+        );
+        leaders[0]
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+            let _ = std::fs::remove_dir_all(&self.members[i].data_dir);
+        }
+    }
+}
+
+/// Waits (by watch, at most 30 s) until the number of keys under `prefix` satisfies `done`.
+pub fn wait_for_key_count(endpoint: &str, prefix: &str, done: impl Fn(usize) -> bool) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        let opts = etcd_client::WatchOptions::new().with_prefix();
+        let mut stream = client.watch(prefix, Some(opts)).await.unwrap();
+        let wait = async {
+            loop {
+                let count_opts = etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only();
+                let count = client.get(prefix, Some(count_opts)).await.unwrap().count();
+                if done(count as usize) {
+                    return;
+                }
+                stream.message().await.unwrap().unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .expect("key count never matched")
+    })
+}
+
+/// A network namespace joined to this one by a veth pair with a private /30: the host side
+/// is `host_addr`, the namespace side `ns_addr`. Traffic never leaves the machine. The link can
+/// be cut (`cut`) to partition whatever runs inside. Removed on drop, even after a failure.
+pub struct NetNs {
+    pub name: String,
+    host_veth: String,
+    pub host_addr: String,
+    pub ns_addr: String,
+    created_ns: bool,
+    created_veth: bool,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl NetNs {
+    /// Creates the namespace and veth pair, or says why it could not (no root, no netns
+    /// support in this sandbox). Names and the /30 are derived from the pid, so concurrent
+    /// runs do not collide.
+    pub fn create() -> Result<NetNs, String> {
+        let pid = std::process::id();
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        // 10.213.0.0/16 split into /30s: 16384 of them, chosen by pid and sequence.
+        let block = (pid.wrapping_mul(7).wrapping_add(seq)) % 16384;
+        let (third, fourth) = (block / 64, (block % 64) * 4);
+        let mut ns = NetNs {
+            name: format!("rdzv-{pid}-{seq}"),
+            // Interface names are limited to 15 bytes.
+            host_veth: format!("rz{}h{seq}", pid % 10_000_000),
+            host_addr: format!("10.213.{third}.{}", fourth + 1),
+            ns_addr: format!("10.213.{third}.{}", fourth + 2),
+            created_ns: false,
+            created_veth: false,
+        };
+        let ns_veth = format!("rz{}n{seq}", pid % 10_000_000);
+        ip(&["netns", "add", &ns.name])?;
+        ns.created_ns = true;
+        ip(&[
+            "link",
+            "add",
+            &ns.host_veth,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &ns_veth,
+        ])?;
+        ns.created_veth = true;
+        ip(&["link", "set", &ns_veth, "netns", &ns.name])?;
+        let host_cidr = format!("{}/30", ns.host_addr);
+        let ns_cidr = format!("{}/30", ns.ns_addr);
+        ip(&["addr", "add", &host_cidr, "dev", &ns.host_veth])?;
+        ip(&["link", "set", &ns.host_veth, "up"])?;
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", ns.name.as_str(), "ip"];
+            all.extend_from_slice(args);
+            ip(&all)
+        };
+        inside(&["addr", "add", &ns_cidr, "dev", &ns_veth])?;
+        inside(&["link", "set", &ns_veth, "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// A command that runs `program` inside the namespace.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(program);
+        c
+    }
+
+    /// Cuts the namespace off: the host side of the veth goes down, so nothing passes either
+    /// way (no resets, no errors: packets are simply not delivered).
+    pub fn cut(&self) {
+        ip(&["link", "set", &self.host_veth, "down"]).expect("cannot cut the veth link");
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        if self.created_veth {
+            // Deleting one end deletes the pair (the other end may already be gone with the
+            // namespace).
+            let _ = ip(&["link", "del", &self.host_veth]);
+        }
+        if self.created_ns {
+            let _ = ip(&["netns", "del", &self.name]);
+        }
+    }
+}

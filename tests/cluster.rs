@@ -1,0 +1,255 @@
+//! Faults of the etcd cluster and of the network, with real `rdzv-node` processes: the raft
+//! leader of a three-member etcd cluster dies while nodes are blocked in their join, and one
+//! node is cut off from etcd by a network partition (a network namespace whose veth link is
+//! taken down).
+
+mod common;
+
+use common::{EtcdCluster, NetNs};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const NODE_BIN: &str = env!("CARGO_BIN_EXE_rdzv-node");
+
+/// An `rdzv-node` process whose JSON lines arrive on a channel; killed on drop so a failed
+/// test leaves nothing running.
+struct Node {
+    child: Child,
+    lines: mpsc::Receiver<Value>,
+}
+
+impl Node {
+    fn spawn(url: &str, args: &[&str]) -> Node {
+        Node::spawn_command(Command::new(NODE_BIN), url, args)
+    }
+
+    fn spawn_command(mut command: Command, url: &str, args: &[&str]) -> Node {
+        let mut child = command
+            .arg(url)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(serde_json::from_str(&line).expect("rdzv-node prints JSON"));
+            }
+        });
+        Node { child, lines }
+    }
+
+    /// The next JSON line, waiting at most `secs`.
+    fn line(&self, secs: u64) -> Value {
+        self.lines
+            .recv_timeout(Duration::from_secs(secs))
+            .unwrap_or_else(|e| panic!("node printed nothing within {secs} s ({e})"))
+    }
+
+    /// Waits at most `secs` for the process to exit (printing nothing more) and returns its
+    /// exit code.
+    fn finish(mut self, secs: u64) -> i32 {
+        // The stdout reader hangs up when the process closes stdout, i.e. when it exits.
+        match self.lines.recv_timeout(Duration::from_secs(secs)) {
+            Err(mpsc::RecvTimeoutError::Disconnected) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("node did not exit within {secs} s"),
+            Ok(line) => panic!("node printed more than expected: {line}"),
+        }
+        self.child.wait().unwrap().code().unwrap_or(-1)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn run_of(url: &str) -> String {
+    let path = url.split('/').nth(3).unwrap();
+    path.split('?').next().unwrap().to_string()
+}
+
+fn joiners_of_round(url: &str, round: u64) -> String {
+    format!("/rdzv/{}/r/{round:020}/join/", run_of(url))
+}
+
+/// Asserts the lines are one round: ranks exactly 0..n, and everyone agrees on round, world
+/// size and master.
+fn assert_one_world(lines: &[Value]) {
+    let ranks: BTreeSet<u64> = lines
+        .iter()
+        .map(|l| {
+            l["rank"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("a round line: {l}"))
+        })
+        .collect();
+    assert_eq!(
+        ranks,
+        (0..lines.len() as u64).collect(),
+        "ranks must be 0..n, unique: {lines:?}"
+    );
+    for l in lines {
+        assert_eq!(l["world_size"], lines.len(), "{lines:?}");
+        assert_eq!(
+            (&l["round"], &l["master_addr"], &l["master_port"]),
+            (
+                &lines[0]["round"],
+                &lines[0]["master_addr"],
+                &lines[0]["master_port"]
+            ),
+            "every member must see the same round: {lines:?}"
+        );
+    }
+}
+
+/// Three nodes, min = max = 3, all given the three endpoints. `early` of them join and block;
+/// then the raft leader of etcd is SIGKILLed and the rest arrive. The round must form on
+/// the two surviving etcd members, and its store must work.
+fn round_survives_the_death_of_the_etcd_leader(early: usize) {
+    let mut cluster = EtcdCluster::start(3);
+    let url = cluster.url("etcd-leader", "min_nodes=3&max_nodes=3&join_timeout=60");
+    let mut nodes: Vec<Node> = (0..early)
+        .map(|_| Node::spawn(&url, &["--exchange"]))
+        .collect();
+    // Blocked in their join: every early node's join key is in etcd.
+    common::wait_for_key_count(&cluster.endpoint(0), &joiners_of_round(&url, 0), |n| {
+        n == early
+    });
+    let victim = cluster.raft_leader();
+    cluster.kill(victim);
+    let killed_at = Instant::now();
+    nodes.extend((early..3).map(|_| Node::spawn(&url, &["--exchange"])));
+    let lines: Vec<Value> = nodes.iter().map(|n| n.line(60)).collect();
+    eprintln!(
+        "round formed {:.1} s after the etcd leader (member {victim}) was killed",
+        killed_at.elapsed().as_secs_f64()
+    );
+    assert_one_world(&lines);
+    assert_eq!(lines[0]["round"], 0, "{lines:?}");
+    // The store, after the failover: every rank read every other rank's id, and concurrent
+    // adds each saw a distinct total.
+    let mut adds = BTreeSet::new();
+    for l in &lines {
+        assert_eq!(l["peers_read"], 3, "{l}");
+        assert_eq!(l["own_id_ok"], true, "{l}");
+        adds.insert(l["add_result"].as_i64().unwrap());
+    }
+    assert_eq!(adds, (1..=3).collect(), "{lines:?}");
+    for n in nodes {
+        assert_eq!(n.finish(30), 0);
+    }
+}
+
+#[test]
+fn round_forms_when_the_etcd_leader_dies_with_one_node_joined() {
+    round_survives_the_death_of_the_etcd_leader(1);
+}
+
+#[test]
+fn round_forms_when_the_etcd_leader_dies_with_two_nodes_joined() {
+    round_survives_the_death_of_the_etcd_leader(2);
+}
+
+#[test]
+fn a_partitioned_node_is_dropped_and_gets_an_error() {
+    let ns = match NetNs::create() {
+        Ok(ns) => ns,
+        Err(why) => {
+            // Straight to stderr, past libtest's capture, so the skip shows in every run.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED a_partitioned_node_is_dropped_and_gets_an_error: \
+                 cannot create a network namespace here ({why})"
+            );
+            return;
+        }
+    };
+    let etcd = EtcdCluster::start_on(1, &[&ns.host_addr]);
+    // lease_ttl=2: the cut-off node is dropped within about 2 s. min_nodes=2 lets the
+    // survivors re-form without it. connect_timeout and close_timeout bound how long the
+    // cut-off node takes to give up. The last call is long enough for the three first
+    // nodes to make one round, short enough to keep the test quick.
+    let query =
+        "min_nodes=2&max_nodes=3&last_call_timeout=2&lease_ttl=2&connect_timeout=3&join_timeout=10&close_timeout=3";
+    let url = etcd.url("partition", query);
+    let inside_url = url.replacen("127.0.0.1", &ns.host_addr, 1);
+    let args = ["--rounds", "2", "--follow"];
+
+    // The node in the namespace joins first (and so leads round 0): proof that it reaches
+    // etcd across the veth.
+    let inside = Node::spawn_command(ns.command(NODE_BIN), &inside_url, &args);
+    common::wait_for_leader(&etcd.endpoint(0), &format!("/rdzv/{}/", run_of(&url)));
+    let outside: Vec<Node> = (0..2).map(|_| Node::spawn(&url, &args)).collect();
+    let first: Vec<Value> = std::iter::once(&inside)
+        .chain(&outside)
+        .map(|n| n.line(30))
+        .collect();
+    assert_one_world(&first);
+    let inside_id = first[0]["node"].clone();
+
+    ns.cut();
+    let cut_at = Instant::now();
+
+    // The survivors notice the loss within about the lease TTL...
+    for n in &outside {
+        let change = n.line(15);
+        assert_eq!(change["event"], "change", "{change}");
+        assert_eq!(change["lost"], 1, "the cut-off node must be lost: {change}");
+    }
+    let noticed = cut_at.elapsed();
+    // ...and form a round of two without it.
+    let second: Vec<Value> = outside.iter().map(|n| n.line(30)).collect();
+    let formed = cut_at.elapsed();
+    assert_one_world(&second);
+    assert_eq!(second[0]["round"], 1, "{second:?}");
+    assert!(
+        second.iter().all(|l| l["node"] != inside_id),
+        "the cut-off node must not be a member: {second:?}"
+    );
+
+    // The cut-off node cannot reach etcd: it reports an error and exits 2, instead of
+    // claiming a place in any later round.
+    let error = inside.line(15);
+    let failed = cut_at.elapsed();
+    eprintln!(
+        "after the cut: loss noticed in {:.1} s, round of 2 in {:.1} s, \
+         cut-off node failed in {:.1} s with {error}",
+        noticed.as_secs_f64(),
+        formed.as_secs_f64(),
+        failed.as_secs_f64()
+    );
+    assert!(
+        error.get("rank").is_none() && error.get("event").is_none(),
+        "the cut-off node must not report a round or a change: {error}"
+    );
+    assert!(
+        error["error"] == "Connection" || error["error"] == "LeaseLost",
+        "expected a connection error: {error}"
+    );
+    assert!(
+        noticed < Duration::from_secs(8),
+        "the loss must be noticed within about lease_ttl: {noticed:?}"
+    );
+    // num_waiting gives up after connect_timeout (3 s); rdzv-node prints the error once its
+    // handle is dropped, and the drop's shutdown tries to revoke the lease for up to
+    // close_timeout (3 s) more. Without close_timeout=3 the default 30 s would apply here.
+    assert!(
+        failed < Duration::from_secs(3 + 3 + 3),
+        "the cut-off node must fail within connect_timeout + close_timeout: {failed:?}"
+    );
+    assert_eq!(inside.finish(10), 2);
+    for n in outside {
+        assert_eq!(n.finish(15), 0);
+    }
+}
