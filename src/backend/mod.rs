@@ -103,8 +103,10 @@ impl Etcd {
             shared: shared.clone(),
             attempt_timeout,
         };
-        // Lazily-connecting channels report nothing until used: ask for a key to be sure.
-        let probe = params.key_prefix.clone();
+        // Lazily-connecting channels report nothing until used: ask for a key to be sure. The
+        // key is inside the run's namespace, so a user whose role covers only that prefix
+        // passes.
+        let probe = keys::Keys::new(&params.key_prefix, &params.run_id).current();
         etcd.call(deadline, "connect", move |mut c| {
             let probe = probe.clone();
             async move {
@@ -225,7 +227,10 @@ pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error 
             Code::InvalidArgument if m.contains("too large") => {
                 return Error::invalid(format!("{what}: request too large for etcd ({m})"))
             }
-            Code::PermissionDenied | Code::Unauthenticated | Code::FailedPrecondition
+            Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::FailedPrecondition
+            | Code::InvalidArgument
                 if m.contains("permission") || m.contains("auth") || m.contains("user") || m.contains("password") || m.contains("token") =>
             {
                 return Error::connection(format!(
