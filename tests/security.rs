@@ -145,6 +145,10 @@ fn tls_wrong_ca_is_a_connection_error_naming_the_endpoint() {
         "message must name the endpoint: {err}"
     );
     assert_no_key_material(&pki, err.message());
+    assert!(
+        err.message().contains("invalid peer certificate"),
+        "the cause is missing: {err}"
+    );
     eprintln!("wrong CA ({took:?}) -> {err}");
 }
 
@@ -157,6 +161,10 @@ fn tls_without_client_certificate_is_a_connection_error() {
     assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
     assert!(took < FAIL_BOUND, "took {took:?}: {err}");
     assert!(err.message().contains(&etcd.endpoint()), "{err}");
+    assert!(
+        err.message().contains("client certificate"),
+        "the hint is missing: {err}"
+    );
     eprintln!("no client certificate ({took:?}) -> {err}");
 }
 
@@ -218,6 +226,10 @@ fn tls_key_contents_never_appear_in_errors() {
         );
         assert!(took < FAIL_BOUND, "{query}: took {took:?}: {err}");
         assert_no_key_material(&pki, err.message());
+        // A PEM file in the wrong option is named before any connection is tried.
+        if query.contains(&format!("cert={key}")) || query.starts_with(&format!("cacert={key}")) {
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{query}: {err}");
+        }
         messages.push(format!("{query} -> {:?}: {err}", err.kind()));
     }
     // The fragments checked are real: they do occur in the key file itself.

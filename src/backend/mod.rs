@@ -107,17 +107,24 @@ impl Etcd {
         // key is inside the run's namespace, so a user whose role covers only that prefix
         // passes.
         let probe = keys::Keys::new(&params.key_prefix, &params.run_id).current();
-        etcd.call(deadline, "connect", move |mut c| {
-            let probe = probe.clone();
-            async move {
-                c.get(
-                    probe,
-                    Some(etcd_client::GetOptions::new().with_count_only()),
-                )
-                .await
-            }
-        })
-        .await?;
+        let probed = etcd
+            .get(
+                deadline,
+                "connect",
+                probe,
+                etcd_client::GetOptions::new().with_count_only(),
+            )
+            .await;
+        if let Err(err) = probed {
+            let tls_cause = match params.security.https && err.kind() == ErrorKind::Connection {
+                true => tls_diagnosis(params).await,
+                false => None,
+            };
+            return Err(match tls_cause {
+                Some(cause) => Error::connection(format!("{} (TLS: {cause})", err.message())),
+                None => err,
+            });
+        }
         CONNECTIONS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -242,20 +249,8 @@ pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error 
     }
     Error::connection(format!(
         "etcd at {endpoints} failed {what}: {}",
-        describe(err)
+        error_chain(err)
     ))
-}
-
-/// The innermost cause of a transport error, which is what a person needs to see
-/// ("connection refused", "certificate unknown") rather than tonic's outer wrapper.
-fn describe(err: &etcd_client::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = std::error::Error::source(err);
-    while let Some(s) = source {
-        text = format!("{text}: {s}");
-        source = s.source();
-    }
-    text
 }
 
 fn connection_key(params: &Params) -> ConnectionKey {
@@ -280,29 +275,94 @@ fn connect_options(params: &Params) -> Result<ConnectOptions> {
         .with_keep_alive_while_idle(true);
     let Security {
         https,
-        cacert,
-        cert,
-        key,
         username,
         password,
+        ..
     } = &params.security;
     if *https {
-        let mut tls = TlsOptions::new();
-        if let Some(path) = cacert {
-            tls = tls.ca_certificate(Certificate::from_pem(read_file("cacert", path)?));
-        }
-        if let (Some(cert), Some(key)) = (cert, key) {
-            tls = tls.identity(Identity::from_pem(
-                read_file("cert", cert)?,
-                read_file("key", key)?,
-            ));
-        }
-        options = options.with_tls(tls);
+        options = options.with_tls(tls_options(params)?);
     }
     if let Some(user) = username {
         options = options.with_user(user.clone(), password.clone().unwrap_or_default());
     }
     Ok(options)
+}
+
+fn tls_options(params: &Params) -> Result<TlsOptions> {
+    let Security {
+        cacert, cert, key, ..
+    } = &params.security;
+    let mut tls = TlsOptions::new();
+    if let Some(path) = cacert {
+        tls = tls.ca_certificate(Certificate::from_pem(read_pem(
+            "cacert",
+            path,
+            "CERTIFICATE",
+        )?));
+    }
+    if let (Some(cert), Some(key)) = (cert, key) {
+        let cert = read_pem("cert", cert, "CERTIFICATE")?;
+        let key = read_pem("key", key, "PRIVATE KEY")?;
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Ok(tls)
+}
+
+/// Why a TLS endpoint refuses us, learnt from one direct connection. The client's balanced
+/// channel retries failed handshakes silently, so without this a wrong CA or a missing client
+/// certificate would look like a plain timeout.
+async fn tls_diagnosis(params: &Params) -> Option<String> {
+    let first = params.endpoints.first()?;
+    let url = match first.contains("://") {
+        true => first.clone(),
+        false => format!("https://{first}"),
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(url)
+        .ok()?
+        .tls_config(tls_options(params).ok()?)
+        .ok()?
+        .connect_timeout(Duration::from_secs(3));
+    match tokio::time::timeout(Duration::from_secs(5), endpoint.connect()).await {
+        Ok(Err(e)) => Some(error_chain(&e)),
+        // The handshake passed (or hung): the server likely wants a client certificate.
+        _ if params.security.cert.is_none() => {
+            Some("no client certificate was given; set cert and key if etcd requires one".into())
+        }
+        _ => None,
+    }
+}
+
+/// An error with all its causes, which is what a person needs to see ("connection refused",
+/// "invalid peer certificate") rather than the outer wrapper alone.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
+}
+
+/// Reads a PEM file and checks it holds what the option expects (a swapped cert and key
+/// otherwise surfaces as an opaque "transport error"). Errors never show the contents.
+fn read_pem(option: &str, path: &str, kind: &str) -> Result<Vec<u8>> {
+    let pem = read_file(option, path)?;
+    let begin = format!("-----BEGIN {kind}-----");
+    // Keys come as "BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY", "BEGIN EC PRIVATE KEY".
+    let end_marker = format!("{kind}-----");
+    let text = String::from_utf8_lossy(&pem);
+    let holds = text.lines().any(|l| {
+        l.starts_with("-----BEGIN ")
+            && (l == begin || (kind == "PRIVATE KEY" && l.ends_with(&end_marker)))
+    });
+    if !holds {
+        return Err(Error::invalid(format!(
+            "option {option}: {path:?} does not hold a PEM {}",
+            kind.to_lowercase()
+        )));
+    }
+    Ok(pem)
 }
 
 /// Reads a TLS file; the error names the option and path, never the contents.
