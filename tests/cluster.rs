@@ -5,83 +5,12 @@
 
 mod common;
 
+use common::node::{joiners_of_round, run_of, Node, NODE_BIN};
 use common::{EtcdCluster, NetNs};
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::io::Write;
 use std::time::{Duration, Instant};
-
-const NODE_BIN: &str = env!("CARGO_BIN_EXE_rdzv-node");
-
-/// An `rdzv-node` process whose JSON lines arrive on a channel; killed on drop so a failed
-/// test leaves nothing running.
-struct Node {
-    child: Child,
-    lines: mpsc::Receiver<Value>,
-}
-
-impl Node {
-    fn spawn(url: &str, args: &[&str]) -> Node {
-        Node::spawn_command(Command::new(NODE_BIN), url, args)
-    }
-
-    fn spawn_command(mut command: Command, url: &str, args: &[&str]) -> Node {
-        let mut child = command
-            .arg(url)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(serde_json::from_str(&line).expect("rdzv-node prints JSON"));
-            }
-        });
-        Node { child, lines }
-    }
-
-    /// The next JSON line, waiting at most `secs`.
-    fn line(&self, secs: u64) -> Value {
-        self.lines
-            .recv_timeout(Duration::from_secs(secs))
-            .unwrap_or_else(|e| panic!("node printed nothing within {secs} s ({e})"))
-    }
-
-    /// Waits at most `secs` for the process to exit (printing nothing more) and returns its
-    /// exit code.
-    fn finish(mut self, secs: u64) -> i32 {
-        // The stdout reader hangs up when the process closes stdout, i.e. when it exits.
-        match self.lines.recv_timeout(Duration::from_secs(secs)) {
-            Err(mpsc::RecvTimeoutError::Disconnected) => {}
-            Err(mpsc::RecvTimeoutError::Timeout) => panic!("node did not exit within {secs} s"),
-            Ok(line) => panic!("node printed more than expected: {line}"),
-        }
-        self.child.wait().unwrap().code().unwrap_or(-1)
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn run_of(url: &str) -> String {
-    let path = url.split('/').nth(3).unwrap();
-    path.split('?').next().unwrap().to_string()
-}
-
-fn joiners_of_round(url: &str, round: u64) -> String {
-    format!("/rdzv/{}/r/{round:020}/join/", run_of(url))
-}
 
 /// Asserts the lines are one round: ranks exactly 0..n, and everyone agrees on round, world
 /// size and master.

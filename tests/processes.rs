@@ -2,48 +2,10 @@
 
 mod common;
 
+use common::node::{joiners_of_round, Node};
 use common::Etcd;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
-
-struct Node {
-    child: Child,
-    lines: mpsc::Receiver<Value>,
-}
-
-impl Node {
-    fn spawn(url: &str, args: &[&str]) -> Node {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rdzv-node"))
-            .arg(url)
-            .args(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout: ChildStdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(serde_json::from_str(&line).expect("rdzv-node prints JSON"));
-            }
-        });
-        Node { child, lines }
-    }
-
-    /// The next JSON line, waiting at most `secs`.
-    fn line(&self, secs: u64) -> Value {
-        self.lines
-            .recv_timeout(Duration::from_secs(secs))
-            .expect("node printed nothing in time")
-    }
-
-    fn finish(mut self) -> i32 {
-        self.child.wait().unwrap().code().unwrap_or(-1)
-    }
-}
 
 fn ranks(lines: &[Value]) -> BTreeSet<u64> {
     lines
@@ -72,7 +34,7 @@ fn processes_form_a_round_and_exchange_through_the_store() {
         "concurrent adds must each see a distinct total"
     );
     for n in nodes {
-        assert_eq!(n.finish(), 0);
+        assert_eq!(n.finish(30), 0);
     }
 }
 
@@ -114,7 +76,7 @@ fn a_killed_member_is_reported_and_survivors_form_a_new_round() {
         .iter()
         .any(|l| l["node"] == old_rank0 && l["rank"] == 0));
     for n in nodes {
-        assert_eq!(n.finish(), 0);
+        assert_eq!(n.finish(30), 0);
     }
 }
 
@@ -146,43 +108,8 @@ fn a_leader_killed_before_the_round_completes_is_replaced() {
         lines.iter().all(|l| l["world_size"] == 2),
         "the dead leader must not be a member"
     );
-    assert_eq!(follower.finish(), 0);
-    assert_eq!(last.finish(), 0);
-}
-
-/// Waits (by watch) until the number of keys under `prefix` satisfies `done`.
-fn wait_for_keys(endpoint: &str, prefix: &str, done: impl Fn(usize) -> bool) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut client = etcd_client::Client::connect([endpoint], None)
-            .await
-            .unwrap();
-        let opts = etcd_client::WatchOptions::new().with_prefix();
-        let mut stream = client.watch(prefix, Some(opts)).await.unwrap();
-        let wait = async {
-            loop {
-                let count_opts = etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_count_only();
-                let count = client.get(prefix, Some(count_opts)).await.unwrap().count();
-                if done(count as usize) {
-                    return;
-                }
-                stream.message().await.unwrap().unwrap();
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(30), wait)
-            .await
-            .expect("key count never matched")
-    })
-}
-
-fn joiners_of_round_0(url: &str) -> String {
-    let run = url.split('/').nth(3).unwrap().split('?').next().unwrap();
-    format!("/rdzv/{run}/r/00000000000000000000/join/")
+    assert_eq!(follower.finish(30), 0);
+    assert_eq!(last.finish(30), 0);
 }
 
 #[test]
@@ -194,7 +121,7 @@ fn a_member_killed_during_the_last_call_is_left_out() {
         "min_nodes=2&max_nodes=4&last_call_timeout=4&lease_ttl=2",
     );
     let mut nodes: Vec<Node> = (0..3).map(|_| Node::spawn(&url, &[])).collect();
-    wait_for_keys(&etcd.endpoint(), &joiners_of_round_0(&url), |n| n == 3);
+    common::wait_for_key_count(&etcd.endpoint(), &joiners_of_round(&url, 0), |n| n == 3);
     let mut victim = nodes.remove(1);
     victim.child.kill().unwrap();
     victim.child.wait().unwrap();
@@ -205,7 +132,7 @@ fn a_member_killed_during_the_last_call_is_left_out() {
         "the killed node must not be a member: {lines:?}"
     );
     for n in nodes {
-        assert_eq!(n.finish(), 0);
+        assert_eq!(n.finish(30), 0);
     }
 }
 
@@ -214,13 +141,13 @@ fn below_min_nodes_the_survivors_wait_for_replacements() {
     let etcd = Etcd::start();
     let url = etcd.url("below-min", "min_nodes=3&max_nodes=3&lease_ttl=2");
     let mut first: Vec<Node> = (0..2).map(|_| Node::spawn(&url, &[])).collect();
-    wait_for_keys(&etcd.endpoint(), &joiners_of_round_0(&url), |n| n == 2);
+    common::wait_for_key_count(&etcd.endpoint(), &joiners_of_round(&url, 0), |n| n == 2);
     let mut victim = first.remove(0);
     victim.child.kill().unwrap();
     victim.child.wait().unwrap();
     // Until its lease expires a killed node is indistinguishable from a slow one; wait for
     // etcd to drop it so the newcomers cannot be sealed together with it.
-    wait_for_keys(&etcd.endpoint(), &joiners_of_round_0(&url), |n| n == 1);
+    common::wait_for_key_count(&etcd.endpoint(), &joiners_of_round(&url, 0), |n| n == 1);
     // One survivor cannot form a round of 3; two newcomers complete it without the dead node.
     let late: Vec<Node> = (0..2).map(|_| Node::spawn(&url, &[])).collect();
     let all: Vec<Node> = first.into_iter().chain(late).collect();
@@ -231,6 +158,6 @@ fn below_min_nodes_the_survivors_wait_for_replacements() {
         .iter()
         .all(|l| l["pid"] != victim_pid && l["world_size"] == 3));
     for n in all {
-        assert_eq!(n.finish(), 0);
+        assert_eq!(n.finish(30), 0);
     }
 }

@@ -5,57 +5,8 @@
 
 mod common;
 
+use common::node::Node;
 use common::Etcd;
-use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
-
-struct Node {
-    child: Child,
-    lines: mpsc::Receiver<Value>,
-}
-
-impl Node {
-    fn spawn(url: &str, args: &[&str]) -> Node {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rdzv-node"))
-            .arg(url)
-            .args(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(serde_json::from_str(&line).expect("rdzv-node prints JSON"));
-            }
-        });
-        Node { child, lines }
-    }
-
-    /// The next line that reports a round (skipping "change" lines), within `secs`.
-    fn round(&self, secs: u64) -> Value {
-        loop {
-            let line = self
-                .lines
-                .recv_timeout(Duration::from_secs(secs))
-                .expect("no round in time");
-            assert!(line.get("error").is_none(), "node failed: {line}");
-            if line.get("rank").is_some() {
-                return line;
-            }
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Runs `cycles` join-and-leave cycles (two rounds each) and checks every round.
 fn churn(cycles: usize) {

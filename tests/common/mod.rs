@@ -2,6 +2,8 @@
 //! started per test binary or per test, ready when etcd says so, killed on drop.
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
