@@ -27,6 +27,45 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// One etcd member's command line. `client_urls` may list several URLs (comma-separated).
+pub struct EtcdCommand<'a> {
+    pub name: &'a str,
+    pub data_dir: &'a std::path::Path,
+    pub client_urls: &'a str,
+    pub peer_url: &'a str,
+    pub initial_cluster: &'a str,
+    pub extra: &'a [std::ffi::OsString],
+}
+
+/// Starts etcd and returns it with a channel that receives once etcd says it is ready to
+/// serve clients (its own log line, not a guessed delay).
+pub fn spawn_etcd(cmd: EtcdCommand<'_>) -> (Child, mpsc::Receiver<()>) {
+    let mut child = Command::new("etcd")
+        .args(["--name", cmd.name, "--data-dir"])
+        .arg(cmd.data_dir)
+        .args(["--listen-client-urls", cmd.client_urls])
+        .args(["--advertise-client-urls", cmd.client_urls])
+        .args(["--listen-peer-urls", cmd.peer_url])
+        .args(["--initial-advertise-peer-urls", cmd.peer_url])
+        .args(["--initial-cluster", cmd.initial_cluster])
+        .args(cmd.extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("etcd must be installed (Debian package etcd-server)");
+    let stderr = child.stderr.take().unwrap();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("ready to serve client requests") {
+                let _ = ready_tx.send(());
+            }
+        }
+    });
+    (child, ready_rx)
+}
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 impl Etcd {
@@ -65,35 +104,13 @@ impl Etcd {
     fn launch(&mut self) {
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let mut child = Command::new("etcd")
-            .args(["--name", &self.name, "--data-dir"])
-            .arg(&self.data_dir)
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("{}={peer}", self.name)])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("etcd must be installed (Debian package etcd-server)");
-        let stderr = child.stderr.take().unwrap();
-        let (ready_tx, ready_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("ready to serve client requests") {
-                    let _ = ready_tx.send(());
-                }
-            }
+        let (child, ready_rx) = spawn_etcd(EtcdCommand {
+            name: &self.name,
+            data_dir: &self.data_dir,
+            client_urls: &client,
+            peer_url: &peer,
+            initial_cluster: &format!("{}={peer}", self.name),
+            extra: &[],
         });
         ready_rx
             .recv_timeout(Duration::from_secs(30))
@@ -253,37 +270,22 @@ impl EtcdCluster {
                 .collect::<Vec<_>>()
                 .join(",");
             let peer = format!("http://127.0.0.1:{}", member.peer_port);
-            let mut child = Command::new("etcd")
-                .args(["--name", &member.name, "--data-dir"])
-                .arg(&member.data_dir)
-                .args([
-                    "--listen-client-urls",
-                    &clients,
-                    "--advertise-client-urls",
-                    &clients,
-                ])
-                .args([
-                    "--listen-peer-urls",
-                    &peer,
-                    "--initial-advertise-peer-urls",
-                    &peer,
-                ])
-                .args(["--initial-cluster", &initial_cluster])
-                .args(["--initial-cluster-state", "new"])
-                .args(["--initial-cluster-token", &tag])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("etcd must be installed (Debian package etcd-server)");
-            let stderr = child.stderr.take().unwrap();
-            let (ready_tx, ready_rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if line.contains("ready to serve client requests") {
-                        let _ = ready_tx.send(());
-                    }
-                }
+            let extra: Vec<std::ffi::OsString> = [
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                &tag,
+            ]
+            .iter()
+            .map(Into::into)
+            .collect();
+            let (child, ready_rx) = spawn_etcd(EtcdCommand {
+                name: &member.name,
+                data_dir: &member.data_dir,
+                client_urls: &clients,
+                peer_url: &peer,
+                initial_cluster: &initial_cluster,
+                extra: &extra,
             });
             cluster.members[i].child = Some(child);
             ready.push(ready_rx);

@@ -3,11 +3,11 @@
 #![allow(dead_code)]
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
+
 use std::time::Duration;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -177,36 +177,13 @@ impl EtcdWith {
         let client_port = free_port();
         let client = format!("{scheme}://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{}", free_port());
-        let mut child = Command::new("etcd")
-            .args(["--name", &name, "--data-dir"])
-            .arg(&data_dir)
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("{name}={peer}")])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("etcd must be installed (Debian package etcd-server)");
-        let stderr = child.stderr.take().unwrap();
-        let (ready_tx, ready_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("ready to serve client requests") {
-                    let _ = ready_tx.send(());
-                }
-            }
+        let (child, ready_rx) = crate::common::spawn_etcd(crate::common::EtcdCommand {
+            name: &name,
+            data_dir: &data_dir,
+            client_urls: &client,
+            peer_url: &peer,
+            initial_cluster: &format!("{name}={peer}"),
+            extra,
         });
         let mut etcd = EtcdWith {
             child: Some(child),
