@@ -343,3 +343,23 @@ fn the_last_node_out_of_a_closed_run_deletes_its_rounds() {
     );
     assert_eq!(count(&mut client, "alive/"), 0);
 }
+
+#[test]
+fn a_node_whose_lease_expired_reports_itself_lost_and_rejoins() {
+    let etcd = Etcd::start();
+    let url = etcd.url("lease-lost", "min_nodes=1&max_nodes=1");
+    let me = node(&url);
+    let first = me.next().unwrap().0;
+    assert_eq!(me.num_lost().unwrap(), 0);
+    // What etcd does to a node cut off for longer than lease_ttl: its lease and keys vanish.
+    let (rt, mut client) = etcd_client(&etcd);
+    rt.block_on(async {
+        for lease in client.leases().await.unwrap().leases().to_vec() {
+            client.lease_revoke(lease.id()).await.unwrap();
+        }
+    });
+    assert_eq!(me.num_lost().unwrap(), 1, "the node must see that it was dropped");
+    let second = me.next().unwrap().0;
+    assert_eq!(second.round, first.round + 1);
+    assert_eq!(me.num_lost().unwrap(), 0, "rejoined under a new lease");
+}

@@ -36,6 +36,11 @@ impl Lease {
         self.lost.load(Ordering::Acquire) || self.keeper.is_finished()
     }
 
+    /// Records that etcd no longer knows this lease (a request using it was refused).
+    pub fn mark_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
     /// Stops refreshing and deletes the lease (and with it every key bound to it).
     pub async fn revoke(self, etcd: &Etcd, deadline: Instant) -> Result<()> {
         self.keeper.abort();

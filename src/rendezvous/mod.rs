@@ -154,7 +154,16 @@ impl Rendezvous {
         let mut round_guess = self.state().last.as_ref().map_or(0, |(f, _)| f.round + 1);
         loop {
             let lease = self.ensure_lease(deadline).await?;
-            let (round, snapshot) = match self.join(round_guess, lease, deadline).await? {
+            let joined = match self.join(round_guess, lease, deadline).await {
+                // Cut off longer than lease_ttl: etcd dropped our lease (and our keys with it).
+                // Take a new lease and join again, as a new arrival.
+                Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                    self.forget_lease().await;
+                    continue;
+                }
+                other => other?,
+            };
+            let (round, snapshot) = match joined {
                 Joined::Round(r, snapshot) => (r, snapshot),
                 Joined::Moved(current) => {
                     round_guess = current;
@@ -166,7 +175,14 @@ impl Rendezvous {
             // run closes while it waits, that is a graceful exit, not a failure.
             let last_round = self.state().last.as_ref().map(|(f, _)| f.round);
             let outside = left_out || (round > 0 && last_round != Some(round - 1));
-            let outcome = round::wait_for_seal(self, round, snapshot, deadline, outside).await?;
+            let outcome = match round::wait_for_seal(self, round, snapshot, deadline, outside).await
+            {
+                Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                    self.forget_lease().await;
+                    Outcome::Rejoin
+                }
+                other => other?,
+            };
             match outcome {
                 Outcome::Sealed(sealed) => match sealed.rank_of(&self.node) {
                     Some(rank) => return Ok(self.member_of(sealed, rank)),
@@ -320,6 +336,13 @@ impl Rendezvous {
                 .or_else([TxnOp::delete(join, None)]);
             let deadline = Instant::now() + Duration::from_secs(2);
             let _ = self.etcd.txn(deadline, "leave", txn).await;
+        }
+    }
+
+    /// Marks the lease as gone, so the next `ensure_lease` grants a new one.
+    async fn forget_lease(&self) {
+        if let Some(lease) = self.lease.lock().await.as_ref() {
+            lease.mark_lost();
         }
     }
 

@@ -70,8 +70,8 @@ pub(crate) async fn wait_for_seal(
         let mut watch = rdzv.etcd().watch(&targets, deadline).await?;
         // Read after the watch exists, so nothing between the two is missed.
         let fresh = read_snapshot(rdzv, round, deadline).await?;
-        let same_leader = fresh.leader.is_some() && fresh.leader != Some(rdzv.node().to_string());
-        if fresh.closed || fresh.sealed.is_some() || !fresh.joined || !same_leader {
+        let other_leader = fresh.leader.is_some() && fresh.leader != Some(rdzv.node().to_string());
+        if fresh.closed || fresh.sealed.is_some() || !fresh.joined || !other_leader {
             snap = fresh;
             continue;
         }
