@@ -358,7 +358,11 @@ fn a_node_whose_lease_expired_reports_itself_lost_and_rejoins() {
             client.lease_revoke(lease.id()).await.unwrap();
         }
     });
-    assert_eq!(me.num_lost().unwrap(), 1, "the node must see that it was dropped");
+    assert_eq!(
+        me.num_lost().unwrap(),
+        1,
+        "the node must see that it was dropped"
+    );
     let second = me.next().unwrap().0;
     assert_eq!(second.round, first.round + 1);
     assert_eq!(me.num_lost().unwrap(), 0, "rejoined under a new lease");

@@ -125,14 +125,9 @@ impl Etcd {
                 None => err,
             });
         }
-        CONNECTIONS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|_, w| w.strong_count() > 0);
-        CONNECTIONS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, Arc::downgrade(&shared));
+        let mut connections = CONNECTIONS.lock().unwrap_or_else(|e| e.into_inner());
+        connections.retain(|_, w| w.strong_count() > 0);
+        connections.insert(key, Arc::downgrade(&shared));
         Ok(etcd)
     }
 
@@ -174,7 +169,8 @@ impl Etcd {
     }
 }
 
-/// Sleeps 25 ms, 50 ms, ... up to 1 s, with jitter so retrying nodes spread out, never past
+/// Sleeps 25 ms, doubling up to 800 ms, plus up to half again of jitter so retrying nodes spread
+/// out; never past
 /// `deadline`.
 pub async fn backoff(attempt: &mut u32, deadline: Instant) {
     let base = Duration::from_millis(25u64 << (*attempt).min(5)).min(Duration::from_secs(1));
