@@ -169,11 +169,10 @@ impl Etcd {
     }
 }
 
-/// Sleeps 25 ms, doubling up to 800 ms, plus up to half again of jitter so retrying nodes spread
-/// out; never past
-/// `deadline`.
+/// Sleeps 25 ms, doubling up to 800 ms, plus up to half again of jitter so retrying nodes
+/// spread out; never past `deadline`.
 pub async fn backoff(attempt: &mut u32, deadline: Instant) {
-    let base = Duration::from_millis(25u64 << (*attempt).min(5)).min(Duration::from_secs(1));
+    let base = Duration::from_millis(25u64 << (*attempt).min(5));
     *attempt += 1;
     let jitter = base.mul_f64(crate::util::random_unit() * 0.5);
     tokio::time::sleep_until(deadline.min(Instant::now() + base + jitter)).await;
