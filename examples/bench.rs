@@ -181,16 +181,6 @@ fn main() {
             given
         }
     };
-    // Many nodes in one process: raise the open-file limit as far as allowed.
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -43,14 +43,7 @@ fn a_blocked_get_survives_an_etcd_restart() {
 fn compacting_history_under_waiting_nodes_does_not_lose_the_round() {
     let etcd = Etcd::start();
     let url = etcd.url("compact", "min_nodes=3&max_nodes=3");
-    let run = url
-        .split('/')
-        .nth(3)
-        .unwrap()
-        .split('?')
-        .next()
-        .unwrap()
-        .to_string();
+    let run = common::node::run_of(&url);
     let early = on_threads(2, {
         let url = url.clone();
         move |_| {

@@ -87,14 +87,7 @@ fn a_leader_killed_before_the_round_completes_is_replaced() {
         "leader",
         "min_nodes=2&max_nodes=3&last_call_timeout=0.5&lease_ttl=2",
     );
-    let run = url
-        .split('/')
-        .nth(3)
-        .unwrap()
-        .split('?')
-        .next()
-        .unwrap()
-        .to_string();
+    let run = common::node::run_of(&url);
     // The first node to join leads the round; kill it before anyone else arrives.
     let mut first = Node::spawn(&url, &[]);
     common::wait_for_leader(&etcd.endpoint(), &format!("/rdzv/{run}/"));

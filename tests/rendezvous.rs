@@ -180,14 +180,7 @@ fn shutdown_and_cancel_wake_a_blocked_next() {
 fn etcd_restart_during_join_still_forms_the_round() {
     let mut etcd = Etcd::start();
     let url = etcd.url("restart", "min_nodes=3&max_nodes=3&join_timeout=60");
-    let run = url
-        .split('/')
-        .nth(3)
-        .unwrap()
-        .split('?')
-        .next()
-        .unwrap()
-        .to_string();
+    let run = common::node::run_of(&url);
     let first = node(&url);
     let t = std::thread::spawn(move || first.next().unwrap().0);
     // The first node has joined (and leads) once the round's leader key exists.
@@ -253,10 +246,7 @@ fn etcd_client(etcd: &Etcd) -> (tokio::runtime::Runtime, etcd_client::Client) {
 }
 
 fn run_prefix(url: &str) -> String {
-    format!(
-        "/rdzv/{}/",
-        url.split('/').nth(3).unwrap().split('?').next().unwrap()
-    )
+    format!("/rdzv/{}/", common::node::run_of(url))
 }
 
 #[test]

@@ -77,17 +77,6 @@ fn one_round(etcd: &Etcd, n: usize) -> (Duration, i64) {
 
 #[test]
 fn a_burst_of_256_and_a_round_of_1024_nodes() {
-    // A thousand handles share one connection, but the test process still needs descriptors.
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain getrlimit/setrlimit on a local struct.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
     let etcd = Etcd::start();
     for n in [256, 1024] {
         let (time, writes) = one_round(&etcd, n);

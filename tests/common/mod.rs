@@ -158,8 +158,13 @@ pub fn on_threads<T: Send + 'static>(
         .collect()
 }
 
-/// Waits (by watch) until the round's leader key exists and returns the leader's node id.
-pub fn wait_for_leader(endpoint: &str, prefix: &str) -> String {
+/// Reads the keys under `prefix` and, after every change to them (by watch), reads again,
+/// until `check` returns a value; at most 30 s.
+pub fn watch_until<T>(
+    endpoint: &str,
+    prefix: &str,
+    mut check: impl FnMut(&[etcd_client::KeyValue]) -> Option<T>,
+) -> T {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -168,38 +173,31 @@ pub fn wait_for_leader(endpoint: &str, prefix: &str) -> String {
         let mut client = etcd_client::Client::connect([endpoint], None)
             .await
             .unwrap();
-        let opts = etcd_client::GetOptions::new().with_prefix();
-        let resp = client.get(prefix, Some(opts)).await.unwrap();
-        let leader_of = |kv: &etcd_client::KeyValue| {
-            kv.key_str()
-                .unwrap()
-                .ends_with("/leader")
-                .then(|| kv.value_str().unwrap().to_string())
-        };
-        if let Some(leader) = resp.kvs().iter().find_map(leader_of) {
-            return leader;
-        }
-        let from = resp.header().unwrap().revision() + 1;
-        let wopts = etcd_client::WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(from);
-        let mut stream = client.watch(prefix, Some(wopts)).await.unwrap();
+        // Watch first, then read: a change between the two is not missed.
+        let watch = etcd_client::WatchOptions::new().with_prefix();
+        let mut stream = client.watch(prefix, Some(watch)).await.unwrap();
         let wait = async {
             loop {
-                let msg = stream.message().await.unwrap().unwrap();
-                if let Some(leader) = msg
-                    .events()
-                    .iter()
-                    .filter_map(|e| e.kv())
-                    .find_map(leader_of)
-                {
-                    return leader;
+                let read = etcd_client::GetOptions::new().with_prefix();
+                let resp = client.get(prefix, Some(read)).await.unwrap();
+                if let Some(found) = check(resp.kvs()) {
+                    return found;
                 }
+                stream.message().await.unwrap().unwrap();
             }
         };
         tokio::time::timeout(Duration::from_secs(30), wait)
             .await
-            .expect("no leader appeared")
+            .unwrap_or_else(|_| panic!("keys under {prefix} never matched"))
+    })
+}
+
+/// Waits until a round's leader key exists under `prefix`; returns the leader's node id.
+pub fn wait_for_leader(endpoint: &str, prefix: &str) -> String {
+    watch_until(endpoint, prefix, |kvs| {
+        kvs.iter()
+            .find(|kv| kv.key_str().unwrap().ends_with("/leader"))
+            .map(|kv| kv.value_str().unwrap().to_string())
     })
 }
 
@@ -388,34 +386,9 @@ impl Drop for EtcdCluster {
     }
 }
 
-/// Waits (by watch, at most 30 s) until the number of keys under `prefix` satisfies `done`.
+/// Waits until the number of keys under `prefix` satisfies `done`.
 pub fn wait_for_key_count(endpoint: &str, prefix: &str, done: impl Fn(usize) -> bool) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut client = etcd_client::Client::connect([endpoint], None)
-            .await
-            .unwrap();
-        let opts = etcd_client::WatchOptions::new().with_prefix();
-        let mut stream = client.watch(prefix, Some(opts)).await.unwrap();
-        let wait = async {
-            loop {
-                let count_opts = etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_count_only();
-                let count = client.get(prefix, Some(count_opts)).await.unwrap().count();
-                if done(count as usize) {
-                    return;
-                }
-                stream.message().await.unwrap().unwrap();
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(30), wait)
-            .await
-            .expect("key count never matched")
-    })
+    watch_until(endpoint, prefix, |kvs| done(kvs.len()).then_some(()))
 }
 
 /// A network namespace joined to this one by a veth pair with a private /30: the host side
