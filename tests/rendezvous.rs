@@ -348,11 +348,15 @@ fn a_node_whose_lease_expired_reports_itself_lost_and_rejoins() {
             client.lease_revoke(lease.id()).await.unwrap();
         }
     });
-    assert_eq!(
-        me.num_lost().unwrap(),
-        1,
-        "the node must see that it was dropped"
-    );
+    // num_lost is answered from a watch: wait for the deletion to arrive, as a supervisor would.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while me.num_lost().unwrap() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the node never saw that it was dropped"
+        );
+        std::thread::yield_now();
+    }
     let second = me.next().unwrap().0;
     assert_eq!(second.round, first.round + 1);
     assert_eq!(me.num_lost().unwrap(), 0, "rejoined under a new lease");

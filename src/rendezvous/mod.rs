@@ -9,6 +9,7 @@
 //! So a round of N nodes costs N join writes plus one seal, and a sealed membership never
 //! changes. `docs/DESIGN.md` has the state machine and the argument for its correctness.
 
+mod lost;
 mod records;
 mod round;
 
@@ -59,6 +60,8 @@ struct NodeState {
     last: Option<(FinalRecord, u32)>,
     /// The round whose join key this node holds now.
     joined: Option<u64>,
+    /// Tracks which members of `last` are gone.
+    lost: Option<lost::LostTracker>,
 }
 
 /// How waiting for a round ended, short of an error.
@@ -210,7 +213,11 @@ impl Rendezvous {
             self.keys.store_prefix(sealed.round),
             self.params.store_timeout,
         );
-        self.state().last = Some((sealed, rank));
+        let mut state = self.state();
+        state.last = Some((sealed, rank));
+        // Started on the first num_lost, so forming a round does not pay for it.
+        state.lost = None;
+        drop(state);
         (info, store)
     }
 
@@ -435,9 +442,23 @@ impl Rendezvous {
     /// survivors should call `next` to form a new one.
     pub async fn num_lost(&self) -> Result<u32> {
         self.check_not_shut_down()?;
-        let Some(members) = self.state().last.as_ref().map(|(f, _)| f.members.clone()) else {
-            return Ok(0);
+        let members = {
+            let mut state = self.state();
+            if let Some(count) = state.lost.as_ref().and_then(lost::LostTracker::count) {
+                return Ok(count);
+            }
+            let Some((sealed, _)) = state.last.as_ref() else {
+                return Ok(0);
+            };
+            let members = sealed.members.clone();
+            if state.lost.is_none() {
+                let prefix = self.keys.alive_prefix();
+                let tracker = lost::LostTracker::start(self.etcd.clone(), prefix, members.clone());
+                state.lost = Some(tracker);
+            }
+            members
         };
+        // The tracker is not in sync (just started, or its watch broke): read etcd.
         let prefix = self.keys.alive_prefix();
         let resp = self
             .etcd
@@ -468,6 +489,7 @@ impl Rendezvous {
         }
         // Wait for a running next to notice and let go of the join key.
         let _next = self.next_running.lock().await;
+        self.state().lost = None;
         let deadline = Instant::now() + self.params.close_timeout;
         if let Some(lease) = self.lease.lock().await.take() {
             lease.revoke(&self.etcd, deadline).await?;
