@@ -219,8 +219,9 @@ void rdzv_params_free(rdzv_params_t *params);
 /**
  * Creates a handle: connects to etcd (shared with other handles of this process that use the
  * same endpoints and credentials) and registers this node as alive under a lease. Blocks for
- * at most `connect_timeout` (default 10 s); `RDZV_ERR_CONNECTION` names the endpoints if etcd
- * does not answer. Does not consume `params`. On success `*out` owns the new handle (free
+ * at most `connect_timeout` (default 10 s), plus up to 5 s to find out why a TLS handshake
+ * failed; `RDZV_ERR_CONNECTION` names the endpoints (and the TLS cause) if etcd does not
+ * answer. Does not consume `params`. On success `*out` owns the new handle (free
  * with `rdzv_free`).
  */
 rdzv_status_t rdzv_new(const rdzv_params_t *params, rdzv_t **out, rdzv_error_t **error);

@@ -40,8 +40,9 @@ pub struct rdzv_round_t {
 
 /// Creates a handle: connects to etcd (shared with other handles of this process that use the
 /// same endpoints and credentials) and registers this node as alive under a lease. Blocks for
-/// at most `connect_timeout` (default 10 s); `RDZV_ERR_CONNECTION` names the endpoints if etcd
-/// does not answer. Does not consume `params`. On success `*out` owns the new handle (free
+/// at most `connect_timeout` (default 10 s), plus up to 5 s to find out why a TLS handshake
+/// failed; `RDZV_ERR_CONNECTION` names the endpoints (and the TLS cause) if etcd does not
+/// answer. Does not consume `params`. On success `*out` owns the new handle (free
 /// with `rdzv_free`).
 #[no_mangle]
 pub extern "C" fn rdzv_new(

@@ -77,6 +77,8 @@ impl Rendezvous {
     /// join a round yet.
     pub async fn new(params: Params) -> Result<Rendezvous> {
         params.validate()?;
+        // One deadline for connecting and registering, as rdzv_new promises.
+        let deadline = Instant::now() + params.connect_timeout;
         let etcd = Etcd::connect(&params).await?;
         let keys = Keys::new(&params.key_prefix, &params.run_id);
         let rdzv = Rendezvous {
@@ -91,7 +93,7 @@ impl Rendezvous {
             shutdown: watch::channel(false).0,
             cancel: watch::channel(0).0,
         };
-        rdzv.ensure_lease(rdzv.quick_deadline()).await?;
+        rdzv.ensure_lease(deadline).await?;
         Ok(rdzv)
     }
 
