@@ -122,8 +122,8 @@ fn set_closed_wakes_a_blocked_next() {
     }
     let closer = node(&url);
     assert!(!closer.is_closed().unwrap());
-    // Make sure the waiter is blocked: its join key is visible as a joiner of round 0 only
-    // once it is in next; closing before that is also fine (next then fails fast).
+    // The waiter is blocked in next once it leads round 0 (it is the only joiner).
+    common::wait_for_leader(&etcd.endpoint(), &run_prefix(&url));
     closer.set_closed().unwrap();
     assert!(closer.is_closed().unwrap());
     let kind = rx
@@ -157,16 +157,15 @@ fn shutdown_and_cancel_wake_a_blocked_next() {
         let (tx, rx) = mpsc::channel();
         let blocked = n.clone();
         std::thread::spawn(move || tx.send(blocked.next().map(|_| ()).unwrap_err().kind()));
-        // Retry the wake-up until the blocked call has started and reacts.
-        let got = loop {
-            match action {
-                "cancel" => n.cancel(),
-                _ => n.shutdown().unwrap(),
-            }
-            if let Ok(kind) = rx.recv_timeout(Duration::from_millis(200)) {
-                break kind;
-            }
-        };
+        // The call is blocked once this node (the only joiner) leads round 0.
+        common::wait_for_leader(&etcd.endpoint(), &run_prefix(&url));
+        match action {
+            "cancel" => n.cancel(),
+            _ => n.shutdown().unwrap(),
+        }
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the blocked next did not wake");
         assert_eq!(got, expected);
     }
     assert_eq!(
