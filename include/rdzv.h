@@ -104,6 +104,14 @@ typedef struct rdzv_params_t rdzv_params_t;
  * values are bytes (at most about 1.5 MiB, etcd's request limit). Timeouts are in
  * milliseconds: negative means the store's default (300 s, see `rdzv_store_set_timeout`),
  * 0 means "do not wait", and values above one year are capped at one year.
+ *
+ * Lifetime: the handle stays valid (for `rdzv_store_free`) after its `rdzv_t` is freed, but
+ * its calls then fail: every call fails with `RDZV_ERR_SHUTDOWN` once the node that joined the
+ * round is shut down (`rdzv_shutdown` or `rdzv_free`), and a wait in progress returns at once.
+ * The data lives as long as the round does: once the round two after it forms, or the run's
+ * data is deleted (its last node left), calls fail with `RDZV_ERR_STATE` (`RDZV_ERR_CLOSED` if
+ * the run was closed) and nothing is written. A wait whose keys are still missing when the
+ * run is closed returns `RDZV_ERR_CLOSED`.
  */
 typedef struct rdzv_store_t rdzv_store_t;
 
@@ -232,10 +240,17 @@ rdzv_status_t rdzv_new(const rdzv_params_t *params, rdzv_t **out, rdzv_error_t *
  * while a round is running waits (others see it in `rdzv_num_waiting`) until a member calls
  * `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
  * `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
- * while this node waited outside the running round (late or surplus), `RDZV_ERR_SHUTDOWN` if `rdzv_shutdown` is
- * called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is. On success fills `*round` and, if `store` is not NULL, sets `*store` to a
- * new handle on the round's store (free with `rdzv_store_free`; it stays usable after
- * `rdzv_free` of this handle).
+ * while this node waited outside the running round (late or surplus), `RDZV_ERR_SHUTDOWN` if
+ * `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is.
+ *
+ * A failed call withdraws this node's join request before it returns, so no round is ever
+ * sealed with a node that gave up; a write to etcd already in flight is waited for first (at
+ * most about one second past `join_timeout`, or one etcd request when cancelled). If the
+ * round was sealed with this node in it before the withdrawal (a cancel or timeout racing
+ * the seal), the call succeeds with that round instead: its members count on this node.
+ *
+ * On success fills `*round` and, if `store` is not NULL, sets `*store` to a new handle on the
+ * round's store (free with `rdzv_store_free`; see `rdzv_store_t` for its lifetime).
  */
 rdzv_status_t rdzv_next(rdzv_t *rdzv,
                         rdzv_round_t *round,
@@ -255,9 +270,13 @@ rdzv_status_t rdzv_is_closed(const rdzv_t *rdzv, bool *closed, rdzv_error_t **er
 rdzv_status_t rdzv_set_closed(const rdzv_t *rdzv, rdzv_error_t **error);
 
 /**
- * Sets `*count` to the number of nodes waiting for the round after this node's last round:
- * late arrivals plus members that already called `rdzv_next` again. Non-zero means the
- * members should call `rdzv_next` to admit them. 0 before this node's first round.
+ * Sets `*count` to the number of nodes waiting for the round after this node's last round
+ * that a new round could admit. Non-zero means the members should call `rdzv_next`. While a
+ * re-rendezvous is under way (a member already called `rdzv_next` again) every joiner counts;
+ * otherwise newcomers count up to the room left: `max_nodes` minus the surviving members.
+ * Spare nodes beyond `max_nodes` are not counted, so a full round is not re-formed for nodes
+ * it cannot take; they wait (until their `join_timeout`) and are admitted when a member is
+ * lost or leaves. 0 before this node's first round.
  */
 rdzv_status_t rdzv_num_waiting(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t **error);
 
@@ -273,16 +292,20 @@ rdzv_status_t rdzv_num_lost(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t **
  * Wakes a `rdzv_next` blocked on this handle in another thread: it withdraws this node's
  * join request and returns `RDZV_ERR_CANCELLED`. The handle stays usable (call `rdzv_next`
  * again to rejoin). No effect when no `rdzv_next` is running. Never blocks; safe from any
- * thread. This is how bindings honour a Go context or a Python Ctrl-C.
+ * thread. This is how bindings honour a Go context or a Python Ctrl-C. A cancel made before
+ * `rdzv_next` was entered is not remembered: a caller racing with the start of `rdzv_next`
+ * repeats the cancel until it returns (the bindings do).
  */
 rdzv_status_t rdzv_cancel(const rdzv_t *rdzv, rdzv_error_t **error);
 
 /**
- * Releases this node: wakes a `rdzv_next` blocked on this handle in another thread, revokes
- * the node's lease (so the other nodes see it leave at once rather than after `lease_ttl`),
- * and, if the run is closed and this was the last node, deletes the run's data from etcd.
- * Unlike torch, it does NOT close the run for the others. Idempotent; safe from any thread.
- * Later calls on the handle fail with `RDZV_ERR_SHUTDOWN`. At most `close_timeout`.
+ * Releases this node: wakes a `rdzv_next` blocked on this handle in another thread (and waits
+ * on the stores of its rounds), revokes the node's lease (so the other nodes see it leave at
+ * once rather than after `lease_ttl`), and, if this was the last live node of the run,
+ * deletes the run's rounds, stores and round counter from etcd, so a finished job leaves
+ * nothing behind (a closed run's `closed` marker stays for `retention`). Unlike torch, it
+ * does NOT close the run for the others. Idempotent; safe from any thread. Later calls on
+ * the handle and its stores fail with `RDZV_ERR_SHUTDOWN`. At most `close_timeout`.
  */
 rdzv_status_t rdzv_shutdown(const rdzv_t *rdzv, rdzv_error_t **error);
 
@@ -417,6 +440,14 @@ rdzv_status_t rdzv_store_multi_set(const rdzv_store_t *store,
 rdzv_status_t rdzv_store_set_timeout(const rdzv_store_t *store,
                                      int64_t timeout_ms,
                                      rdzv_error_t **error);
+
+/**
+ * Wakes every `rdzv_store_get`, `rdzv_store_wait` and `rdzv_store_multi_get` blocked on this
+ * store in other threads: they return `RDZV_ERR_CANCELLED`. Calls that start afterwards are
+ * not affected (a caller racing with the start of a wait repeats the cancel until the wait
+ * returns, as the bindings do). Never blocks; safe from any thread.
+ */
+rdzv_status_t rdzv_store_cancel(const rdzv_store_t *store, rdzv_error_t **error);
 
 /**
  * Frees a store handle. NULL is a no-op. No other thread may be using it.

@@ -175,6 +175,13 @@ impl BlockingStore {
     pub fn set_timeout(&self, timeout: Duration) {
         self.inner.set_timeout(timeout)
     }
+    /// Wakes waits running on this store in other threads with `Cancelled`.
+    pub fn cancel(&self) {
+        self.inner.cancel()
+    }
+    pub fn round(&self) -> u64 {
+        self.inner.round()
+    }
 }
 
 impl Drop for BlockingStore {

@@ -6,6 +6,7 @@
 //! current                      the number of the round open for joining; absent means 0
 //! alive/{node}                 one per live node, bound to the node's lease
 //! r/{round:020}/join/{node}    a node's request to join the round, bound to its lease
+//! r/{round:020}/gone/{node}    a node that withdrew its join request (cancel, timeout)
 //! r/{round:020}/leader         the node that seals the round, bound to its lease
 //! r/{round:020}/final          the sealed membership of the round, in rank order
 //! r/{round:020}/store/{key}    the round's key-value store
@@ -71,6 +72,12 @@ impl Keys {
     pub fn join(&self, round: u64, node: &str) -> String {
         format!("{}join/{node}", self.round_prefix(round))
     }
+    pub fn gone_prefix(&self, round: u64) -> String {
+        format!("{}gone/", self.round_prefix(round))
+    }
+    pub fn gone(&self, round: u64, node: &str) -> String {
+        format!("{}gone/{node}", self.round_prefix(round))
+    }
     pub fn leader(&self, round: u64) -> String {
         format!("{}leader", self.round_prefix(round))
     }
@@ -81,7 +88,7 @@ impl Keys {
         format!("{}store/", self.round_prefix(round))
     }
 
-    /// The node id at the end of a `join/` or `alive/` key.
+    /// The node id at the end of a `join/`, `gone/` or `alive/` key.
     pub fn node_of(key: &[u8]) -> Option<&str> {
         let key = std::str::from_utf8(key).ok()?;
         key.rsplit_once('/').map(|(_, node)| node)

@@ -78,6 +78,7 @@ impl Etcd {
                 (false, false) => format!("http://{e}"),
             })
             .collect();
+        refuse_fast(&params.endpoints, deadline).await?;
         let mut attempt = 0u32;
         let client = loop {
             let try_connect = Client::connect(urls.clone(), Some(options.clone()));
@@ -142,7 +143,24 @@ impl Etcd {
     /// Runs `op` until it succeeds, fails for good, or `deadline` passes. Transient failures are
     /// retried with exponential backoff; each attempt is bounded so a silent etcd cannot hang
     /// the caller. `what` names the operation in error messages.
-    pub async fn call<T, F, Fut>(&self, deadline: Instant, what: &str, mut op: F) -> Result<T>
+    pub async fn call<T, F, Fut>(&self, deadline: Instant, what: &str, op: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.call_until(deadline, what, None, op).await
+    }
+
+    /// As `call`, but stops retrying (never in the middle of an attempt) once `give_up` turns
+    /// true. Writes whose outcome must be known use this: an attempt in flight is always
+    /// awaited, so its effect is never in doubt unless etcd itself did not answer.
+    pub async fn call_until<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        what: &str,
+        mut give_up: Option<tokio::sync::watch::Receiver<bool>>,
+        mut op: F,
+    ) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -164,9 +182,41 @@ impl Etcd {
             if Instant::now() >= deadline {
                 return Err(last);
             }
-            backoff(&mut attempt, deadline).await;
+            match give_up.as_mut() {
+                Some(stop) => tokio::select! {
+                    _ = backoff(&mut attempt, deadline) => {}
+                    _ = stop.wait_for(|stop| *stop) => return Err(last),
+                },
+                None => backoff(&mut attempt, deadline).await,
+            }
         }
     }
+}
+
+/// Fails at once, with a message that says what to check, when every endpoint refuses TCP
+/// connections: nothing listens there, and waiting out `connect_timeout` would only hide that.
+/// Anything else (a timeout, a name that does not resolve yet) is left to the normal retries.
+async fn refuse_fast(endpoints: &[String], deadline: Instant) -> Result<()> {
+    let mut refused = Vec::new();
+    for endpoint in endpoints {
+        let host_port = endpoint
+            .split_once("://")
+            .map_or(endpoint.as_str(), |(_, rest)| rest)
+            .trim_end_matches('/');
+        let probe_deadline = deadline.min(Instant::now() + Duration::from_secs(1));
+        match tokio::time::timeout_at(probe_deadline, tokio::net::TcpStream::connect(host_port))
+            .await
+        {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                refused.push(host_port.to_string())
+            }
+            _ => return Ok(()),
+        }
+    }
+    Err(Error::connection(format!(
+        "connection refused at {}: is etcd running there? (check the endpoint's host and port)",
+        refused.join(", ")
+    )))
 }
 
 /// Sleeps 25 ms, doubling up to 800 ms, plus up to half again of jitter so retrying nodes
@@ -242,10 +292,12 @@ pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error 
             _ => {}
         }
     }
-    Error::connection(format!(
-        "etcd at {endpoints} failed {what}: {}",
-        error_chain(err)
-    ))
+    // A gRPC status prints as a debug dump (metadata, details); its message is what matters.
+    let cause = match err {
+        E::GRpcStatus(status) => format!("{} ({:?})", status.message(), status.code()),
+        other => error_chain(other),
+    };
+    Error::connection(format!("etcd at {endpoints} failed {what}: {cause}"))
 }
 
 fn connection_key(params: &Params) -> ConnectionKey {
@@ -391,7 +443,18 @@ impl Etcd {
         what: &str,
         txn: etcd_client::Txn,
     ) -> Result<etcd_client::TxnResponse> {
-        self.call(deadline, what, move |mut c| {
+        self.txn_until(deadline, what, None, txn).await
+    }
+
+    /// One transaction that stops retrying once `give_up` turns true (see `call_until`).
+    pub async fn txn_until(
+        &self,
+        deadline: Instant,
+        what: &str,
+        give_up: Option<tokio::sync::watch::Receiver<bool>>,
+        txn: etcd_client::Txn,
+    ) -> Result<etcd_client::TxnResponse> {
+        self.call_until(deadline, what, give_up, move |mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         })

@@ -71,10 +71,17 @@ pub extern "C" fn rdzv_new(
 /// while a round is running waits (others see it in `rdzv_num_waiting`) until a member calls
 /// `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
 /// `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
-/// while this node waited outside the running round (late or surplus), `RDZV_ERR_SHUTDOWN` if `rdzv_shutdown` is
-/// called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is. On success fills `*round` and, if `store` is not NULL, sets `*store` to a
-/// new handle on the round's store (free with `rdzv_store_free`; it stays usable after
-/// `rdzv_free` of this handle).
+/// while this node waited outside the running round (late or surplus), `RDZV_ERR_SHUTDOWN` if
+/// `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is.
+///
+/// A failed call withdraws this node's join request before it returns, so no round is ever
+/// sealed with a node that gave up; a write to etcd already in flight is waited for first (at
+/// most about one second past `join_timeout`, or one etcd request when cancelled). If the
+/// round was sealed with this node in it before the withdrawal (a cancel or timeout racing
+/// the seal), the call succeeds with that round instead: its members count on this node.
+///
+/// On success fills `*round` and, if `store` is not NULL, sets `*store` to a new handle on the
+/// round's store (free with `rdzv_store_free`; see `rdzv_store_t` for its lifetime).
 #[no_mangle]
 pub extern "C" fn rdzv_next(
     rdzv: *mut rdzv_t,
@@ -134,9 +141,13 @@ pub extern "C" fn rdzv_set_closed(
     boundary(error, || arg_ref(rdzv, "rdzv")?.inner.set_closed())
 }
 
-/// Sets `*count` to the number of nodes waiting for the round after this node's last round:
-/// late arrivals plus members that already called `rdzv_next` again. Non-zero means the
-/// members should call `rdzv_next` to admit them. 0 before this node's first round.
+/// Sets `*count` to the number of nodes waiting for the round after this node's last round
+/// that a new round could admit. Non-zero means the members should call `rdzv_next`. While a
+/// re-rendezvous is under way (a member already called `rdzv_next` again) every joiner counts;
+/// otherwise newcomers count up to the room left: `max_nodes` minus the surviving members.
+/// Spare nodes beyond `max_nodes` are not counted, so a full round is not re-formed for nodes
+/// it cannot take; they wait (until their `join_timeout`) and are admitted when a member is
+/// lost or leaves. 0 before this node's first round.
 #[no_mangle]
 pub extern "C" fn rdzv_num_waiting(
     rdzv: *const rdzv_t,
@@ -172,7 +183,9 @@ pub extern "C" fn rdzv_num_lost(
 /// Wakes a `rdzv_next` blocked on this handle in another thread: it withdraws this node's
 /// join request and returns `RDZV_ERR_CANCELLED`. The handle stays usable (call `rdzv_next`
 /// again to rejoin). No effect when no `rdzv_next` is running. Never blocks; safe from any
-/// thread. This is how bindings honour a Go context or a Python Ctrl-C.
+/// thread. This is how bindings honour a Go context or a Python Ctrl-C. A cancel made before
+/// `rdzv_next` was entered is not remembered: a caller racing with the start of `rdzv_next`
+/// repeats the cancel until it returns (the bindings do).
 #[no_mangle]
 pub extern "C" fn rdzv_cancel(rdzv: *const rdzv_t, error: *mut *mut rdzv_error_t) -> rdzv_status_t {
     boundary(error, || {
@@ -181,11 +194,13 @@ pub extern "C" fn rdzv_cancel(rdzv: *const rdzv_t, error: *mut *mut rdzv_error_t
     })
 }
 
-/// Releases this node: wakes a `rdzv_next` blocked on this handle in another thread, revokes
-/// the node's lease (so the other nodes see it leave at once rather than after `lease_ttl`),
-/// and, if the run is closed and this was the last node, deletes the run's data from etcd.
-/// Unlike torch, it does NOT close the run for the others. Idempotent; safe from any thread.
-/// Later calls on the handle fail with `RDZV_ERR_SHUTDOWN`. At most `close_timeout`.
+/// Releases this node: wakes a `rdzv_next` blocked on this handle in another thread (and waits
+/// on the stores of its rounds), revokes the node's lease (so the other nodes see it leave at
+/// once rather than after `lease_ttl`), and, if this was the last live node of the run,
+/// deletes the run's rounds, stores and round counter from etcd, so a finished job leaves
+/// nothing behind (a closed run's `closed` marker stays for `retention`). Unlike torch, it
+/// does NOT close the run for the others. Idempotent; safe from any thread. Later calls on
+/// the handle and its stores fail with `RDZV_ERR_SHUTDOWN`. At most `close_timeout`.
 #[no_mangle]
 pub extern "C" fn rdzv_shutdown(
     rdzv: *const rdzv_t,

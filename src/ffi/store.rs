@@ -15,6 +15,14 @@ use std::time::Duration;
 /// values are bytes (at most about 1.5 MiB, etcd's request limit). Timeouts are in
 /// milliseconds: negative means the store's default (300 s, see `rdzv_store_set_timeout`),
 /// 0 means "do not wait", and values above one year are capped at one year.
+///
+/// Lifetime: the handle stays valid (for `rdzv_store_free`) after its `rdzv_t` is freed, but
+/// its calls then fail: every call fails with `RDZV_ERR_SHUTDOWN` once the node that joined the
+/// round is shut down (`rdzv_shutdown` or `rdzv_free`), and a wait in progress returns at once.
+/// The data lives as long as the round does: once the round two after it forms, or the run's
+/// data is deleted (its last node left), calls fail with `RDZV_ERR_STATE` (`RDZV_ERR_CLOSED` if
+/// the run was closed) and nothing is written. A wait whose keys are still missing when the
+/// run is closed returns `RDZV_ERR_CLOSED`.
 pub struct rdzv_store_t(pub(crate) BlockingStore);
 
 fn store_ref<'a>(s: *const rdzv_store_t) -> crate::Result<&'a BlockingStore> {
@@ -241,6 +249,21 @@ pub extern "C" fn rdzv_store_set_timeout(
             )));
         }
         s.set_timeout(Duration::from_millis(timeout_ms as u64));
+        Ok(())
+    })
+}
+
+/// Wakes every `rdzv_store_get`, `rdzv_store_wait` and `rdzv_store_multi_get` blocked on this
+/// store in other threads: they return `RDZV_ERR_CANCELLED`. Calls that start afterwards are
+/// not affected (a caller racing with the start of a wait repeats the cancel until the wait
+/// returns, as the bindings do). Never blocks; safe from any thread.
+#[no_mangle]
+pub extern "C" fn rdzv_store_cancel(
+    store: *const rdzv_store_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        store_ref(store)?.cancel();
         Ok(())
     })
 }

@@ -66,6 +66,9 @@ pub struct Params {
     pub retention: Duration,
     pub key_prefix: String,
     pub security: Security,
+    /// Whether `max_nodes` was given; until it is, it follows `min_nodes` (so that
+    /// `min_nodes=4` alone means exactly 4 nodes rather than an error against the default 1).
+    max_nodes_given: bool,
 }
 
 // Passwords and key paths stay out of logs: Debug shows only whether they are set.
@@ -109,6 +112,7 @@ impl Params {
         params.endpoints = parse_endpoints(endpoints)?;
         params.min_nodes = min_nodes;
         params.max_nodes = max_nodes;
+        params.max_nodes_given = true;
         params.validate()?;
         Ok(params)
     }
@@ -135,6 +139,7 @@ impl Params {
             retention: Duration::from_secs(3600),
             key_prefix: "/rdzv".to_string(),
             security: Security::default(),
+            max_nodes_given: false,
         }
     }
 
@@ -151,8 +156,16 @@ impl Params {
     fn apply(&mut self, name: &str, value: &str) -> Result<()> {
         let seconds = |v: &str| parse_seconds(name, v);
         match name {
-            "min_nodes" | "min_workers" => self.min_nodes = parse_count(name, value)?,
-            "max_nodes" | "max_workers" => self.max_nodes = parse_count(name, value)?,
+            "min_nodes" | "min_workers" => {
+                self.min_nodes = parse_count(name, value)?;
+                if !self.max_nodes_given {
+                    self.max_nodes = self.min_nodes;
+                }
+            }
+            "max_nodes" | "max_workers" => {
+                self.max_nodes = parse_count(name, value)?;
+                self.max_nodes_given = true;
+            }
             "nnodes" => {
                 let (min, max) = match value.split_once(':') {
                     Some((a, b)) => (parse_count(name, a)?, parse_count(name, b)?),
@@ -163,6 +176,7 @@ impl Params {
                 };
                 self.min_nodes = min;
                 self.max_nodes = max;
+                self.max_nodes_given = true;
             }
             "local_addr" => {
                 if value.is_empty() || value.chars().any(|c| c.is_whitespace() || c.is_control()) {

@@ -156,3 +156,24 @@ fn absurd_numbers_are_rejected_not_panicked_on() {
     );
     assert!(invalid(Params::from_url("etcd://h:1/j?join_timeout=1..2")).contains("join_timeout"));
 }
+
+#[test]
+fn max_nodes_follows_min_nodes_until_given() {
+    let only_min = Params::from_url("etcd://h:1/j?min_nodes=3").unwrap();
+    assert_eq!((only_min.min_nodes, only_min.max_nodes), (3, 3));
+    let max_first = Params::from_url("etcd://h:1/j?max_nodes=8&min_nodes=3").unwrap();
+    assert_eq!((max_first.min_nodes, max_first.max_nodes), (3, 8));
+    let mut explicit = Params::from_url("etcd://h:1/j").unwrap();
+    explicit.set("min_workers", "2").unwrap();
+    assert_eq!(explicit.max_nodes, 2);
+    explicit.set("max_nodes", "5").unwrap();
+    explicit.set("min_nodes", "4").unwrap();
+    assert_eq!(
+        (explicit.min_nodes, explicit.max_nodes),
+        (4, 5),
+        "a given max stays"
+    );
+    assert!(
+        invalid(Params::from_url("etcd://h:1/j?max_nodes=2&min_nodes=3")).contains("max_nodes")
+    );
+}

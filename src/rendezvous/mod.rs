@@ -16,12 +16,14 @@ mod round;
 pub use records::{FinalRecord, JoinRecord};
 
 use crate::backend::keys::Keys;
-use crate::backend::{Etcd, Lease};
+use crate::backend::{ranges, Etcd, Lease};
 use crate::error::{Error, ErrorKind, Result};
 use crate::params::Params;
 use crate::store::Store;
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
-use std::sync::Mutex;
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnResponse,
+};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -52,13 +54,24 @@ pub struct Rendezvous {
     shutdown: watch::Sender<bool>,
     /// Bumped by `cancel`; a running `next` returns when it changes.
     cancel: watch::Sender<u64>,
+    /// Writes that change a round (join, leadership claim, seal) run in tasks of their own that
+    /// hold this gate. A `next` abandoned in the middle of one (cancel, shutdown, timeout) thus
+    /// never leaves a write of unknown outcome behind: withdrawing takes the gate first.
+    writes: Arc<tokio::sync::Mutex<()>>,
+    /// Turned on while a failed `next` withdraws: a write still retrying stops retrying.
+    give_up: watch::Sender<bool>,
 }
+
+/// How long withdrawing a join request may take once `next` has failed. It must run even
+/// after `join_timeout`, so `next` can return up to this much later than its deadline.
+const WITHDRAW_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct NodeState {
     /// The last round this node completed, and its rank in it.
     last: Option<(FinalRecord, u32)>,
-    /// The round whose join key this node holds now.
+    /// The round whose join key this node may hold: set before the join is sent, so that a
+    /// join whose response never arrived is withdrawn too.
     joined: Option<u64>,
     /// Tracks which members of `last` are gone.
     lost: Option<lost::LostTracker>,
@@ -92,6 +105,8 @@ impl Rendezvous {
             next_running: tokio::sync::Mutex::new(()),
             shutdown: watch::channel(false).0,
             cancel: watch::channel(0).0,
+            writes: Arc::new(tokio::sync::Mutex::new(())),
+            give_up: watch::channel(false).0,
         };
         rdzv.ensure_lease(deadline).await?;
         Ok(rdzv)
@@ -124,8 +139,13 @@ impl Rendezvous {
     }
 
     /// Blocks until this node is a member of a completed round, `join_timeout` passes, the run
-    /// is closed, or the handle is shut down.
+    /// is closed, or the handle is shut down or cancelled. A round is never left waiting on a
+    /// node that gave up: a failed `next` withdraws its join request, and if the round was
+    /// sealed with this node in it first, `next` returns that round instead of the error.
     pub async fn next(&self) -> Result<(RoundInfo, Store)> {
+        // Subscribe before anything else, so a cancel made once next is entered is not lost.
+        let mut cancel = self.cancel.subscribe();
+        let mut shutdown = self.shutdown.subscribe();
         if self.is_shut_down() {
             return Err(Error::shutdown());
         }
@@ -140,18 +160,19 @@ impl Rendezvous {
                 }
             })?;
         let deadline = Instant::now() + self.params.join_timeout;
-        let mut shutdown = self.shutdown.subscribe();
-        let mut cancel = self.cancel.subscribe();
-        cancel.mark_unchanged();
         let result = tokio::select! {
             r = self.join_until_member(deadline) => r,
             _ = shutdown.wait_for(|down| *down) => Err(Error::shutdown()),
             _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "next: cancelled by rdzv_cancel")),
         };
-        if result.is_err() {
-            self.leave_joined_round().await;
+        let Err(err) = result else { return result };
+        match self.withdraw().await {
+            // Sealed with this node before it could withdraw: it must run in that round.
+            Some((sealed, rank)) if err.kind() != ErrorKind::Shutdown => {
+                Ok(self.member_of(sealed, rank))
+            }
+            _ => Err(err),
         }
-        result
     }
 
     async fn join_until_member(&self, deadline: Instant) -> Result<(RoundInfo, Store)> {
@@ -175,6 +196,9 @@ impl Rendezvous {
                     continue;
                 }
                 Joined::Closed => return Err(self.closed_error(left_out)),
+                // Our earlier attempt at this join landed and the round was sealed with us
+                // before we heard back (a response lost in an etcd restart).
+                Joined::Sealed(sealed, rank) => return Ok(self.member_of(sealed, rank)),
             };
             // A node that was not in the previous round is outside the running world: if the
             // run closes while it waits, that is a graceful exit, not a failure.
@@ -212,8 +236,10 @@ impl Rendezvous {
         };
         let store = Store::new(
             self.etcd.clone(),
-            self.keys.store_prefix(sealed.round),
+            &self.keys,
+            sealed.round,
             self.params.store_timeout,
+            self.shutdown.subscribe(),
         );
         let mut state = self.state();
         state.last = Some((sealed, rank));
@@ -244,7 +270,8 @@ impl Rendezvous {
             record.to_json(),
             Some(PutOptions::new().with_lease(lease)),
         )];
-        let previous = self.state().joined;
+        // From here on the join may have landed, whatever happens to this call.
+        let previous = self.state().joined.replace(round);
         if let Some(prev) = previous.filter(|&p| p != round) {
             ops.push(TxnOp::delete(self.keys.join(prev, &self.node), None));
         }
@@ -273,10 +300,10 @@ impl Rendezvous {
             .or_else([
                 TxnOp::get(current.clone(), None),
                 TxnOp::get(self.keys.closed(), None),
+                TxnOp::get(self.keys.final_(round), None),
             ]);
-        let resp = self.etcd.txn(deadline, "join", txn).await?;
+        let resp = self.write(deadline, "join", txn).await?;
         if resp.succeeded() {
-            self.state().joined = Some(round);
             let mut snapshot = round::parse_snapshot(&resp)?;
             let claimed = resp
                 .op_responses()
@@ -287,7 +314,17 @@ impl Rendezvous {
             }
             return Ok(Joined::Round(round, snapshot));
         }
-        let got = crate::backend::ranges(&resp);
+        self.state().joined = previous;
+        let got = ranges(&resp);
+        // Sealed comes before closed: a round sealed with this node stands even if the run
+        // was closed afterwards.
+        if let Some(kv) = got.get(2).and_then(|g| g.kvs().first()) {
+            let sealed = FinalRecord::parse(kv.key(), kv.value())?;
+            if let Some(rank) = sealed.rank_of(&self.node) {
+                self.state().joined = Some(round);
+                return Ok(Joined::Sealed(sealed, rank));
+            }
+        }
         if got.get(1).is_some_and(|g| !g.kvs().is_empty()) {
             return Ok(Joined::Closed);
         }
@@ -298,15 +335,35 @@ impl Rendezvous {
         Ok(Joined::Moved(now_open))
     }
 
+    /// Sends a transaction that changes a round (join, claim, seal) from a task of its own
+    /// holding the write gate: if this call is abandoned, the write still completes (or stops
+    /// retrying once `give_up` is set), and `withdraw` waits for it before undoing it.
+    pub(crate) async fn write(
+        &self,
+        deadline: Instant,
+        what: &'static str,
+        txn: Txn,
+    ) -> Result<TxnResponse> {
+        let gate = self.writes.clone().lock_owned().await;
+        let (etcd, give_up) = (self.etcd.clone(), self.give_up.subscribe());
+        let write = tokio::spawn(async move {
+            let _held = gate;
+            etcd.txn_until(deadline, what, Some(give_up), txn).await
+        });
+        write
+            .await
+            .map_err(|e| Error::internal(format!("{what}: the write task failed: {e}")))?
+    }
+
     /// Grants a lease and writes the `alive` key when this node has none or lost it.
     async fn ensure_lease(&self, deadline: Instant) -> Result<i64> {
         let mut slot = self.lease.lock().await;
         if let Some(lease) = slot.as_ref().filter(|l| !l.is_lost()) {
             return Ok(lease.id);
         }
-        if let Some(old) = slot.take() {
-            let _ = old.revoke(&self.etcd, self.quick_deadline()).await;
-        }
+        // A lost lease is gone from etcd already: nothing to revoke (and no time to spend on it
+        // inside next's deadline). Dropping it stops its refresh task.
+        slot.take();
         let lease = Lease::grant(&self.etcd, self.params.lease_ttl, deadline).await?;
         let id = lease.id;
         let alive = self.keys.alive(&self.node);
@@ -326,26 +383,68 @@ impl Rendezvous {
         Ok(id)
     }
 
-    /// Best effort: take back this node's join request (and the round's leadership, if this
-    /// node held it) after a failed `next`.
-    async fn leave_joined_round(&self) {
-        let joined = self.state().joined.take();
-        if let Some(round) = joined {
-            let (join, leader) = (self.keys.join(round, &self.node), self.keys.leader(round));
-            let txn = Txn::new()
-                .when([Compare::value(
-                    leader.clone(),
-                    CompareOp::Equal,
-                    self.node.clone(),
-                )])
-                .and_then([
-                    TxnOp::delete(join.clone(), None),
-                    TxnOp::delete(leader, None),
-                ])
-                .or_else([TxnOp::delete(join, None)]);
-            let deadline = Instant::now() + Duration::from_secs(2);
-            let _ = self.etcd.txn(deadline, "leave", txn).await;
+    /// After a failed `next`: waits for a round write still in flight, then takes back this
+    /// node's join request (and the round's leadership, if it held it) unless the round was
+    /// sealed first. Returns the sealed round and this node's rank if it is a member, since it
+    /// must then run in that round. If etcd cannot confirm the withdrawal, the node lets its
+    /// lease lapse, so that within `lease_ttl` no round counts on it.
+    async fn withdraw(&self) -> Option<(FinalRecord, u32)> {
+        self.give_up.send_replace(true);
+        let gate = self.writes.lock().await;
+        self.give_up.send_replace(false);
+        let round = self.state().joined?;
+        let join = self.keys.join(round, &self.node);
+        let leader = self.keys.leader(round);
+        let sealed = self.keys.final_(round);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(sealed.clone(), CompareOp::Equal, 0),
+                Compare::version(join.clone(), CompareOp::Greater, 0),
+            ])
+            .and_then([
+                TxnOp::delete(join.clone(), None),
+                // Fails a seal computed before this withdrawal was seen (round.rs, seal).
+                TxnOp::put(self.keys.gone(round, &self.node), "1", None),
+                // Last: etcd 3.4 drops the responses of operations after a nested transaction.
+                TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::value(
+                            leader.clone(),
+                            CompareOp::Equal,
+                            self.node.clone(),
+                        )])
+                        .and_then([TxnOp::delete(leader, None)]),
+                ),
+            ])
+            .or_else([
+                TxnOp::get(sealed, None),
+                TxnOp::get(join, Some(GetOptions::new().with_count_only())),
+            ]);
+        let deadline = Instant::now() + WITHDRAW_GRACE;
+        let outcome = self.etcd.txn(deadline, "withdraw", txn).await;
+        drop(gate);
+        let resp = match outcome {
+            Ok(resp) => resp,
+            Err(_) => {
+                if let Some(lease) = self.lease.lock().await.take() {
+                    drop(lease); // stops the refresh: etcd expires it within lease_ttl
+                }
+                self.state().joined = None;
+                return None;
+            }
+        };
+        if resp.succeeded() {
+            self.state().joined = None;
+            return None;
         }
+        let got = ranges(&resp);
+        if got.get(1).is_some_and(|g| g.count() == 0) {
+            self.state().joined = None;
+        }
+        let kv = got.first()?.kvs().first()?;
+        let sealed = FinalRecord::parse(kv.key(), kv.value()).ok()?;
+        let rank = sealed.rank_of(&self.node)?;
+        Some((sealed, rank))
     }
 
     /// Marks the lease as gone, so the next `ensure_lease` grants a new one.
@@ -367,7 +466,12 @@ impl Rendezvous {
                 "the run was closed while this node waited outside the running round (late or surplus)",
             )
         } else {
-            Error::closed(format!("rendezvous {:?} is closed", self.params.run_id))
+            Error::closed(format!(
+                "rendezvous {:?} is closed (a closed run id stays closed for retention={} s; \
+                 use a new run id or purge the run)",
+                self.params.run_id,
+                self.params.retention.as_secs()
+            ))
         }
     }
 
@@ -419,11 +523,20 @@ impl Rendezvous {
         Ok(())
     }
 
-    /// Nodes waiting to join the round after this node's last round: late arrivals, and
-    /// members that already called `next` again. Zero before the first round completes.
+    /// Nodes waiting to join the round after this node's last round that a new round could
+    /// admit. Non-zero means the members should call `next`. While a re-rendezvous is under
+    /// way (a member of the last round already joined the next one) every joiner counts.
+    /// Otherwise only as many newcomers as there is room for: `max_nodes` minus the surviving
+    /// members. Spare nodes beyond `max_nodes` wait without being counted, so a full round is
+    /// not torn down again and again for nodes it cannot take. Zero before the first round.
     pub async fn num_waiting(&self) -> Result<u32> {
         self.check_not_shut_down()?;
-        let Some(round) = self.state().last.as_ref().map(|(f, _)| f.round) else {
+        let Some((round, members)) = self
+            .state()
+            .last
+            .as_ref()
+            .map(|(f, _)| (f.round, f.members.clone()))
+        else {
             return Ok(0);
         };
         let prefix = self.keys.join_prefix(round + 1);
@@ -433,10 +546,26 @@ impl Rendezvous {
                 self.quick_deadline(),
                 "num_waiting",
                 prefix,
-                GetOptions::new().with_prefix().with_count_only(),
+                GetOptions::new().with_prefix().with_keys_only(),
             )
             .await?;
-        Ok(resp.count().clamp(0, u32::MAX as i64) as u32)
+        let joined: Vec<&str> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| Keys::node_of(kv.key()))
+            .collect();
+        if joined.is_empty() {
+            return Ok(0);
+        }
+        let clamp = |n: usize| n.min(u32::MAX as usize) as u32;
+        if joined.iter().any(|node| members.iter().any(|m| m == node)) {
+            return Ok(clamp(joined.len()));
+        }
+        let survivors = members
+            .len()
+            .saturating_sub(self.num_lost().await? as usize);
+        let room = (self.params.max_nodes as usize).saturating_sub(survivors);
+        Ok(clamp(joined.len().min(room)))
     }
 
     /// Members of this node's last round whose lease has expired (dead or cut off), counting
@@ -482,9 +611,10 @@ impl Rendezvous {
             .count() as u32)
     }
 
-    /// Releases this node: wakes a blocked `next` on this handle, revokes the lease (which
-    /// deletes the node's keys, so the others see it leave), and, if the run is closed and this
-    /// was the last node, deletes the run's rounds. Does not close the run. Idempotent.
+    /// Releases this node: wakes a blocked `next` on this handle (and store waits of its
+    /// rounds), revokes the lease (which deletes the node's keys, so the others see it leave),
+    /// and, if this was the last live node of the run, deletes the run's rounds and stores. Does
+    /// not close the run. Idempotent.
     pub async fn shutdown(&self) -> Result<()> {
         if self.shutdown.send_replace(true) {
             return Ok(());
@@ -496,15 +626,16 @@ impl Rendezvous {
         if let Some(lease) = self.lease.lock().await.take() {
             lease.revoke(&self.etcd, deadline).await?;
         }
-        self.delete_closed_run(deadline).await
+        self.delete_finished_run(deadline).await
     }
 
-    /// The last node out of a closed run deletes its rounds and stores; `closed` itself stays
-    /// until its retention lease expires.
-    async fn delete_closed_run(&self, deadline: Instant) -> Result<()> {
+    /// The last node out of a run deletes its rounds, stores and round counter, so a finished
+    /// job leaves nothing behind and a later job with the same id starts from round 0. `closed`
+    /// stays until its retention lease expires. Guarded by "no live node": a node that is
+    /// still there (even one that is only waiting) keeps the run as it is.
+    async fn delete_finished_run(&self, deadline: Instant) -> Result<()> {
         let txn = Txn::new()
             .when([
-                Compare::create_revision(self.keys.closed(), CompareOp::Greater, 0),
                 Compare::create_revision(self.keys.alive_prefix(), CompareOp::Equal, 0)
                     .with_prefix(),
             ])
@@ -515,7 +646,9 @@ impl Rendezvous {
                 ),
                 TxnOp::delete(self.keys.current(), None),
             ]);
-        self.etcd.txn(deadline, "clean up closed run", txn).await?;
+        self.etcd
+            .txn(deadline, "clean up finished run", txn)
+            .await?;
         Ok(())
     }
 
@@ -538,4 +671,6 @@ enum Joined {
     Round(u64, round::Snapshot),
     Moved(u64),
     Closed,
+    /// The round was sealed with this node in it (an earlier attempt of this join landed).
+    Sealed(FinalRecord, u32),
 }

@@ -25,6 +25,8 @@ pub(crate) struct Snapshot {
     pub closed: bool,
     /// Whether this node's join key still exists.
     pub joined: bool,
+    /// The etcd revision this snapshot was read at: watch events up to it are already in it.
+    pub revision: i64,
 }
 
 /// Waits until round `round` is sealed (by this node or another), the run closes, or the
@@ -39,12 +41,17 @@ pub(crate) async fn wait_for_seal(
     let keys = rdzv.keys();
     let me = keys.join(round, rdzv.node());
     let leader_key = keys.leader(round);
+    // When the leader's last call ends. Kept across re-reads: a flapping connection must not
+    // postpone the seal forever.
+    let mut last_call: Option<Instant> = None;
     loop {
-        if snap.closed {
-            return Err(rdzv.closed_err(left_out));
-        }
+        // Sealed before closed: a round sealed with this node stands even if the run was
+        // closed right after (the other members run in it).
         if let Some(sealed) = snap.sealed {
             return Ok(Outcome::Sealed(sealed));
+        }
+        if snap.closed {
+            return Err(rdzv.closed_err(left_out));
         }
         if !snap.joined {
             return Ok(Outcome::Rejoin);
@@ -55,7 +62,14 @@ pub(crate) async fn wait_for_seal(
                 continue;
             }
             Some(leader) if leader == rdzv.node() => {
-                return lead(rdzv, round, deadline, left_out).await
+                match lead(rdzv, round, deadline, left_out, &mut last_call).await? {
+                    Some(outcome) => return Ok(outcome),
+                    // No longer the leader, or the view went stale: start from a fresh read.
+                    None => {
+                        snap = read_snapshot(rdzv, round, deadline).await?;
+                        continue;
+                    }
+                }
             }
             Some(_) => {}
         }
@@ -75,6 +89,7 @@ pub(crate) async fn wait_for_seal(
             snap = fresh;
             continue;
         }
+        let seen = fresh.revision;
         snap = 'watching: loop {
             let events = tokio::select! {
                 e = watch.events() => e,
@@ -84,19 +99,27 @@ pub(crate) async fn wait_for_seal(
                 // The watch broke (etcd restart, compaction): start again from a fresh read.
                 break 'watching read_snapshot(rdzv, round, deadline).await?;
             };
+            let mut closed = false;
             for ev in events {
                 let Some(kv) = ev.kv() else { continue };
+                if kv.mod_revision() <= seen {
+                    continue; // already in the snapshot
+                }
                 let key = kv.key();
                 let deleted = ev.event_type() == EventType::Delete;
                 if key == keys.final_(round).as_bytes() && !deleted {
                     return Ok(Outcome::Sealed(FinalRecord::parse(key, kv.value())?));
                 } else if key == keys.closed().as_bytes() && !deleted {
-                    return Err(rdzv.closed_err(left_out));
+                    closed = true;
                 } else if key == me.as_bytes() && deleted {
                     return Ok(Outcome::Rejoin);
                 } else if key == leader_key.as_bytes() && deleted {
                     break 'watching claim_leadership(rdzv, round, deadline).await?;
                 }
+            }
+            if closed {
+                // Re-read rather than fail at once: the round may have been sealed just before.
+                break 'watching read_snapshot(rdzv, round, deadline).await?;
             }
         };
     }
@@ -136,6 +159,7 @@ pub(crate) fn parse_snapshot(resp: &etcd_client::TxnResponse) -> Result<Snapshot
         },
         closed: got[2].count() > 0,
         joined: got[3].count() > 0,
+        revision: resp.header().map_or(0, |h| h.revision()),
     })
 }
 
@@ -165,7 +189,7 @@ async fn claim_leadership(rdzv: &Rendezvous, round: u64, deadline: Instant) -> R
             .collect::<Vec<_>>(),
         )
         .or_else(snapshot_reads(rdzv, round));
-    parse_snapshot(&rdzv.etcd().txn(deadline, "claim leadership", txn).await?)
+    parse_snapshot(&rdzv.write(deadline, "claim leadership", txn).await?)
 }
 
 /// What the leader knows about its round, kept current by one watch.
@@ -174,10 +198,16 @@ struct RoundView {
     /// Joiners by create revision (arrival order), and the reverse index.
     joiners: BTreeMap<i64, (String, JoinRecord)>,
     revision_of: HashMap<String, i64>,
+    /// Nodes that withdrew from this round, with the revision of their withdrawal.
+    gone: HashMap<String, i64>,
+    /// The newest withdrawal this view knows of; the seal is guarded by "none newer".
+    newest_gone: i64,
     /// Members of the previous round, if it exists.
     previous: Option<Vec<String>>,
     /// Nodes whose `alive` key exists.
     alive: HashSet<String>,
+    /// Whether this node still holds the round's `leader` key.
+    leading: bool,
 }
 
 impl RoundView {
@@ -197,6 +227,31 @@ impl RoundView {
         }
     }
 
+    fn add_gone(&mut self, key: &[u8], mod_rev: i64) {
+        let node = Keys::node_of(key).unwrap_or_default().to_string();
+        self.gone.insert(node, mod_rev);
+        self.newest_gone = self.newest_gone.max(mod_rev);
+    }
+
+    /// Joiners that still stand: a withdrawal after a node's join key was written removes it
+    /// even if the deletion of the join key has not reached this view yet (events of several
+    /// watchers are not ordered with each other).
+    fn standing(&self) -> impl Iterator<Item = (&i64, &(String, JoinRecord))> {
+        self.joiners
+            .iter()
+            .filter(|(rev, (node, _))| self.gone.get(node).map_or(true, |gone| gone < *rev))
+    }
+
+    fn count(&self) -> usize {
+        self.standing().count()
+    }
+
+    fn has_joined(&self, node: &str) -> bool {
+        self.revision_of
+            .get(node)
+            .is_some_and(|rev| self.gone.get(node).map_or(true, |gone| gone < rev))
+    }
+
     /// A round may seal only once the previous round is being abandoned: one of its members
     /// has joined this round, or one has died, or there is no previous round. Otherwise the
     /// joiners are *waiting* nodes and must not form a second world beside a running one.
@@ -205,7 +260,7 @@ impl RoundView {
             None => true,
             Some(prev) => prev
                 .iter()
-                .any(|m| self.revision_of.contains_key(m) || !self.alive.contains(m)),
+                .any(|m| self.has_joined(m) || !self.alive.contains(m)),
         }
     }
 
@@ -214,7 +269,7 @@ impl RoundView {
     fn pending_previous(&self) -> usize {
         self.previous.as_ref().map_or(0, |prev| {
             prev.iter()
-                .filter(|m| self.alive.contains(*m) && !self.revision_of.contains_key(*m))
+                .filter(|m| self.alive.contains(*m) && !self.has_joined(m))
                 .count()
         })
     }
@@ -222,7 +277,7 @@ impl RoundView {
     /// The sealed record: survivors of the previous round first, in their old order (so rank 0
     /// stays rank 0), then newcomers by arrival; at most `max` of them.
     fn seal_record(&self, max: usize) -> FinalRecord {
-        let mut ordered: Vec<(&i64, &(String, JoinRecord))> = self.joiners.iter().collect();
+        let mut ordered: Vec<(&i64, &(String, JoinRecord))> = self.standing().collect();
         let prev_round = self.round.checked_sub(1);
         ordered.sort_by_key(|(rev, (_, rec))| match rec.last {
             Some((r, rank)) if Some(r) == prev_round => (0, rank as i64, **rev),
@@ -237,143 +292,194 @@ impl RoundView {
             members: ordered.iter().map(|(_, (node, _))| node.clone()).collect(),
         }
     }
+
+    /// Applies one watch event; returns what ends the wait, if it does.
+    fn apply(&mut self, keys: &Keys, me: &str, ev: &etcd_client::Event) -> Result<Option<Step>> {
+        let Some(kv) = ev.kv() else { return Ok(None) };
+        let key = kv.key();
+        let deleted = ev.event_type() == EventType::Delete;
+        let round = self.round;
+        if key.starts_with(keys.join_prefix(round).as_bytes()) {
+            let node = Keys::node_of(key).unwrap_or_default();
+            match (deleted, node == me) {
+                (true, true) => return Ok(Some(Step::Done(Outcome::Rejoin))),
+                (true, false) => self.remove_joiner(node),
+                (false, _) => self.add_joiner(kv.create_revision(), key, kv.value())?,
+            }
+        } else if key.starts_with(keys.gone_prefix(round).as_bytes()) && !deleted {
+            self.add_gone(key, kv.mod_revision());
+        } else if key == keys.leader(round).as_bytes() {
+            self.leading = !deleted && kv.value() == me.as_bytes();
+        } else if key.starts_with(keys.alive_prefix().as_bytes()) {
+            let node = Keys::node_of(key).unwrap_or_default().to_string();
+            if deleted {
+                self.alive.remove(&node);
+            } else {
+                self.alive.insert(node);
+            }
+        } else if key == keys.final_(round).as_bytes() && !deleted {
+            let sealed = FinalRecord::parse(key, kv.value())?;
+            return Ok(Some(Step::Done(Outcome::Sealed(sealed))));
+        } else if key == keys.closed().as_bytes() && !deleted {
+            return Ok(Some(Step::Reread));
+        }
+        Ok(None)
+    }
 }
 
-async fn lead(rdzv: &Rendezvous, round: u64, deadline: Instant, left_out: bool) -> Result<Outcome> {
+/// What makes the leader stop applying events.
+enum Step {
+    Done(Outcome),
+    /// Something that needs a fresh read of the whole round (the run was closed: it may have
+    /// been sealed just before).
+    Reread,
+}
+
+/// Leads round `round` until it is sealed. `Ok(None)` means this node no longer leads or its
+/// view went stale; the caller reads the round again. `last_call` (when the last call ends)
+/// outlives this call and is cleared only when the round stops qualifying for one.
+async fn lead(
+    rdzv: &Rendezvous,
+    round: u64,
+    deadline: Instant,
+    left_out: bool,
+    last_call: &mut Option<Instant>,
+) -> Result<Option<Outcome>> {
     let keys = rdzv.keys();
     let params = rdzv.params();
     let (min, max) = (params.min_nodes as usize, params.max_nodes as usize);
+    // Watch first, then read: the view starts from the read and the events after it (events
+    // at or before the read's revision are already in it and are skipped).
+    let targets = [
+        Target::Prefix(keys.round_prefix(round)),
+        Target::Prefix(keys.alive_prefix()),
+        Target::Key(keys.closed()),
+    ];
+    let mut watch = rdzv.etcd().watch(&targets, deadline).await?;
+    let mut reads = vec![
+        TxnOp::get(
+            keys.join_prefix(round),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend),
+            ),
+        ),
+        TxnOp::get(keys.final_(round), None),
+        TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
+        TxnOp::get(
+            keys.alive_prefix(),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        ),
+        TxnOp::get(keys.leader(round), None),
+        TxnOp::get(
+            keys.gone_prefix(round),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        ),
+    ];
+    if round > 0 {
+        reads.push(TxnOp::get(keys.final_(round - 1), None));
+    }
+    let resp = rdzv
+        .etcd()
+        .txn(deadline, "read round", Txn::new().and_then(reads))
+        .await?;
+    let seen = resp.header().map_or(0, |h| h.revision());
+    let got = ranges(&resp);
+    if let Some(kv) = got[1].kvs().first() {
+        return Ok(Some(Outcome::Sealed(FinalRecord::parse(
+            kv.key(),
+            kv.value(),
+        )?)));
+    }
+    if got[2].count() > 0 {
+        return Err(rdzv.closed_err(left_out));
+    }
+    let previous = match got.get(6).and_then(|g| g.kvs().first()) {
+        Some(kv) => Some(FinalRecord::parse(kv.key(), kv.value())?.members),
+        None => None,
+    };
+    let mut view = RoundView {
+        round,
+        joiners: BTreeMap::new(),
+        revision_of: HashMap::new(),
+        gone: HashMap::new(),
+        newest_gone: 0,
+        previous,
+        alive: got[3]
+            .kvs()
+            .iter()
+            .filter_map(|kv| Keys::node_of(kv.key()))
+            .map(str::to_string)
+            .collect(),
+        leading: got[4]
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == rdzv.node().as_bytes()),
+    };
+    for kv in got[0].kvs() {
+        view.add_joiner(kv.create_revision(), kv.key(), kv.value())?;
+    }
+    for kv in got[5].kvs() {
+        view.add_gone(kv.key(), kv.mod_revision());
+    }
+    if !view.revision_of.contains_key(rdzv.node()) {
+        return Ok(Some(Outcome::Rejoin));
+    }
     loop {
-        // Watch first, then read: the view starts from the read and the events after it
-        // (events between the two repeat what the read shows and are harmless to apply).
-        let targets = [
-            Target::Prefix(keys.join_prefix(round)),
-            Target::Prefix(keys.alive_prefix()),
-            Target::Key(keys.final_(round)),
-            Target::Key(keys.closed()),
-        ];
-        let mut watch = rdzv.etcd().watch(&targets, deadline).await?;
-        let mut reads = vec![
-            TxnOp::get(
-                keys.join_prefix(round),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend),
-                ),
-            ),
-            TxnOp::get(keys.final_(round), None),
-            TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
-            TxnOp::get(
-                keys.alive_prefix(),
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            ),
-        ];
-        if round > 0 {
-            reads.push(TxnOp::get(keys.final_(round - 1), None));
+        if !view.leading {
+            return Ok(None);
         }
-        let resp = rdzv
-            .etcd()
-            .txn(deadline, "read round", Txn::new().and_then(reads))
-            .await?;
-        let got = ranges(&resp);
-        if got[2].count() > 0 {
-            return Err(rdzv.closed_err(left_out));
+        let n = view.count();
+        let activated = view.activated();
+        let full = n >= max && view.pending_previous() == 0;
+        let last_call_over = last_call.is_some_and(|t| Instant::now() >= t);
+        if activated && (full || (n >= min && last_call_over)) {
+            return seal(rdzv, &view, max, deadline, left_out).await;
         }
-        if let Some(kv) = got[1].kvs().first() {
-            return Ok(Outcome::Sealed(FinalRecord::parse(kv.key(), kv.value())?));
+        if activated && n >= min {
+            last_call.get_or_insert_with(|| Instant::now() + params.last_call_timeout);
+        } else {
+            *last_call = None;
         }
-        let previous = match got.get(4).and_then(|g| g.kvs().first()) {
-            Some(kv) => Some(FinalRecord::parse(kv.key(), kv.value())?.members),
-            None => None,
-        };
-        let mut view = RoundView {
-            round,
-            joiners: BTreeMap::new(),
-            revision_of: HashMap::new(),
-            previous,
-            alive: got[3]
-                .kvs()
-                .iter()
-                .filter_map(|kv| Keys::node_of(kv.key()))
-                .map(str::to_string)
-                .collect(),
-        };
-        for kv in got[0].kvs() {
-            view.add_joiner(kv.create_revision(), kv.key(), kv.value())?;
-        }
-        if !view.revision_of.contains_key(rdzv.node()) {
-            return Ok(Outcome::Rejoin);
-        }
-        let mut last_call: Option<Instant> = None;
-        'watching: loop {
-            let n = view.joiners.len();
-            let activated = view.activated();
-            let full = n >= max && view.pending_previous() == 0;
-            let last_call_over = last_call.is_some_and(|t| Instant::now() >= t);
-            if activated && (full || (n >= min && last_call_over)) {
-                return seal(rdzv, &view, max, deadline, left_out).await;
-            }
-            if activated && n >= min {
-                last_call.get_or_insert_with(|| Instant::now() + params.last_call_timeout);
-            } else {
-                last_call = None;
-            }
-            let wake = last_call.unwrap_or(deadline).min(deadline);
-            let events = tokio::select! {
-                e = watch.events() => e,
-                _ = tokio::time::sleep_until(wake) => {
-                    if Instant::now() >= deadline {
-                        return Err(timeout(rdzv, Some(n)));
-                    }
-                    continue 'watching;
+        let wake = last_call.unwrap_or(deadline).min(deadline);
+        let events = tokio::select! {
+            e = watch.events() => e,
+            _ = tokio::time::sleep_until(wake) => {
+                if Instant::now() >= deadline {
+                    return Err(timeout(rdzv, Some(n)));
                 }
-            };
-            let Some(events) = events else {
-                break 'watching;
-            };
-            let join_prefix = keys.join_prefix(round);
-            let alive_prefix = keys.alive_prefix();
-            for ev in events {
-                let Some(kv) = ev.kv() else { continue };
-                let key = kv.key();
-                let deleted = ev.event_type() == EventType::Delete;
-                if key.starts_with(join_prefix.as_bytes()) {
-                    if deleted {
-                        let node = Keys::node_of(key).unwrap_or_default();
-                        if node == rdzv.node() {
-                            return Ok(Outcome::Rejoin);
-                        }
-                        view.remove_joiner(node);
-                    } else {
-                        view.add_joiner(kv.create_revision(), key, kv.value())?;
-                    }
-                } else if key.starts_with(alive_prefix.as_bytes()) {
-                    let node = Keys::node_of(key).unwrap_or_default().to_string();
-                    if deleted {
-                        view.alive.remove(&node);
-                    } else {
-                        view.alive.insert(node);
-                    }
-                } else if key == keys.final_(round).as_bytes() && !deleted {
-                    return Ok(Outcome::Sealed(FinalRecord::parse(key, kv.value())?));
-                } else if key == keys.closed().as_bytes() && !deleted {
-                    return Err(rdzv.closed_err(left_out));
-                }
+                continue;
+            }
+        };
+        // The watch broke (etcd restart, compaction): read the round again.
+        let Some(events) = events else {
+            return Ok(None);
+        };
+        for ev in &events {
+            if ev.kv().is_some_and(|kv| kv.mod_revision() <= seen) {
+                continue;
+            }
+            match view.apply(keys, rdzv.node(), ev)? {
+                Some(Step::Done(outcome)) => return Ok(Some(outcome)),
+                Some(Step::Reread) => return Ok(None),
+                None => {}
             }
         }
     }
 }
 
-/// Writes the round's membership once: guarded by "no final yet", "not closed" and "the
-/// leader's own join key still exists" (a leader whose lease expired must not seal).
+/// Writes the round's membership once: guarded by "no final yet", "not closed", "the leader's
+/// own join key still exists and it still holds `leader`" (a leader whose lease expired must
+/// not seal), and "no withdrawal newer than the view" (a node that withdrew after the view was
+/// taken must not be sealed in). `Ok(None)`: the view was stale; read the round again.
 async fn seal(
     rdzv: &Rendezvous,
     view: &RoundView,
     max: usize,
     deadline: Instant,
     left_out: bool,
-) -> Result<Outcome> {
+) -> Result<Option<Outcome>> {
     let keys = rdzv.keys();
     let round = view.round;
     let sealed = view.seal_record(max);
@@ -394,24 +500,33 @@ async fn seal(
             Compare::create_revision(keys.closed(), CompareOp::Equal, 0),
             Compare::version(keys.join(round, rdzv.node()), CompareOp::Greater, 0),
             Compare::value(keys.leader(round), CompareOp::Equal, rdzv.node()),
+            Compare::mod_revision(
+                keys.gone_prefix(round),
+                CompareOp::Less,
+                view.newest_gone + 1,
+            )
+            .with_prefix(),
         ])
         .and_then(writes)
         .or_else([
             TxnOp::get(keys.final_(round), None),
             TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
         ]);
-    let resp = rdzv.etcd().txn(deadline, "seal round", txn).await?;
+    let resp = rdzv.write(deadline, "seal round", txn).await?;
     if resp.succeeded() {
-        return Ok(Outcome::Sealed(sealed));
+        return Ok(Some(Outcome::Sealed(sealed)));
     }
     let got = ranges(&resp);
+    if let Some(kv) = got[0].kvs().first() {
+        return Ok(Some(Outcome::Sealed(FinalRecord::parse(
+            kv.key(),
+            kv.value(),
+        )?)));
+    }
     if got[1].count() > 0 {
         return Err(rdzv.closed_err(left_out));
     }
-    match got[0].kvs().first() {
-        Some(kv) => Ok(Outcome::Sealed(FinalRecord::parse(kv.key(), kv.value())?)),
-        None => Ok(Outcome::Rejoin),
-    }
+    Ok(None)
 }
 
 fn timeout(rdzv: &Rendezvous, joined: Option<usize>) -> Error {

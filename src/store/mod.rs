@@ -2,13 +2,20 @@
 //! (`set`, blocking `get`, atomic `add`, `compare_set`, `wait`, ...), kept in etcd under
 //! `r/{round}/store/`. Scoping by round means a node of an old round can never write into a
 //! newer round's store, and a round's data goes away two rounds later.
+//!
+//! A store lives exactly as long as its round's `final` key: every write is guarded by it, so
+//! a store whose round was deleted (rotated out, or the run finished and was cleaned up) fails
+//! instead of writing keys nobody will ever delete. Waits end early when they can no longer
+//! succeed: the run closed with the keys still missing, the node shut down, or `cancel`.
 
+use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Target, RDZV_MAX_VALUE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
-use etcd_client::{Compare, CompareOp, EventType, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, TxnResponse};
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// Keys longer than this are refused: etcd keeps keys in memory and in every index.
@@ -20,17 +27,47 @@ pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 #[derive(Clone)]
 pub struct Store {
     etcd: Etcd,
+    round: u64,
     prefix: String,
-    timeout: std::sync::Arc<Mutex<Duration>>,
+    /// The round's `final` key: the store exists while it does.
+    sealed: String,
+    closed: String,
+    timeout: Arc<Mutex<Duration>>,
+    /// The owning node's shutdown flag: once set, every call fails with `Shutdown`.
+    shutdown: watch::Receiver<bool>,
+    /// Bumped by `cancel`: waits running on this store return `Cancelled`.
+    cancel: Arc<watch::Sender<u64>>,
+}
+
+/// What one read of the store saw.
+struct Read {
+    values: Vec<Option<Vec<u8>>>,
+    closed: bool,
 }
 
 impl Store {
-    pub(crate) fn new(etcd: Etcd, prefix: String, timeout: Duration) -> Store {
+    pub(crate) fn new(
+        etcd: Etcd,
+        keys: &Keys,
+        round: u64,
+        timeout: Duration,
+        shutdown: watch::Receiver<bool>,
+    ) -> Store {
         Store {
             etcd,
-            prefix,
-            timeout: std::sync::Arc::new(Mutex::new(timeout)),
+            round,
+            prefix: keys.store_prefix(round),
+            sealed: keys.final_(round),
+            closed: keys.closed(),
+            timeout: Arc::new(Mutex::new(timeout)),
+            shutdown,
+            cancel: Arc::new(watch::channel(0).0),
         }
+    }
+
+    /// The round this store belongs to.
+    pub fn round(&self) -> u64 {
+        self.round
     }
 
     /// The default timeout of `get`, `wait` and `multi_get` (c10d's `set_timeout`).
@@ -39,6 +76,22 @@ impl Store {
     }
     pub fn set_timeout(&self, timeout: Duration) {
         *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = timeout.min(MAX_WAIT);
+    }
+
+    /// Makes `get`, `wait` and `multi_get` calls running on this store (or a clone) return
+    /// `Cancelled`. No effect on calls that start later.
+    pub fn cancel(&self) {
+        self.cancel.send_modify(|generation| *generation += 1);
+    }
+
+    fn usable(&self) -> Result<()> {
+        match *self.shutdown.borrow() {
+            true => Err(Error::new(
+                ErrorKind::Shutdown,
+                "store: the node that joined this round was shut down",
+            )),
+            false => Ok(()),
+        }
     }
 
     fn key(&self, key: &str) -> Result<String> {
@@ -67,17 +120,65 @@ impl Store {
         Instant::now() + timeout
     }
 
+    fn round_exists(&self) -> Compare {
+        Compare::create_revision(self.sealed.clone(), CompareOp::Greater, 0)
+    }
+
+    /// The error for a store whose round no longer exists in etcd.
+    fn gone(&self, closed: bool) -> Error {
+        match closed {
+            true => Error::closed(format!(
+                "store of round {}: the run was closed and its data deleted",
+                self.round
+            )),
+            false => Error::state(format!(
+                "store of round {} no longer exists: the run moved on (a round's store is \
+                 deleted when the round two after it forms) or its data was deleted",
+                self.round
+            )),
+        }
+    }
+
+    /// Sends a write guarded by "the round still exists"; its else branch reads `final` and
+    /// `closed` after `extra` reads of its own, so the caller can tell why it failed.
+    async fn guarded(
+        &self,
+        what: &str,
+        guards: Vec<Compare>,
+        writes: Vec<TxnOp>,
+        mut reads: Vec<TxnOp>,
+    ) -> Result<std::result::Result<TxnResponse, Vec<etcd_client::GetResponse>>> {
+        self.usable()?;
+        let mut when = vec![self.round_exists()];
+        when.extend(guards);
+        reads.push(TxnOp::get(
+            self.sealed.clone(),
+            Some(GetOptions::new().with_count_only()),
+        ));
+        reads.push(TxnOp::get(
+            self.closed.clone(),
+            Some(GetOptions::new().with_count_only()),
+        ));
+        let txn = Txn::new().when(when).and_then(writes).or_else(reads);
+        let resp = self.etcd.txn(self.op_deadline(), what, txn).await?;
+        if resp.succeeded() {
+            return Ok(Ok(resp));
+        }
+        let got = ranges(&resp);
+        let (sealed, closed) = (&got[got.len() - 2], &got[got.len() - 1]);
+        if sealed.count() == 0 {
+            return Err(self.gone(closed.count() > 0));
+        }
+        Ok(Err(got))
+    }
+
     pub async fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let full = self.key(key)?;
         check_value(key, value)?;
-        let value = value.to_vec();
-        // A plain put, not a one-operation transaction: etcd applies puts about twice as fast.
-        self.etcd
-            .call(self.op_deadline(), "store set", move |mut c| {
-                let (full, value) = (full.clone(), value.clone());
-                async move { c.put(full, value, None).await }
-            })
-            .await?;
+        let put = TxnOp::put(full, value.to_vec(), None);
+        self.guarded("store set", vec![], vec![put], vec![])
+            .await?
+            .map_err(|_| Error::internal("store set: guard failed with the round present"))?;
         Ok(())
     }
 
@@ -104,19 +205,17 @@ impl Store {
                     "add: {value} + {delta} overflows a 64-bit integer at key {key:?}"
                 ))
             })?;
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    full.clone(),
-                    CompareOp::Equal,
-                    mod_rev,
-                )])
-                .and_then([TxnOp::put(full.clone(), new.to_string(), None)])
-                .or_else([TxnOp::get(full.clone(), None)]);
-            let resp = self.etcd.txn(deadline, "store add", txn).await?;
-            if resp.succeeded() {
-                return Ok(new);
-            }
-            match ranges(&resp)[0].kvs().first() {
+            let unchanged = Compare::mod_revision(full.clone(), CompareOp::Equal, mod_rev);
+            let put = TxnOp::put(full.clone(), new.to_string(), None);
+            let read = TxnOp::get(full.clone(), None);
+            let got = match self
+                .guarded("store add", vec![unchanged], vec![put], vec![read])
+                .await?
+            {
+                Ok(_) => return Ok(new),
+                Err(got) => got,
+            };
+            match got[0].kvs().first() {
                 Some(kv) => {
                     value = parse_integer(key, kv.value())?;
                     mod_rev = kv.mod_revision();
@@ -148,21 +247,18 @@ impl Store {
         } else {
             Compare::value(full.clone(), CompareOp::Equal, expected.to_vec())
         };
-        let txn = Txn::new()
-            .when([guard])
-            .and_then([TxnOp::put(full.clone(), desired.to_vec(), None)])
-            .or_else([TxnOp::get(full.clone(), None)]);
-        let resp = self
-            .etcd
-            .txn(self.op_deadline(), "store compare_set", txn)
-            .await?;
-        if resp.succeeded() {
-            return Ok(desired.to_vec());
+        let put = TxnOp::put(full.clone(), desired.to_vec(), None);
+        let read = TxnOp::get(full, None);
+        match self
+            .guarded("store compare_set", vec![guard], vec![put], vec![read])
+            .await?
+        {
+            Ok(_) => Ok(desired.to_vec()),
+            Err(got) => Ok(match got[0].kvs().first() {
+                Some(kv) => kv.value().to_vec(),
+                None => expected.to_vec(),
+            }),
         }
-        Ok(match ranges(&resp)[0].kvs().first() {
-            Some(kv) => kv.value().to_vec(),
-            None => expected.to_vec(),
-        })
     }
 
     /// Waits until every key exists.
@@ -174,32 +270,48 @@ impl Store {
 
     /// True if every key exists right now.
     pub async fn check(&self, keys: &[&str]) -> Result<bool> {
-        let present = self.read(keys, self.op_deadline()).await?;
-        Ok(present.iter().all(Option::is_some))
+        let read = self.read(keys).await?;
+        Ok(read.values.iter().all(Option::is_some))
     }
 
     /// Deletes `key`; true if it existed.
     pub async fn delete_key(&self, key: &str) -> Result<bool> {
         let full = self.key(key)?;
         let resp = self
-            .etcd
-            .call(self.op_deadline(), "store delete_key", move |mut c| {
-                let full = full.clone();
-                async move { c.delete(full, None).await }
-            })
-            .await?;
-        Ok(resp.deleted() > 0)
+            .guarded(
+                "store delete_key",
+                vec![],
+                vec![TxnOp::delete(full, None)],
+                vec![],
+            )
+            .await?
+            .map_err(|_| {
+                Error::internal("store delete_key: guard failed with the round present")
+            })?;
+        Ok(resp
+            .op_responses()
+            .iter()
+            .any(|op| matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0)))
     }
 
     /// Number of keys in this round's store.
     pub async fn num_keys(&self) -> Result<i64> {
-        let prefix = self.prefix.clone();
-        let options = GetOptions::new().with_prefix().with_count_only();
+        self.usable()?;
+        let count = GetOptions::new().with_count_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.prefix.clone(), Some(count.clone().with_prefix())),
+            TxnOp::get(self.sealed.clone(), Some(count.clone())),
+            TxnOp::get(self.closed.clone(), Some(count)),
+        ]);
         let resp = self
             .etcd
-            .get(self.op_deadline(), "store num_keys", prefix, options)
+            .txn(self.op_deadline(), "store num_keys", txn)
             .await?;
-        Ok(resp.count())
+        let got = ranges(&resp);
+        if got[1].count() == 0 {
+            return Err(self.gone(got[2].count() > 0));
+        }
+        Ok(got[0].count())
     }
 
     /// Waits for all keys, then returns their values in order, read at one revision.
@@ -233,30 +345,41 @@ impl Store {
                 "multi_set: {total} bytes in one call exceeds etcd's request limit of {RDZV_MAX_VALUE_BYTES} bytes"
             )));
         }
-        self.etcd
-            .txn(self.op_deadline(), "store set", Txn::new().and_then(ops))
-            .await?;
+        self.guarded("store set", vec![], ops, vec![])
+            .await?
+            .map_err(|_| Error::internal("store set: guard failed with the round present"))?;
         Ok(())
     }
 
-    /// Reads keys in one snapshot: each value, None where absent.
-    async fn read(&self, keys: &[&str], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
-        let ops = keys
+    /// Reads keys in one snapshot (each value, None where absent) with the run's state.
+    async fn read(&self, keys: &[&str]) -> Result<Read> {
+        self.usable()?;
+        let mut ops = keys
             .iter()
             .map(|k| Ok(TxnOp::get(self.key(k)?, None)))
             .collect::<Result<Vec<_>>>()?;
+        let count = GetOptions::new().with_count_only();
+        ops.push(TxnOp::get(self.sealed.clone(), Some(count.clone())));
+        ops.push(TxnOp::get(self.closed.clone(), Some(count)));
         let resp = self
             .etcd
-            .txn(deadline, "store get", Txn::new().and_then(ops))
+            .txn(self.op_deadline(), "store get", Txn::new().and_then(ops))
             .await?;
-        let values = ranges(&resp)
+        let got = ranges(&resp);
+        let (sealed, closed) = (&got[keys.len()], got[keys.len() + 1].count() > 0);
+        if sealed.count() == 0 {
+            return Err(self.gone(closed));
+        }
+        let values = got[..keys.len()]
             .iter()
             .map(|g| g.kvs().first().map(|kv| kv.value().to_vec()))
             .collect();
-        Ok(values)
+        Ok(Read { values, closed })
     }
 
-    /// Snapshot, then watch the store from just after it until every missing key appears.
+    /// Read, then watch the store until every missing key appears. Ends early, with the
+    /// matching error, when the keys can no longer appear for this caller: the run was closed
+    /// with keys still missing, the round's data was deleted, the node shut down, or `cancel`.
     async fn wait_for(
         &self,
         keys: &[&str],
@@ -266,62 +389,92 @@ impl Store {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let timed_out = |missing: &HashSet<String>| {
-            let waited = timeout.unwrap_or_else(|| self.timeout());
-            let names: Vec<&str> = keys
-                .iter()
+        let mut cancel = self.cancel.subscribe();
+        let mut shutdown = self.shutdown.clone();
+        let names = |missing: &HashSet<String>| -> Vec<&str> {
+            keys.iter()
                 .copied()
                 .filter(|k| missing.contains(&format!("{}{k}", self.prefix)))
-                .collect();
+                .collect()
+        };
+        let timed_out = |missing: &HashSet<String>| {
+            let waited = timeout.unwrap_or_else(|| self.timeout());
             Error::timeout(format!(
-                "store: key(s) {names:?} not set within {:.1} s",
+                "store: key(s) {:?} not set within {:.1} s",
+                names(missing),
                 waited.as_secs_f64()
             ))
         };
-        let missing_of = |values: &[Option<Vec<u8>>]| -> Result<HashSet<String>> {
+        let targets = [
+            Target::Prefix(self.prefix.clone()),
+            Target::Key(self.closed.clone()),
+            Target::Key(self.sealed.clone()),
+        ];
+        let mut watch = None;
+        loop {
+            // Reads get a normal request deadline even when the wait's is zero.
+            let read = self.read(keys).await?;
             let mut missing = HashSet::new();
-            for (k, v) in keys.iter().zip(values) {
+            for (k, v) in keys.iter().zip(&read.values) {
                 if v.is_none() {
                     missing.insert(self.key(k)?);
                 }
             }
-            Ok(missing)
-        };
-        loop {
-            // Reads get a normal request deadline even when the wait's is zero.
-            let values = self.read(keys, self.op_deadline()).await?;
-            let missing = missing_of(&values)?;
             if missing.is_empty() {
-                return Ok(values.into_iter().map(Option::unwrap_or_default).collect());
+                return Ok(read
+                    .values
+                    .into_iter()
+                    .map(Option::unwrap_or_default)
+                    .collect());
+            }
+            if read.closed {
+                return Err(Error::closed(format!(
+                    "store: the run was closed while key(s) {:?} were still unset",
+                    names(&missing)
+                )));
             }
             if Instant::now() >= deadline {
                 return Err(timed_out(&missing));
             }
             // Watch, then read again: a key set between the first read and the watch is seen.
-            let targets = [Target::Prefix(self.prefix.clone())];
-            let mut watch = self.etcd.watch(&targets, self.op_deadline()).await?;
-            let values = self.read(keys, self.op_deadline()).await?;
-            let mut missing = missing_of(&values)?;
-            if missing.is_empty() {
-                return Ok(values.into_iter().map(Option::unwrap_or_default).collect());
-            }
-            loop {
-                let events = tokio::select! {
-                    e = watch.events() => e,
+            let Some(events) = watch.as_mut() else {
+                watch = Some(self.etcd.watch(&targets, self.op_deadline()).await?);
+                continue;
+            };
+            let intact = loop {
+                let batch = tokio::select! {
+                    e = events.events() => e,
                     _ = tokio::time::sleep_until(deadline) => return Err(timed_out(&missing)),
+                    _ = shutdown.wait_for(|down| *down) => return Err(Error::new(
+                        ErrorKind::Shutdown,
+                        "store: the node that joined this round was shut down",
+                    )),
+                    _ = cancel.changed() => return Err(Error::new(
+                        ErrorKind::Cancelled,
+                        "store: wait cancelled by rdzv_store_cancel",
+                    )),
                 };
-                let Some(events) = events else { break };
-                for ev in events {
-                    if ev.event_type() == EventType::Put {
-                        if let Some(kv) = ev.kv() {
-                            missing.remove(String::from_utf8_lossy(kv.key()).as_ref());
+                let Some(batch) = batch else { break false };
+                let mut reread = false;
+                for ev in batch {
+                    let Some(kv) = ev.kv() else { continue };
+                    let key = String::from_utf8_lossy(kv.key());
+                    match ev.event_type() {
+                        EventType::Put if key == self.closed => reread = true,
+                        EventType::Put => {
+                            missing.remove(key.as_ref());
                         }
+                        EventType::Delete if key == self.sealed => reread = true,
+                        EventType::Delete => {}
                     }
                 }
-                if missing.is_empty() {
-                    // Re-read so every value comes from one revision (a key may have changed).
-                    break;
+                // Re-read so every value comes from one revision (a key may have changed).
+                if missing.is_empty() || reread {
+                    break true;
                 }
+            };
+            if !intact {
+                watch = None; // broken (etcd restart, compaction): watch again, read again
             }
         }
     }
