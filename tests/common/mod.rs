@@ -131,6 +131,13 @@ impl Etcd {
         self.kill();
         self.launch();
     }
+
+    /// Sends `signal` to the etcd process (SIGSTOP freezes it: requests hang, as with a server
+    /// that stopped answering; SIGCONT resumes it).
+    pub fn signal(&self, signal: i32) {
+        let child = self.child.as_ref().expect("etcd is running");
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    }
 }
 
 impl Drop for Etcd {
