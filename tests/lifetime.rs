@@ -1,0 +1,187 @@
+//! How long things live: store waits end when they can no longer succeed (run closed, node
+//! shut down, cancelled), a store whose round was deleted refuses to write, a finished run
+//! leaves nothing in etcd, and a refused connection is reported at once. Real etcd.
+
+mod common;
+
+use common::node::{run_of, Node};
+use common::Etcd;
+use rdzv::{BlockingRendezvous, BlockingStore, ErrorKind, Params};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+fn node(url: &str) -> BlockingRendezvous {
+    BlockingRendezvous::new(Params::from_url(url).unwrap()).unwrap()
+}
+
+fn count_under(etcd: &Etcd, prefix: &str) -> i64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        let opts = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        client.get(prefix, Some(opts)).await.unwrap().count()
+    })
+}
+
+/// Runs a store `get` of a key nobody sets on another thread (default timeout 300 s).
+fn blocked_get(store: &Arc<BlockingStore>) -> mpsc::Receiver<rdzv::Result<Vec<u8>>> {
+    let (tx, rx) = mpsc::channel();
+    let store = store.clone();
+    std::thread::spawn(move || tx.send(store.get("never-set", None)));
+    rx
+}
+
+#[test]
+fn closing_the_run_ends_store_waits_with_closed() {
+    let etcd = Etcd::start();
+    let url = etcd.url("store-close", "min_nodes=1");
+    let member = node(&url);
+    let store = Arc::new(member.next().unwrap().1);
+    let started = Instant::now();
+    let rx = blocked_get(&store);
+    node(&url).set_closed().unwrap();
+    let err = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the get outlived the run")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+    assert!(err.message().contains("never-set"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Keys that exist are still readable from a closed run.
+    store.set("k", b"v").unwrap();
+    assert_eq!(store.get("k", None).unwrap(), b"v");
+}
+
+#[test]
+fn shutting_the_node_down_ends_store_waits_and_later_calls() {
+    let etcd = Etcd::start();
+    let url = etcd.url("store-shutdown", "min_nodes=1");
+    let member = Arc::new(node(&url));
+    let store = Arc::new(member.next().unwrap().1);
+    let rx = blocked_get(&store);
+    member.shutdown().unwrap();
+    let err = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the get outlived its node")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Shutdown, "{err}");
+    let err = store.set("k", b"v").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Shutdown, "{err}");
+}
+
+#[test]
+fn cancel_ends_a_store_wait_and_the_store_stays_usable() {
+    let etcd = Etcd::start();
+    let url = etcd.url("store-cancel", "min_nodes=1");
+    let member = node(&url);
+    let store = Arc::new(member.next().unwrap().1);
+    let rx = blocked_get(&store);
+    // Repeat until the get returns: a cancel before the wait began is not remembered.
+    let result = loop {
+        store.cancel();
+        if let Ok(r) = rx.recv_timeout(Duration::from_millis(20)) {
+            break r;
+        }
+    };
+    assert_eq!(result.unwrap_err().kind(), ErrorKind::Cancelled);
+    store.set("after", b"1").unwrap();
+    assert_eq!(store.get("after", Some(Duration::ZERO)).unwrap(), b"1");
+}
+
+#[test]
+fn a_store_whose_round_was_deleted_refuses_to_write() {
+    let etcd = Etcd::start();
+    let url = etcd.url("store-gone", "min_nodes=1");
+    let member = node(&url);
+    let (first, old) = member.next().unwrap();
+    old.set("before", b"1").unwrap();
+    // Round 0's data is deleted when round 2 forms.
+    member.next().unwrap();
+    member.next().unwrap();
+    let store0 = format!("/rdzv/{}/r/{:020}/", run_of(&url), first.round);
+    assert_eq!(count_under(&etcd, &store0), 0, "round 0 was rotated out");
+    for (what, err) in [
+        ("set", old.set("orphan", b"1").unwrap_err()),
+        ("add", old.add("n", 1).unwrap_err()),
+        ("get", old.get("before", None).unwrap_err()),
+        ("multi_set", old.multi_set(&["a"], &[b"1"]).unwrap_err()),
+    ] {
+        assert_eq!(err.kind(), ErrorKind::State, "{what}: {err}");
+        assert!(err.message().contains("no longer exists"), "{what}: {err}");
+    }
+    assert_eq!(count_under(&etcd, &store0), 0, "nothing was written");
+}
+
+#[test]
+fn a_finished_run_leaves_nothing_and_its_id_starts_over() {
+    let etcd = Etcd::start();
+    let url = etcd.url("finished", "min_nodes=2&max_nodes=2");
+    let run = format!("/rdzv/{}/", run_of(&url));
+    let nodes: Vec<Node> = (0..2).map(|_| Node::spawn(&url, &["--exchange"])).collect();
+    for n in nodes {
+        assert_eq!(n.round(30)["round"], 0);
+        assert_eq!(n.finish(30), 0);
+    }
+    assert_eq!(count_under(&etcd, &run), 0, "a finished job leaves no keys");
+    // The same id again is a new job: round 0, fresh store.
+    let again: Vec<Node> = (0..2).map(|_| Node::spawn(&url, &["--exchange"])).collect();
+    for n in again {
+        let round = n.round(30);
+        assert_eq!(
+            (
+                round["round"].as_u64(),
+                round["add_result"].as_i64().map(|v| v <= 2)
+            ),
+            (Some(0), Some(true))
+        );
+        assert_eq!(n.finish(30), 0);
+    }
+}
+
+#[test]
+fn a_closed_run_id_fails_clearly_until_its_retention_ends() {
+    let etcd = Etcd::start();
+    let url = etcd.url("closed-id", "min_nodes=1");
+    let first = node(&url);
+    first.next().unwrap();
+    first.set_closed().unwrap();
+    first.shutdown().unwrap();
+    let err = node(&url).next().map(|_| ()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Closed);
+    assert!(
+        err.message().contains("new run id"),
+        "say what to do: {err}"
+    );
+}
+
+#[test]
+fn a_refused_connection_is_reported_at_once() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("etcd://127.0.0.1:{port}/refused?connect_timeout=10");
+    let started = Instant::now();
+    let err = BlockingRendezvous::new(Params::from_url(&url).unwrap())
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Connection);
+    assert!(
+        err.message().contains("connection refused")
+            && err.message().contains(&format!("127.0.0.1:{port}"))
+            && err.message().contains("is etcd running"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?} of connect_timeout=10",
+        started.elapsed()
+    );
+}
