@@ -32,6 +32,7 @@ if [ -d bindings/python ]; then
   suite "python binding (pytest)" python3 -m pytest -q bindings/python/tests
 fi
 suite "demo" scripts/demo.sh
+suite "README C quick start, as printed" scripts/readme-quickstart.sh
 
 echo "suites: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

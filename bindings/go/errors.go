@@ -106,6 +106,8 @@ func call(f func(errOut **C.rdzv_error_t) C.rdzv_status_t) error {
 	return &Error{Status: Status(status), Message: msg}
 }
 
+// errClosedHandle is what every call on a closed handle returns, in every binding: the
+// library's SHUTDOWN status (errors.Is(err, ErrShutdown)).
 func errClosedHandle(what string) error {
-	return &Error{Status: StatusInvalidArgument, Message: "use of closed " + what}
+	return &Error{Status: StatusShutdown, Message: "use of closed " + what}
 }

@@ -98,7 +98,7 @@ func TestNodesFormRoundAndExchangeThroughStore(t *testing.T) {
 			for k := range keys {
 				keys[k] = fmt.Sprintf("node/%d", k)
 			}
-			if res.peers, res.err = store.MultiGet(keys, 30*time.Second); res.err != nil {
+			if res.peers, res.err = store.MultiGet(ctx, keys, 30*time.Second); res.err != nil {
 				return
 			}
 			res.added, res.err = store.Add("arrived", 1)
@@ -349,7 +349,7 @@ func TestAccessors(t *testing.T) {
 	}
 }
 
-// singleStore is the store of a one-node round; it outlives its Rendezvous.
+// singleStore is the store of a one-node round; its node stays until the test ends.
 func singleStore(t *testing.T) *Store {
 	t.Helper()
 	r := mustRendezvous(t, runURL("store", 1, 30))
@@ -357,12 +357,12 @@ func singleStore(t *testing.T) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() { s.Close(); r.Close() })
 	return s
 }
+
+// ctx is the context of store calls that are not about cancellation.
+var ctx = context.Background()
 
 func TestStoreSemantics(t *testing.T) {
 	s := singleStore(t)
@@ -374,31 +374,31 @@ func TestStoreSemantics(t *testing.T) {
 	}
 
 	check("Set", s.Set("greeting", []byte("hello")))
-	v, err := s.Get("greeting", 5*time.Second)
+	v, err := s.Get(ctx, "greeting", 5*time.Second)
 	check("Get", err)
 	if string(v) != "hello" {
 		t.Errorf("Get = %q", v)
 	}
 	bin := []byte{0, 1, 2, 0, 255}
 	check("Set binary", s.Set("binary", bin))
-	if v, err := s.Get("binary", DefaultTimeout); err != nil || !bytes.Equal(v, bin) {
+	if v, err := s.Get(ctx, "binary", DefaultTimeout); err != nil || !bytes.Equal(v, bin) {
 		t.Errorf("Get binary = %v, %v", v, err)
 	}
 	check("Set empty", s.Set("empty", nil))
-	if v, err := s.Get("empty", time.Second); err != nil || len(v) != 0 {
+	if v, err := s.Get(ctx, "empty", time.Second); err != nil || len(v) != 0 {
 		t.Errorf("Get empty = %v, %v", v, err)
 	}
 
-	if _, err := s.Get("missing", 0); !errors.Is(err, ErrTimeout) {
+	if _, err := s.Get(ctx, "missing", 0); !errors.Is(err, ErrTimeout) {
 		t.Errorf("Get missing, no wait: %v", err)
 	}
-	if _, err := s.Get("missing", 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
+	if _, err := s.Get(ctx, "missing", 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
 		t.Errorf("Get missing: %v", err)
 	}
-	if err := s.Wait([]string{"greeting", "missing"}, 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
+	if err := s.Wait(ctx, []string{"greeting", "missing"}, 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
 		t.Errorf("Wait missing: %v", err)
 	}
-	check("Wait", s.Wait([]string{"greeting", "binary"}, 5*time.Second))
+	check("Wait", s.Wait(ctx, []string{"greeting", "binary"}, 5*time.Second))
 	if ok, err := s.Check([]string{"greeting", "binary"}); err != nil || !ok {
 		t.Errorf("Check present = %v, %v", ok, err)
 	}
@@ -430,12 +430,12 @@ func TestStoreSemantics(t *testing.T) {
 	}
 
 	check("MultiSet", s.MultiSet([]string{"m/a", "m/b", "m/empty"}, [][]byte{[]byte("A"), []byte("B"), nil}))
-	vals, err := s.MultiGet([]string{"m/b", "m/a", "m/empty"}, 5*time.Second)
+	vals, err := s.MultiGet(ctx, []string{"m/b", "m/a", "m/empty"}, 5*time.Second)
 	check("MultiGet", err)
 	if len(vals) != 3 || string(vals[0]) != "B" || string(vals[1]) != "A" || len(vals[2]) != 0 {
 		t.Errorf("MultiGet = %q", vals)
 	}
-	if _, err := s.MultiGet([]string{"m/a", "missing"}, 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
+	if _, err := s.MultiGet(ctx, []string{"m/a", "missing"}, 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
 		t.Errorf("MultiGet missing: %v", err)
 	}
 	if err := s.MultiSet([]string{"x", "y"}, [][]byte{nil}); !errors.Is(err, ErrInvalidArgument) {
@@ -464,7 +464,7 @@ func TestStoreSemantics(t *testing.T) {
 	// The store default applies to DefaultTimeout.
 	check("SetTimeout", s.SetTimeout(200*time.Millisecond))
 	start := time.Now()
-	if _, err := s.Get("missing", DefaultTimeout); !errors.Is(err, ErrTimeout) {
+	if _, err := s.Get(ctx, "missing", DefaultTimeout); !errors.Is(err, ErrTimeout) {
 		t.Errorf("Get with store default: %v", err)
 	}
 	if time.Since(start) > 20*time.Second {
@@ -476,7 +476,7 @@ func TestStoreGetWaitsForConcurrentSet(t *testing.T) {
 	s := singleStore(t)
 	got := make(chan []byte, 1)
 	go func() {
-		v, err := s.Get("late", 30*time.Second)
+		v, err := s.Get(ctx, "late", 30*time.Second)
 		if err != nil {
 			v = []byte("error: " + err.Error())
 		}
@@ -547,8 +547,8 @@ func TestCloseIsIdempotent(t *testing.T) {
 			t.Errorf("Rendezvous.Close #%d: %v", i, err)
 		}
 	}
-	// The store outlives its Rendezvous, then closes idempotently too.
-	if err := s.Set("after", []byte("close")); err != nil {
+	// The store's calls fail once its node is closed; the store closes idempotently too.
+	if err := s.Set("after", []byte("close")); !errors.Is(err, ErrShutdown) {
 		t.Errorf("store after Rendezvous.Close: %v", err)
 	}
 	for i := 0; i < 2; i++ {
@@ -556,21 +556,76 @@ func TestCloseIsIdempotent(t *testing.T) {
 			t.Errorf("Store.Close #%d: %v", i, err)
 		}
 	}
-	// Calls on closed handles fail cleanly.
-	if err := p.Set("min_nodes", "1"); !errors.Is(err, ErrInvalidArgument) {
+	// Calls on closed handles fail with ErrShutdown, as in every binding.
+	if err := p.Set("min_nodes", "1"); !errors.Is(err, ErrShutdown) {
 		t.Errorf("Params.Set after Close: %v", err)
 	}
-	if _, err := NewRendezvous(p); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := NewRendezvous(p); !errors.Is(err, ErrShutdown) {
 		t.Errorf("NewRendezvous(closed params): %v", err)
 	}
-	if _, _, err := r.Next(ctxTimeout(t, 5*time.Second)); !errors.Is(err, ErrInvalidArgument) {
+	if _, _, err := r.Next(ctxTimeout(t, 5*time.Second)); !errors.Is(err, ErrShutdown) {
 		t.Errorf("Next after Close: %v", err)
 	}
-	if _, err := s.Get("after", 0); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := s.Get(ctx, "after", 0); !errors.Is(err, ErrShutdown) {
 		t.Errorf("Store.Get after Close: %v", err)
 	}
 	if r.NodeID() == "" {
 		t.Error("NodeID empty after Close")
+	}
+}
+
+// A Get blocked on a key nobody sets ends when its context does, when the store is closed
+// (without Close waiting out the timeout), and when its node is closed.
+func TestStoreWaitsEndWithContextCloseAndNodeClose(t *testing.T) {
+	r := mustRendezvous(t, runURL("store-ctx", 1, 30))
+	defer r.Close()
+	_, s, err := r.Next(ctxTimeout(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := s.Get(cctx, "never", DefaultTimeout); !errors.Is(err, ErrCancelled) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Get with a context deadline: %v", err)
+	}
+	if _, err := s.Get(ctx, "after-ctx", 0); !errors.Is(err, ErrTimeout) {
+		t.Errorf("the store is usable after a cancelled wait: %v", err)
+	}
+
+	got := make(chan error, 1)
+	go func() { _, err := s.Get(ctx, "never", DefaultTimeout); got <- err }()
+	closed := make(chan struct{})
+	go func() { _ = s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Store.Close waited for a blocked Get")
+	}
+	if err := <-got; !errors.Is(err, ErrCancelled) && !errors.Is(err, ErrShutdown) {
+		t.Errorf("Get woken by Close: %v", err)
+	}
+
+	r2 := mustRendezvous(t, runURL("store-node-close", 1, 30))
+	_, s2, err := r2.Next(ctxTimeout(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	go func() { _, err := s2.Get(ctx, "never", DefaultTimeout); got <- err }()
+	if err := r2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if !errors.Is(err, ErrShutdown) {
+			t.Errorf("Get after its node closed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a Get outlived its node")
+	}
+	if time.Since(start) > 20*time.Second {
+		t.Errorf("took %v", time.Since(start))
 	}
 }
 

@@ -112,16 +112,7 @@ func (r *Rendezvous) Next(ctx context.Context) (RoundInfo, *Store, error) {
 
 // cancelUntil calls rdzv_cancel until the blocked next reports.
 func (r *Rendezvous) cancelUntil(done <-chan nextResult) nextResult {
-	ticker := time.NewTicker(cancelRetry)
-	defer ticker.Stop()
-	for {
-		_ = r.Cancel()
-		select {
-		case res := <-done:
-			return res
-		case <-ticker.C:
-		}
-	}
+	return untilDone(done, func() { _ = r.Cancel() })
 }
 
 func (r *Rendezvous) next() nextResult {
@@ -197,8 +188,9 @@ func (r *Rendezvous) Shutdown() error {
 	})
 }
 
-// Close shuts the node down (waking a blocked Next), waits for calls in flight and frees the
-// handle. Idempotent. Stores obtained from Next stay usable.
+// Close shuts the node down (waking a blocked Next and store waits), waits for calls in
+// flight and frees the handle. Idempotent. Stores obtained from Next must still be closed;
+// their calls fail with ErrShutdown from now on.
 func (r *Rendezvous) Close() error {
 	var err error
 	r.mu.RLock()

@@ -7,6 +7,7 @@ package rdzv
 import "C"
 
 import (
+	"context"
 	"runtime"
 	"sync"
 	"time"
@@ -18,7 +19,9 @@ import (
 const DefaultTimeout time.Duration = -1
 
 // Store is the store of one round (c10d Store semantics): keys are non-empty strings of at
-// most 4096 bytes, values are bytes. Safe for concurrent use; Close waits for calls in flight.
+// most 4096 bytes, values are bytes. Safe for concurrent use. Its calls fail with ErrShutdown
+// once the Rendezvous that produced it is shut down or closed, and a wait still missing its
+// keys when the run is closed returns ErrClosed. Close cancels waits in flight.
 type Store struct {
 	mu   sync.RWMutex
 	_ptr *C.rdzv_store_t
@@ -107,23 +110,14 @@ func (s *Store) Set(key string, value []byte) error {
 }
 
 // Get waits up to timeout for key to be set and returns its value (ErrTimeout if it is still
-// absent). DefaultTimeout uses the store's default.
-func (s *Store) Get(key string, timeout time.Duration) ([]byte, error) {
-	ck := C.CString(key)
-	defer C.free(unsafe.Pointer(ck))
-	var out []byte
-	err := s.with(func(ptr *C.rdzv_store_t) error {
-		var p *C.uint8_t
-		var n C.size_t
-		if err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_store_get(ptr, ck, timeoutMs(timeout), &p, &n, e)
-		}); err != nil {
-			return err
-		}
-		out = takeBytes(p, n)
-		return nil
-	})
-	return out, err
+// absent). DefaultTimeout uses the store's default. If ctx is done first, the wait is
+// cancelled and the error matches both ErrCancelled and ctx.Err().
+func (s *Store) Get(ctx context.Context, key string, timeout time.Duration) ([]byte, error) {
+	vals, err := s.MultiGet(ctx, []string{key}, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return vals[0], nil
 }
 
 // Add atomically adds delta to the decimal integer at key (absent counts as 0) and returns
@@ -165,14 +159,58 @@ func (s *Store) CompareSet(key string, expected, desired []byte) ([]byte, error)
 	return out, err
 }
 
-// Wait waits up to timeout until all keys exist (ErrTimeout otherwise).
-func (s *Store) Wait(keys []string, timeout time.Duration) error {
+// Wait waits up to timeout until all keys exist (ErrTimeout otherwise), or until ctx is done
+// (an error matching ErrCancelled and ctx.Err()).
+func (s *Store) Wait(ctx context.Context, keys []string, timeout time.Duration) error {
 	ck, free := cKeys(keys)
 	defer free()
-	return s.with(func(ptr *C.rdzv_store_t) error {
+	return s.blocking(ctx, func(ptr *C.rdzv_store_t) error {
 		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
 			return C.rdzv_store_wait(ptr, ck, C.size_t(len(keys)), timeoutMs(timeout), e)
 		})
+	})
+}
+
+// blocking runs a waiting call on the live handle; if ctx is done first, it cancels the
+// store's waits until the call returns.
+func (s *Store) blocking(ctx context.Context, f func(ptr *C.rdzv_store_t) error) error {
+	if err := ctx.Err(); err != nil {
+		return &Error{Status: StatusCancelled, Message: "context done before the store call", cause: err}
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.with(f) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		err := untilDone(done, func() { _ = s.Cancel() })
+		if e, ok := err.(*Error); ok && e.Status == StatusCancelled {
+			return &Error{Status: StatusCancelled, Message: e.Message, cause: ctx.Err()}
+		}
+		return err
+	}
+}
+
+// untilDone calls cancel until the blocked call reports on done: a cancel that lands just
+// before the C call starts waiting would otherwise be lost.
+func untilDone[T any](done <-chan T, cancel func()) T {
+	ticker := time.NewTicker(cancelRetry)
+	defer ticker.Stop()
+	for {
+		cancel()
+		select {
+		case res := <-done:
+			return res
+		case <-ticker.C:
+		}
+	}
+}
+
+// Cancel wakes Get, Wait and MultiGet calls blocked on this store in other goroutines (they
+// return ErrCancelled). No effect on calls that start later. Prefer the calls' contexts.
+func (s *Store) Cancel() error {
+	return s.with(func(ptr *C.rdzv_store_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_store_cancel(ptr, e) })
 	})
 }
 
@@ -212,12 +250,12 @@ func (s *Store) NumKeys() (int64, error) {
 }
 
 // MultiGet waits up to timeout for all keys, then returns their values read at one revision,
-// in the order of keys.
-func (s *Store) MultiGet(keys []string, timeout time.Duration) ([][]byte, error) {
+// in the order of keys. If ctx is done first, the wait is cancelled (ErrCancelled).
+func (s *Store) MultiGet(ctx context.Context, keys []string, timeout time.Duration) ([][]byte, error) {
 	ck, free := cKeys(keys)
 	defer free()
 	var out [][]byte
-	err := s.with(func(ptr *C.rdzv_store_t) error {
+	err := s.blocking(ctx, func(ptr *C.rdzv_store_t) error {
 		// Output arrays in Go memory: C writes only C pointers into them.
 		vals := make([]*C.uint8_t, len(keys)+1)
 		lens := make([]C.size_t, len(keys)+1)
@@ -275,10 +313,26 @@ func (s *Store) SetTimeout(timeout time.Duration) error {
 	})
 }
 
-// Close frees the store handle after calls in flight return. Idempotent.
+// Close cancels waits in flight (they return ErrCancelled), waits for calls in flight to
+// return and frees the store handle. Idempotent.
 func (s *Store) Close() error {
+	s.mu.RLock()
+	ptr := s._ptr
+	s.mu.RUnlock()
+	if ptr == nil {
+		return nil
+	}
+	// Wake blocked waits, repeatedly, until Close holds the lock: a waiter must not make Close
+	// wait out its timeout. The handle stays valid until this goroutine has exited.
+	stop, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		_ = untilDone(stop, func() { C.rdzv_store_cancel(ptr, nil) })
+	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	close(stop)
+	<-exited
 	if s._ptr != nil {
 		C.rdzv_store_free(s._ptr)
 		s._ptr = nil

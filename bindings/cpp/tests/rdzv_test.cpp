@@ -12,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -144,9 +145,9 @@ TEST(Move, HandlesAreMoveOnly) {
   EXPECT_FALSE(a);  // NOLINT(bugprone-use-after-move): checking the moved-from state
   EXPECT_TRUE(b);
   EXPECT_EQ(b.raw(), raw);
-  // A moved-from object holds nothing: using it is a clean InvalidArgumentError.
-  EXPECT_THROW(a.set("min_nodes", "1"), rdzv::InvalidArgumentError);
-  EXPECT_THROW(rdzv::Rendezvous{a}, rdzv::InvalidArgumentError);
+  // A moved-from object holds nothing: using it is a clean ShutdownError, as in every binding.
+  EXPECT_THROW(a.set("min_nodes", "1"), rdzv::ShutdownError);
+  EXPECT_THROW(rdzv::Rendezvous{a}, rdzv::ShutdownError);
   a = std::move(b);
   EXPECT_TRUE(a);
   EXPECT_NO_THROW(a.set("max_nodes", "4"));
@@ -278,8 +279,8 @@ TEST(Rendezvous, AccessorsAndMove) {
   rdzv::Rendezvous b = std::move(a);
   EXPECT_FALSE(a);  // NOLINT(bugprone-use-after-move)
   EXPECT_EQ(b.node_id(), id);
-  EXPECT_THROW(a.node_id(), rdzv::InvalidArgumentError);
-  EXPECT_THROW(a.next(), rdzv::InvalidArgumentError);
+  EXPECT_THROW(a.node_id(), rdzv::ShutdownError);
+  EXPECT_THROW(a.next(), rdzv::ShutdownError);
 
   rdzv::Rendezvous c(rdzv::Params::from_url(url));
   EXPECT_NE(c.node_id(), id);
@@ -297,14 +298,21 @@ TEST(Rendezvous, UnreachableEtcdThrowsConnectionError) {
   EXPECT_THROW(rdzv::Rendezvous{rdzv::Params::from_url(url)}, rdzv::ConnectionError);
 }
 
-// A store of a one-node round.
-rdzv::Store single_node_store() {
+// A one-node round: the node and its store (the store is usable while the node lives).
+struct NodeAndStore {
+  rdzv::Rendezvous node;
+  rdzv::Store store;
+};
+
+NodeAndStore single_node_store() {
   rdzv::Rendezvous node(rdzv::Params::from_url(run_url("store", 1)));
-  return node.next().store;  // the store outlives the handle
+  rdzv::Store store = node.next().store;
+  return {std::move(node), std::move(store)};
 }
 
 TEST(Store, Semantics) {
-  rdzv::Store store = single_node_store();
+  auto one = single_node_store();
+  rdzv::Store& store = one.store;
 
   store.set("greeting", "hello");
   EXPECT_EQ(store.get("greeting", 5s), "hello");
@@ -367,7 +375,8 @@ TEST(Store, Semantics) {
 }
 
 TEST(Store, GetWaitsForAnotherThreadsSet) {
-  rdzv::Store store = single_node_store();
+  auto one = single_node_store();
+  rdzv::Store& store = one.store;
   auto fut = std::async(std::launch::async, [&store] { return store.get("late", 30s); });
   EXPECT_EQ(fut.wait_for(200ms), std::future_status::timeout);
   store.set("late", "arrived");
@@ -375,12 +384,48 @@ TEST(Store, GetWaitsForAnotherThreadsSet) {
 }
 
 TEST(Store, MoveLeavesAnEmptyStore) {
-  rdzv::Store a = single_node_store();
+  auto one = single_node_store();
+  rdzv::Store a = std::move(one.store);
   a.set("k", "v");
   rdzv::Store b = std::move(a);
   EXPECT_FALSE(a);  // NOLINT(bugprone-use-after-move)
   EXPECT_EQ(b.get("k", 1s), "v");
-  EXPECT_THROW(a.get("k", 1s), rdzv::InvalidArgumentError);
+  EXPECT_THROW(a.get("k", 1s), rdzv::ShutdownError);
+}
+
+TEST(Store, WaitsEndOnCancelAndWhenTheNodeShutsDown) {
+  auto one = single_node_store();
+  std::promise<std::string> cancelled;
+  auto cancelled_result = cancelled.get_future();
+  std::thread waiter([&] {
+    try {
+      one.store.get("never");
+      cancelled.set_value("returned");
+    } catch (const rdzv::Error& e) {
+      cancelled.set_value(rdzv_status_name(e.status()));
+    }
+  });
+  // Repeat until the get returns: a cancel before the wait began is not remembered.
+  while (cancelled_result.wait_for(20ms) != std::future_status::ready) one.store.cancel();
+  waiter.join();
+  EXPECT_EQ(cancelled_result.get(), "RDZV_ERR_CANCELLED");
+  EXPECT_NO_THROW(one.store.set("still", "usable"));
+
+  std::promise<std::string> shut;
+  auto shut_result = shut.get_future();
+  std::thread waiter2([&] {
+    try {
+      one.store.get("never");
+      shut.set_value("returned");
+    } catch (const rdzv::Error& e) {
+      shut.set_value(rdzv_status_name(e.status()));
+    }
+  });
+  one.node.shutdown();
+  ASSERT_EQ(shut_result.wait_for(10s), std::future_status::ready) << "a get outlived its node";
+  waiter2.join();
+  EXPECT_EQ(shut_result.get(), "RDZV_ERR_SHUTDOWN");
+  EXPECT_THROW(one.store.set("k", "v"), rdzv::ShutdownError);
 }
 
 }  // namespace

@@ -160,6 +160,7 @@ SIGNATURES = {
         [StoreP, KeysP, POINTER(BytesP), POINTER(c_size_t), c_size_t, ErrorPP],
     ),
     "rdzv_store_set_timeout": (rdzv_status_t, [StoreP, c_int64, ErrorPP]),
+    "rdzv_store_cancel": (rdzv_status_t, [StoreP, ErrorPP]),
     "rdzv_store_free": (None, [StoreP]),
 }
 

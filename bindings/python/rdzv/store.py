@@ -36,8 +36,10 @@ class Store:
     (encoded as UTF-8) and always come back as ``bytes``. Timeouts are ``datetime.timedelta``
     or seconds; ``None`` means the store's default (``timeout``, 300 s unless the
     ``store_timeout`` option or ``set_timeout`` changed it) and 0 means "do not wait".
-    Thread-safe. Stays usable after its handler is closed. ``close()`` (or a ``with`` block)
-    frees it; a call blocked in another thread finishes first.
+    Thread-safe. Its calls raise ``RendezvousShutdownError`` once the handler it came from is
+    shut down or closed (a wait in progress is woken), and a wait whose keys are still missing
+    when the run is closed raises ``RendezvousClosedError``. Ctrl-C cancels a wait.
+    ``close()`` (or a ``with`` block) frees it; a call blocked in another thread finishes first.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -205,10 +207,17 @@ class Store:
 
     # -- helpers ------------------------------------------------------------------------------
 
+    def cancel(self) -> None:
+        """Wakes ``get``, ``wait`` and ``multi_get`` calls blocked on this store in other
+        threads: they raise ``RendezvousCancelledError``. Calls that start later are not
+        affected."""
+        with self._res.use() as p:
+            call(lib().rdzv_store_cancel, p)
+
     def _blocking(self, work: Any, ms: int) -> Any:
         if ms == 0:  # does not wait
             return work()
-        return run_blocking(work, name=self._name)
+        return run_blocking(work, name=self._name, cancel=self.cancel)
 
     def __repr__(self) -> str:
         return f"<rdzv.Store{' closed' if self.closed else ''}>"

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import wait_until
 from rdzv import (
+    RendezvousCancelledError,
+    RendezvousClosedError,
     RendezvousInvalidArgumentError,
     RendezvousShutdownError,
     RendezvousTimeoutError,
@@ -192,17 +194,47 @@ def test_store_timeout_option(etcd, run_id):
             assert time.monotonic() - t0 < 5
 
 
-def test_store_outlives_handler_and_closes_once(etcd, run_id):
+def test_store_dies_with_its_handler_and_closes_once(etcd, run_id):
     handler = etcd.handler(run_id, 1, 1)
     store = handler.next_rendezvous().store
     store.set("k", b"v")
     handler.close()
-    assert store.get("k") == b"v"
+    with pytest.raises(RendezvousShutdownError):
+        store.get("k")
     store.close()
     store.close()  # idempotent
     assert store.closed
     with pytest.raises(RendezvousShutdownError):
         store.get("k")
+
+
+def test_store_waits_end_on_cancel_close_and_shutdown(etcd, run_id):
+    with etcd.handler(run_id, 1, 1) as handler:
+        store = handler.next_rendezvous().store
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(store.get, "never")
+            wait_until(lambda: store._res._users == 1, T, "the get to be in flight")
+            # Repeat until the get returns: a cancel before the wait began is not remembered.
+            wait_until(lambda: store.cancel() or waiting.done(), T, "the cancel to land")
+            with pytest.raises(RendezvousCancelledError):
+                waiting.result(timeout=T)
+            store.set("still", b"usable")
+
+            waiting = pool.submit(store.get, "never")
+            wait_until(lambda: store._res._users == 1, T, "the get to be in flight")
+            with etcd.handler(run_id, 1, 1) as other:
+                other.set_closed()
+            with pytest.raises(RendezvousClosedError):
+                waiting.result(timeout=T)
+
+    with etcd.handler(run_id + "-shutdown", 1, 1) as handler:
+        store = handler.next_rendezvous().store
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(store.wait, ["never"])
+            wait_until(lambda: store._res._users == 1, T, "the wait to be in flight")
+            handler.shutdown()
+            with pytest.raises(RendezvousShutdownError):
+                waiting.result(timeout=T)
 
 
 def test_close_while_a_get_is_blocked_defers_the_free(etcd, run_id):

@@ -11,7 +11,9 @@
 // being read. Destroying a handle while another thread uses it is undefined, as in C: call
 // shutdown() and join the other threads first.
 //
-// A moved-from object holds no handle; calls on it throw InvalidArgumentError.
+// A moved-from object holds no handle; calls on it throw ShutdownError, as calls on a closed
+// handle do in every binding. A Store's calls throw ShutdownError once its Rendezvous is shut
+// down or destroyed: keep the Rendezvous alive while its stores are used.
 
 #ifndef RDZV_RDZV_HPP
 #define RDZV_RDZV_HPP
@@ -122,8 +124,7 @@ void call(Fn&& fn) {
 }
 
 [[noreturn]] inline void throw_empty(const char* what) {
-  throw InvalidArgumentError(RDZV_ERR_INVALID_ARGUMENT,
-                             std::string(what) + " holds no handle (moved from)");
+  throw ShutdownError(RDZV_ERR_SHUTDOWN, std::string(what) + " holds no handle (moved from)");
 }
 
 struct ParamsDeleter {
@@ -208,7 +209,7 @@ class Params {
   /// Sets one option (see rdzv_params_set for names). Returns *this for chaining.
   Params& set(const std::string& name, const std::string& value) {
     detail::call([&](rdzv_error_t** e) {
-      return rdzv_params_set(ptr_.get(), name.c_str(), value.c_str(), e);
+      return rdzv_params_set(checked(), name.c_str(), value.c_str(), e);
     });
     return *this;
   }
@@ -222,6 +223,12 @@ class Params {
   const rdzv_params_t* raw() const noexcept { return ptr_.get(); }
   rdzv_params_t* raw() noexcept { return ptr_.get(); }
   explicit operator bool() const noexcept { return ptr_ != nullptr; }
+
+  /// The C handle; throws ShutdownError if this object was moved from.
+  rdzv_params_t* checked() const {
+    if (!ptr_) detail::throw_empty("rdzv::Params");
+    return ptr_.get();
+  }
 
  private:
   explicit Params(rdzv_params_t* raw) noexcept : ptr_(raw) {}
@@ -360,6 +367,12 @@ class Store {
     multi_set_raw(keys, values);
   }
 
+  /// Wakes get(), wait() and multi_get() calls blocked on this store in other threads (they
+  /// throw CancelledError). No effect on calls that start later. Never blocks.
+  void cancel() const {
+    detail::call([&](rdzv_error_t** e) { return rdzv_store_cancel(ptr(), e); });
+  }
+
   /// Sets the default timeout of get, wait and multi_get (must be >= 0).
   template <class Rep, class Period>
   void set_timeout(std::chrono::duration<Rep, Period> timeout) const {
@@ -482,7 +495,7 @@ class Rendezvous {
   /// `params`.
   explicit Rendezvous(const Params& params) {
     rdzv_t* out = nullptr;
-    detail::call([&](rdzv_error_t** e) { return rdzv_new(params.raw(), &out, e); });
+    detail::call([&](rdzv_error_t** e) { return rdzv_new(params.checked(), &out, e); });
     ptr_.reset(out);
   }
 

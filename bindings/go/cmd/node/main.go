@@ -54,7 +54,7 @@ func run(ctx context.Context, url string) (roundLine, error) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("node/%d", i)
 	}
-	values, err := store.MultiGet(keys, 60*time.Second)
+	values, err := store.MultiGet(ctx, keys, 60*time.Second)
 	if err != nil {
 		return roundLine{}, err
 	}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Compiles and runs the README's C quick start exactly as printed (program and commands), with
+# only the etcd endpoint changed to a throwaway local etcd: two nodes must form one round, and
+# with etcd gone the program must fail with a message instead of printing a rank.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+section() { awk -v fence="$1" '/^## C quick start/{f=1} f&&$0=="```"fence{c=1;next} c&&/^```$/{exit} c{print}' README.md; }
+program=$(section c)
+commands=$(section sh)
+[ -n "$program" ] && [ -n "$commands" ] || { echo "README: no C quick start found" >&2; exit 1; }
+
+read -r etcd_pid endpoint etcd_dir < <(scripts/etcd-local.sh)
+work=$(mktemp -d)
+trap 'kill "$etcd_pid" 2>/dev/null; rm -rf "$etcd_dir" "$work" app.c app' EXIT
+printf '%s\n' "$program" > app.c
+# Every command but the last builds; the last runs a node.
+build=$(printf '%s\n' "$commands" | sed '$d')
+run=$(printf '%s\n' "$commands" | tail -n 1 | sed "s/127.0.0.1:2379/$endpoint/; s/job-42/quickstart-$$/")
+eval "$build"
+eval "$run" >"$work/a" 2>&1 & a=$!
+eval "$run" >"$work/b" 2>&1 & b=$!
+wait "$a" && wait "$b" || { cat "$work/a" "$work/b" >&2; exit 1; }
+ranks=$(cat "$work/a" "$work/b" | sed -n 's/^rank \([0-9]*\) of 2, master .*:[0-9]*$/\1/p' | sort | tr '\n' ' ')
+[ "$ranks" = "0 1 " ] || { echo "expected ranks 0 and 1 of 2, got:" >&2; cat "$work/a" "$work/b" >&2; exit 1; }
+
+kill "$etcd_pid"; wait "$etcd_pid" 2>/dev/null || true
+if eval "$run" >"$work/down" 2>&1; then
+  echo "the quick start exited 0 with etcd down:" >&2; cat "$work/down" >&2; exit 1
+fi
+grep -q "^connect: connection refused" "$work/down" || { echo "no clear error with etcd down:" >&2; cat "$work/down" >&2; exit 1; }
+echo "README quick start: two nodes got ranks 0 and 1; with etcd down it fails with: $(head -1 "$work/down")"
