@@ -48,7 +48,7 @@ class RendezvousInfo:
 
     @property
     def store(self) -> Store:
-        """The round's store (close it when done; it outlives the handler)."""
+        """The round's store (close it when done; its calls fail once the handler is closed)."""
         return self._store
 
     @property
