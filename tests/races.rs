@@ -283,7 +283,6 @@ fn agents_with_a_spare_node_do_not_livelock() {
         .collect();
     // Two nodes form round 0; the third ends up waiting in round 1.
     wait_for_joiners(&etcd, &url, 1, 1);
-    let prefix = format!("/rdzv/{}/", run_of(&url));
     // Bounded observation: with a livelock, round 1 seals within a few last calls.
     let (rt, mut client) = etcd_client(&etcd);
     let key = format!("/rdzv/{}/r/{:020}/final", run_of(&url), 1);
