@@ -161,9 +161,35 @@ async fn store_bench(endpoint: &str) {
         task.await.unwrap();
     }
     let raw_rate = (writers * per) as f64 / t.elapsed().as_secs_f64();
+    // The floor of a guarded write: the same put inside a transaction that compares one key,
+    // which is what `set` sends so that a store whose round is gone cannot write.
+    let t = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let mut raw = raw.clone();
+            tokio::spawn(async move {
+                for i in 0..per {
+                    let guard = etcd_client::Compare::create_revision(
+                        "/raw/guard",
+                        etcd_client::CompareOp::Equal,
+                        0,
+                    );
+                    let txn = etcd_client::Txn::new()
+                        .when([guard])
+                        .and_then([etcd_client::TxnOp::put(format!("/raw/g{w}/{i}"), "x", None)]);
+                    raw.txn(txn).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let txn_rate = (writers * per) as f64 / t.elapsed().as_secs_f64();
     println!(
-        "store set throughput {store_rate:>8.0}/s   raw etcd put {raw_rate:>8.0}/s   ratio {:.2}x",
-        raw_rate / store_rate
+        "store set throughput {store_rate:>8.0}/s   raw etcd put {raw_rate:>8.0}/s   ratio {:.2}x   raw guarded txn {txn_rate:>8.0}/s   ratio {:.2}x",
+        raw_rate / store_rate,
+        txn_rate / store_rate
     );
     node.shutdown().await.unwrap();
 }
