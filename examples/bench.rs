@@ -70,6 +70,81 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> (Duration, i64) {
     (last_return.unwrap() - last_call.unwrap(), writes)
 }
 
+/// The floor for a round of `n` nodes: raw etcd-client doing the minimal etcd work of one
+/// round over one shared connection, as rdzv's in-process nodes do. Each node opens a watch on
+/// `final` and sends one join transaction; a leader, watching the join prefix, puts `final`
+/// (the same size as rdzv's: the member ids as JSON) once all have joined. Returns the time
+/// from the last join to the last watcher notified.
+async fn floor_round(endpoint: &str, n: usize, run: &str) -> Duration {
+    let client = etcd_client::Client::connect([endpoint], None)
+        .await
+        .unwrap();
+    let prefix = format!("/floor/{run}/");
+    let final_key = format!("{prefix}final");
+    let mut leader = client.clone();
+    let mut joins = leader
+        .watch(
+            format!("{prefix}join/"),
+            Some(etcd_client::WatchOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..n).map(|i| format!("{:016x}", i * 7919 + 1)).collect();
+    let sealed = serde_json::json!({ "round": 0, "members": ids, "master_addr": "localhost", "master_port": 29500 }).to_string();
+    let seal = tokio::spawn(async move {
+        let mut seen = 0;
+        while seen < n {
+            let resp = joins.message().await.unwrap().unwrap();
+            seen += resp.events().len();
+        }
+        leader.put(final_key, sealed, None).await.unwrap();
+    });
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = ids
+        .into_iter()
+        .map(|id| {
+            let (mut c, barrier, prefix) = (client.clone(), barrier.clone(), prefix.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let called = Instant::now();
+                let mut watch = c.watch(format!("{prefix}final"), None).await.unwrap();
+                let join = etcd_client::Txn::new()
+                    .when([etcd_client::Compare::create_revision(
+                        format!("{prefix}final"),
+                        etcd_client::CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then([etcd_client::TxnOp::put(
+                        format!("{prefix}join/{id}"),
+                        "{\"addr\":\"localhost\",\"port\":29500}",
+                        None,
+                    )]);
+                c.txn(join).await.unwrap();
+                loop {
+                    let resp = watch.message().await.unwrap().unwrap();
+                    if let Some(ev) = resp.events().first() {
+                        // Parse as a member would, to find its rank.
+                        let v: serde_json::Value =
+                            serde_json::from_slice(ev.kv().unwrap().value()).unwrap();
+                        assert!(v["members"].as_array().unwrap().iter().any(|m| m == &id));
+                        break;
+                    }
+                }
+                (called, Instant::now())
+            })
+        })
+        .collect();
+    let mut last_call = None::<Instant>;
+    let mut last_return = None::<Instant>;
+    for t in tasks {
+        let (called, returned) = t.await.unwrap();
+        last_call = Some(last_call.map_or(called, |c| c.max(called)));
+        last_return = Some(last_return.map_or(returned, |r| r.max(returned)));
+    }
+    seal.await.unwrap();
+    last_return.unwrap() - last_call.unwrap()
+}
+
 /// Awaits a batch of futures concurrently (no extra dependency for join_all).
 async fn futures_lite<F: std::future::Future + Send + 'static>(
     futs: impl Iterator<Item = F>,
@@ -224,7 +299,19 @@ fn main() {
             }
             let min = *times.iter().min().unwrap();
             let max = *times.iter().max().unwrap();
-            println!("N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {writes}", ms(median(times)), ms(min), ms(max));
+            let mut floors = Vec::new();
+            for r in 0..repeats {
+                floors.push(floor_round(&endpoint, n, &format!("floor-{n}-{r}")).await);
+            }
+            let (rdzv, floor) = (median(times), median(floors));
+            println!(
+                "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {writes}  floor {:>10}  ratio {:.2}x",
+                ms(rdzv),
+                ms(min),
+                ms(max),
+                ms(floor),
+                rdzv.as_secs_f64() / floor.as_secs_f64()
+            );
         }
         store_bench(&endpoint).await;
     });
