@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# Builds in release mode, starts a throwaway local etcd and runs the benchmark against it.
-# Usage: scripts/bench.sh [N ...]   (default N = 2 8 64 256 1024)
+# Builds in release mode, starts a throwaway local etcd and runs a benchmark against it.
+# Usage: scripts/bench.sh [N ...]        in-process nodes (default N = 2 8 64 256 1024), the
+#                                        floor in the same run, and the store
+#        scripts/bench.sh --processes    every node its own process: Rust (N = 8 64 256) and
+#                                        the Python binding (N = 2 8 32)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-cargo build --release --example bench --quiet
 read -r pid endpoint dir < <(scripts/etcd-local.sh --quota-backend-bytes=4294967296)
 trap 'kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 echo "etcd $(etcd --version | head -1 | awk '{print $3}') at $endpoint, $(nproc) cores"
-target/release/examples/bench "$endpoint" "$@"
+if [ "${1:-}" = "--processes" ]; then
+  shift
+  cargo build --release --quiet --lib --example bench_processes --example bench_node
+  target/release/examples/bench_processes "$endpoint" "$@"
+  RDZV_LIBRARY="$PWD/target/release/librdzv.so" target/release/examples/bench_processes "$endpoint" --python
+else
+  cargo build --release --example bench --quiet
+  target/release/examples/bench "$endpoint" "$@"
+fi
