@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Runs every test of rdzv: installs what is missing, checks formatting and lints, then the
-# Rust unit and integration tests (real etcd, real processes, the C program and header
-# drift), and the C++, Go and Python bindings' suites against real etcd servers they start.
-# Prints one "N passed, N failed" line at the end.
+# Runs every test of rdzv: installs what is missing, checks formatting and lints, then, against
+# the newest etcd (built from its Go module, cached), the Rust unit and integration tests (real
+# etcd, real processes, the C program and header drift), the C++, Go and Python bindings'
+# suites, the demo and the README's quick start; the Rust integration and fault suites again
+# against every other etcd version (Debian's 3.4, 3.5, 3.6); and real PyTorch (torchrun with
+# the etcd-v3 backend) in a cached environment. RDZV_SKIP_TORCH=1 skips the PyTorch suite
+# (its first run downloads about 5 GB). Prints one "N passed, N failed" line at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -15,6 +18,14 @@ suite() {
   echo "=== $name"
   if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "=== $name FAILED"; fi
 }
+
+# Debian's etcd (3.4) and the ones built from Go modules; the newest goes first on PATH.
+debian_etcd=$(dirname "$(command -v etcd)")
+mapfile -t built < <(scripts/etcd-build.sh)
+[ ${#built[@]} -gt 0 ] || { echo "no etcd was built (scripts/etcd-build.sh failed)" >&2; exit 1; }
+newest=${built[-1]}
+export PATH="${newest#* }:$PATH"
+echo "etcd for every suite: $(etcd --version | head -1)"
 
 # cargo test does not build the cdylib the C, C++, Go and Python tests load: build it first.
 cargo build --quiet
@@ -33,6 +44,25 @@ if [ -d bindings/python ]; then
 fi
 suite "demo" scripts/demo.sh
 suite "README C quick start, as printed" scripts/readme-quickstart.sh
+
+# The protocol against every other etcd version people run.
+integration=(--test rendezvous --test races --test lifetime --test faults --test processes
+  --test store --test cluster --test security --test c_api)
+with_etcd() {
+  local dir=$1
+  shift
+  PATH="$dir:$PATH" bash -c 'echo "etcd $(etcd --version | head -1 | awk "{print \$3}")"; "$@"' _ "$@"
+}
+for entry in "debian $debian_etcd" "${built[@]:0:${#built[@]}-1}"; do
+  suite "rust integration and fault suites on etcd ${entry%% *}" with_etcd "${entry#* }" cargo test "${integration[@]}"
+done
+
+if [ "${RDZV_SKIP_TORCH:-0}" != 1 ]; then
+  suite "python binding with real PyTorch (torchrun --rdzv-backend=etcd-v3)" bash -c \
+    'python=$(scripts/torch-env.sh) && "$python" -m pytest -q bindings/python/tests/test_torch.py bindings/python/tests/test_torchrun.py'
+else
+  echo "=== PyTorch suite skipped (RDZV_SKIP_TORCH=1)"
+fi
 
 echo "suites: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
