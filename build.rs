@@ -4,12 +4,29 @@
 
 use std::path::PathBuf;
 
+/// The major number of the library's SONAME: bumped with every ABI break (see the README).
+const SONAME_MAJOR: u32 = 0;
+
 fn main() {
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-env-changed=RDZV_WRITE_HEADER");
-    // A SONAME, so programs linked against the library record its name, not its build path.
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,librdzv.so");
+    // A versioned SONAME (the ABI policy in the README says when it moves), so programs
+    // linked against the library record `librdzv.so.0`, not its build path.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,librdzv.so.{SONAME_MAJOR}");
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
+    // Export the C ABI and nothing else (no Rust or dependency symbols).
+    let script = out_dir.join("exports.map");
+    std::fs::write(&script, "{\n  global: rdzv_*;\n  local: *;\n};\n").expect("OUT_DIR is writable");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", script.display());
+    // Programs linked in the build tree look for librdzv.so.0 next to librdzv.so: give them the
+    // link an installed library has (target/<profile>/build/<pkg>/out -> target/<profile>).
+    if let Some(profile_dir) = out_dir.ancestors().nth(3) {
+        let link = profile_dir.join(format!("librdzv.so.{SONAME_MAJOR}"));
+        if std::fs::read_link(&link).is_err() {
+            let _ = std::os::unix::fs::symlink("librdzv.so", &link);
+        }
+    }
     let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
         .expect("cbindgen.toml is readable");

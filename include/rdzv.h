@@ -454,6 +454,12 @@ rdzv_status_t rdzv_store_cancel(const rdzv_store_t *store, rdzv_error_t **error)
  */
 void rdzv_store_free(rdzv_store_t *store);
 
+/**
+ * The library's version, `MAJOR.MINOR.PATCH` (for example `"0.1.0"`): a static NUL-terminated
+ * string owned by the library, never freed. Safe from any thread; never fails.
+ */
+const char *rdzv_version(void);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

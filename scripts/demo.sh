@@ -11,7 +11,7 @@ mkdir -p target/demo
 cc -std=c11 -Iinclude examples/c/node.c -Ltarget/debug -Wl,-rpath,"$PWD/target/debug" -lrdzv -o target/demo/c-node
 cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build bindings/cpp/build --target rdzv_node -j2 >/dev/null
-(cd bindings/go && go build -o ../../target/demo/go-node ./cmd/node)
+(cd bindings/go && go build -tags rdzv_dev -o ../../target/demo/go-node ./cmd/node)
 
 read -r etcd_pid endpoint etcd_dir < <(scripts/etcd-local.sh)
 trap 'kill "$etcd_pid" 2>/dev/null; rm -rf "$etcd_dir"' EXIT

@@ -37,13 +37,14 @@ if [ -d bindings/cpp ]; then
     cmake --build bindings/cpp/build -j2 >/dev/null && ctest --test-dir bindings/cpp/build --output-on-failure'
 fi
 if [ -d bindings/go ]; then
-  suite "go binding (go vet, go test -race)" bash -c 'cd bindings/go && test -z "$(gofmt -l .)" && go vet ./... && go test -race -count=1 ./...'
+  suite "go binding (go vet, go test -race)" bash -c 'cd bindings/go && test -z "$(gofmt -l .)" && go vet -tags rdzv_dev ./... && go test -tags rdzv_dev -race -count=1 ./...'
 fi
 if [ -d bindings/python ]; then
   suite "python binding (pytest)" python3 -m pytest -q bindings/python/tests
 fi
 suite "demo" scripts/demo.sh
 suite "README C quick start, as printed" scripts/readme-quickstart.sh
+suite "installed: prefix, pkg-config, find_package, Go module, Python wheel" scripts/install-test.sh
 
 # The protocol against every other etcd version people run.
 integration=(--test rendezvous --test races --test lifetime --test faults --test processes

@@ -1,13 +1,13 @@
-//go:build !rdzv_release
+//go:build !rdzv_dev
 
 package rdzv
 
-// By default the package links the repository's debug build of the Rust library and records
-// its directory as an rpath, so tests and examples run without LD_LIBRARY_PATH. Build with
-// -tags rdzv_release for target/release, or see README.md to use any other build.
+// By default the package links the installed library through pkg-config (scripts/install.sh
+// installs it with rdzv.pc; set PKG_CONFIG_PATH for a prefix pkg-config does not search).
+// Inside the repository, build with -tags rdzv_dev to link the repository's debug build
+// instead (cgo_dev.go).
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../include
-#cgo LDFLAGS: -L${SRCDIR}/../../target/debug -Wl,-rpath,${SRCDIR}/../../target/debug -lrdzv
+#cgo pkg-config: rdzv
 */
 import "C"

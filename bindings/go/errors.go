@@ -111,3 +111,6 @@ func call(f func(errOut **C.rdzv_error_t) C.rdzv_status_t) error {
 func errClosedHandle(what string) error {
 	return &Error{Status: StatusShutdown, Message: "use of closed " + what}
 }
+
+// Version is the version of the loaded C library ("MAJOR.MINOR.PATCH").
+func Version() string { return C.GoString(C.rdzv_version()) }

@@ -645,3 +645,9 @@ func TestStatusNames(t *testing.T) {
 		}
 	}
 }
+
+func TestVersion(t *testing.T) {
+	if v := Version(); len(strings.Split(v, ".")) != 3 {
+		t.Errorf("Version() = %q, want MAJOR.MINOR.PATCH", v)
+	}
+}

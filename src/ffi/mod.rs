@@ -22,8 +22,10 @@ mod boundary;
 mod params;
 mod rendezvous;
 mod store;
+mod version;
 
 pub use boundary::*;
 pub use params::*;
 pub use rendezvous::*;
 pub use store::*;
+pub use version::*;

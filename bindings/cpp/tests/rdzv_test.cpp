@@ -430,6 +430,11 @@ TEST(Store, WaitsEndOnCancelAndWhenTheNodeShutsDown) {
 
 }  // namespace
 
+TEST(Library, VersionIsMajorMinorPatch) {
+  const std::string v = rdzv::version();
+  EXPECT_EQ(std::count(v.begin(), v.end(), '.'), 2) << v;
+}
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   ::testing::AddGlobalTestEnvironment(new EtcdEnvironment);

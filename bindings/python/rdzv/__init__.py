@@ -29,6 +29,14 @@ from .store import Store
 
 __version__ = "0.1.0"
 
+
+def version() -> str:
+    """The version of the loaded C library (``__version__`` is the Python package's)."""
+    from ._ffi import lib
+
+    return lib().rdzv_version().decode()
+
+
 __all__ = [
     "EtcdV3RendezvousHandler",
     "RendezvousCancelledError",
@@ -45,4 +53,5 @@ __all__ = [
     "RendezvousStoreInfo",
     "RendezvousTimeoutError",
     "Store",
+    "version",
 ]

@@ -161,6 +161,7 @@ SIGNATURES = {
     ),
     "rdzv_store_set_timeout": (rdzv_status_t, [StoreP, c_int64, ErrorPP]),
     "rdzv_store_cancel": (rdzv_status_t, [StoreP, ErrorPP]),
+    "rdzv_version": (c_char_p, []),
     "rdzv_store_free": (None, [StoreP]),
 }
 
@@ -177,7 +178,8 @@ ENV_VAR = "RDZV_LIBRARY"
 def candidate_paths() -> list[Path]:
     """Where the library is looked for when ``RDZV_LIBRARY`` is not set, in order."""
     here = Path(__file__).resolve().parent
-    paths = [here / LIBRARY_FILE]
+    # A wheel ships the library next to this file (the build names it like an extension).
+    paths = [here / LIBRARY_FILE, *sorted(here.glob("librdzv.*.so"))]
     for parent in here.parents:
         if (parent / "Cargo.toml").is_file():
             paths.append(parent / "target" / "release" / LIBRARY_FILE)

@@ -183,3 +183,7 @@ def test_lookup_order_without_env_var():
     ]
     if "RDZV_LIBRARY" not in os.environ:
         assert _ffi.find_library() == next(p for p in paths if p.is_file())
+
+
+def test_library_version_matches_the_package():
+    assert rdzv.version() == rdzv.__version__

@@ -235,6 +235,9 @@ class Params {
   std::unique_ptr<rdzv_params_t, detail::ParamsDeleter> ptr_;
 };
 
+/// The version of the loaded C library ("MAJOR.MINOR.PATCH").
+inline std::string version() { return rdzv_version(); }
+
 // ---------------------------------------------------------------------------------------------
 // Store
 // ---------------------------------------------------------------------------------------------

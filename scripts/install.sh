@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds rdzv in release mode and installs the C library and the C++ binding under a prefix:
+#   lib/librdzv.so.0.1.0, lib/librdzv.so.0 (the SONAME) and lib/librdzv.so -> it, lib/librdzv.a,
+#   include/rdzv.h, include/rdzv/rdzv.hpp, lib/pkgconfig/rdzv.pc, lib/cmake/rdzv/ (find_package).
+# Usage: scripts/install.sh [PREFIX]   (default /usr/local; the pkg-config file is relocatable)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prefix=${1:-/usr/local}
+cargo build --release --quiet --lib
+build=$(mktemp -d)
+trap 'rm -rf "$build"' EXIT
+cmake -S bindings/cpp -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_LIBDIR=lib \
+  -DRDZV_BUILD_TESTS=OFF -DRDZV_BUILD_EXAMPLES=OFF -DRDZV_LIBRARY="$PWD/target/release/librdzv.so" >/dev/null
+cmake --install "$build" --prefix "$prefix" >/dev/null
+echo "installed rdzv $(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1) under $prefix"
