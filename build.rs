@@ -17,8 +17,12 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
     // Export the C ABI and nothing else (no Rust or dependency symbols).
     let script = out_dir.join("exports.map");
-    std::fs::write(&script, "{\n  global: rdzv_*;\n  local: *;\n};\n").expect("OUT_DIR is writable");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", script.display());
+    std::fs::write(&script, "{\n  global: rdzv_*;\n  local: *;\n};\n")
+        .expect("OUT_DIR is writable");
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        script.display()
+    );
     // Programs linked in the build tree look for librdzv.so.0 next to librdzv.so: give them the
     // link an installed library has (target/<profile>/build/<pkg>/out -> target/<profile>).
     if let Some(profile_dir) = out_dir.ancestors().nth(3) {
