@@ -8,8 +8,12 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 work=$(mktemp -d)
 read -r etcd_pid endpoint etcd_dir < <(scripts/etcd-local.sh)
-trap 'kill "$etcd_pid" 2>/dev/null; rm -rf "$work" "$etcd_dir"' EXIT
-prefix="$work/prefix"
+trap 'kill "$etcd_pid" 2>/dev/null; rm -rf "$work" "$etcd_dir" "${prefix:-}"' EXIT
+# A fixed prefix. Go's build cache does not key on what pkg-config answers, so a package built
+# against another prefix would be linked with that prefix's flags: the prefix goes into the
+# cache key through CGO_CPPFLAGS below.
+prefix="${TMPDIR:-/tmp}/rdzv-install-test"
+rm -rf "$prefix"
 url() { echo "etcd://$endpoint/install-$1-$$?min_nodes=1"; }
 step() { echo "--- $*"; }
 
@@ -80,7 +84,8 @@ func main() {
 	fmt.Printf("go consumer: library %s, rank %d of %d\n", rdzv.Version(), info.Rank, info.WorldSize)
 }
 GO
-go build -o go-node . && ./go-node "$(url go)" | tee go.out
+CGO_CPPFLAGS="-DRDZV_PREFIX_ID=$(printf %s "$prefix" | md5sum | cut -c1-12)" go build -o go-node .
+./go-node "$(url go)" | tee go.out
 grep -q "rank 0 of 1" go.out
 cd "$repo"
 

@@ -185,3 +185,14 @@ fn a_refused_connection_is_reported_at_once() {
         started.elapsed()
     );
 }
+
+#[test]
+fn next_after_the_run_closed_fails_and_does_not_return_the_old_round() {
+    let etcd = Etcd::start();
+    let url = etcd.url("closed-member", "min_nodes=1");
+    let member = node(&url);
+    member.next().unwrap();
+    member.set_closed().unwrap();
+    let err = member.next().map(|(info, _)| info).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+}

@@ -392,7 +392,15 @@ impl Rendezvous {
         self.give_up.send_replace(true);
         let gate = self.writes.lock().await;
         self.give_up.send_replace(false);
-        let round = self.state().joined?;
+        let (round, last) = {
+            let state = self.state();
+            (state.joined?, state.last.as_ref().map(|(f, _)| f.round))
+        };
+        // The key of a round this node already returned from is not a join request of this
+        // call (a member keeps it until it joins again): nothing to withdraw.
+        if last.is_some_and(|last| round <= last) {
+            return None;
+        }
         let join = self.keys.join(round, &self.node);
         let leader = self.keys.leader(round);
         let sealed = self.keys.final_(round);

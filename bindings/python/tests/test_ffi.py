@@ -186,4 +186,6 @@ def test_lookup_order_without_env_var():
 
 
 def test_library_version_matches_the_package():
+    import rdzv
+
     assert rdzv.version() == rdzv.__version__
