@@ -84,6 +84,17 @@ typedef enum {
 } rdzv_status_t;
 
 /**
+ * Severity of a log record. Values are fixed.
+ */
+typedef enum {
+  RDZV_LOG_ERROR = 1,
+  RDZV_LOG_WARN = 2,
+  RDZV_LOG_INFO = 3,
+  RDZV_LOG_DEBUG = 4,
+  RDZV_LOG_TRACE = 5,
+} rdzv_log_level_t;
+
+/**
  * An error: its status and a readable message. Created by a failing call when the caller
  * passes a non-NULL `rdzv_error_t **`; owned by the caller, freed with `rdzv_error_free`.
  * Immutable, so it may be read from any thread.
@@ -124,6 +135,17 @@ typedef struct rdzv_store_t rdzv_store_t;
  * child (calls on inherited ones fail with `RDZV_ERR_INVALID_ARGUMENT`).
  */
 typedef struct rdzv_t rdzv_t;
+
+/**
+ * Receives one log record: its level, its target (the library module that made it, e.g.
+ * `"rdzv::rendezvous"`) and its line (the message, then `name=value` fields such as
+ * `run=`, `node=`, `round=`), both NUL-terminated UTF-8 valid only during the call, and the
+ * `user_data` given to `rdzv_set_log_handler`.
+ */
+typedef void (*rdzv_log_handler_t)(rdzv_log_level_t level,
+                                   const char *target,
+                                   const char *line,
+                                   void *user_data);
 
 /**
  * This node's place in a completed round, filled by `rdzv_next`.
@@ -183,6 +205,22 @@ void rdzv_error_free(rdzv_error_t *error);
  * NULL is a no-op.
  */
 void rdzv_bytes_free(uint8_t *bytes, size_t len);
+
+/**
+ * Sends the library's log records to `handler` instead of stderr (NULL goes back to stderr).
+ * Which records exist is set by the `RDZV_LOG` environment variable, read once when the
+ * process first calls rdzv (default `warn`; e.g. `RDZV_LOG=info`, `RDZV_LOG=debug`,
+ * `RDZV_LOG=rdzv::rendezvous=trace`). Nothing is logged per store call at `info`.
+ *
+ * Threads: `handler` is called on the thread that made the record, which may be any of the
+ * library's own threads or a thread calling rdzv; records of one thread arrive in order. It
+ * may run on several threads at once, so it and `user_data` must be thread-safe. It should
+ * return quickly. It may call rdzv functions except `rdzv_set_log_handler` (which would wait
+ * for itself). When `rdzv_set_log_handler` returns, the previous handler is no longer running
+ * and is never called again, so its `user_data` may be freed. A panic cannot escape: a record
+ * whose delivery fails is dropped. Never fails.
+ */
+void rdzv_set_log_handler(rdzv_log_handler_t handler, void *user_data);
 
 /**
  * Parses `etcd://HOST:PORT[,HOST:PORT...]/RUN_ID?name=value&...` into new parameters.

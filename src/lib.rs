@@ -8,6 +8,7 @@ pub mod backend;
 pub mod blocking;
 pub mod error;
 pub mod ffi;
+pub mod log;
 pub mod params;
 pub mod rendezvous;
 pub mod store;

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +20,9 @@ import (
 var testEtcd *etcdServer
 
 func TestMain(m *testing.M) {
+	// Read once, at the first call into rdzv: the log test needs info records.
+	os.Setenv("RDZV_LOG", "info")
+	SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil))) // quiet unless a test listens
 	os.Exit(runTests(m))
 }
 

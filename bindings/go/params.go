@@ -21,6 +21,7 @@ type Params struct {
 // ParamsFromURL parses etcd://HOST:PORT[,HOST:PORT...]/RUN_ID?name=value&... (see Set for
 // the names).
 func ParamsFromURL(url string) (*Params, error) {
+	routeLogs()
 	curl := C.CString(url)
 	defer C.free(unsafe.Pointer(curl))
 	var out *C.rdzv_params_t
@@ -35,6 +36,7 @@ func ParamsFromURL(url string) (*Params, error) {
 // NewParams builds parameters from explicit values: backend "etcd-v3" (or "etcd"), endpoints
 // "HOST:PORT[,HOST:PORT...]", a non-empty run id and 1 <= minNodes <= maxNodes.
 func NewParams(backend, endpoints, runID string, minNodes, maxNodes uint32) (*Params, error) {
+	routeLogs()
 	cb, ce, cr := C.CString(backend), C.CString(endpoints), C.CString(runID)
 	defer C.free(unsafe.Pointer(cb))
 	defer C.free(unsafe.Pointer(ce))

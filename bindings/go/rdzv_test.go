@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sort"
 	"strings"
@@ -649,5 +650,54 @@ func TestStatusNames(t *testing.T) {
 func TestVersion(t *testing.T) {
 	if v := Version(); len(strings.Split(v, ".")) != 3 {
 		t.Errorf("Version() = %q, want MAJOR.MINOR.PATCH", v)
+	}
+}
+
+// keepRecords is a slog handler that keeps every record.
+type keepRecords struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (k *keepRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (k *keepRecords) Handle(_ context.Context, r slog.Record) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.records = append(k.records, r)
+	return nil
+}
+func (k *keepRecords) WithAttrs([]slog.Attr) slog.Handler { return k }
+func (k *keepRecords) WithGroup(string) slog.Handler      { return k }
+
+func TestLogRecordsReachSlog(t *testing.T) {
+	kept := &keepRecords{}
+	SetLogger(slog.New(kept))
+	defer SetLogger(nil)
+	r := mustRendezvous(t, runURL("logs", 1, 30))
+	_, s, err := r.Next(ctxTimeout(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	r.Close()
+	SetLogger(nil) // no more records into kept
+	kept.mu.Lock()
+	defer kept.mu.Unlock()
+	found := false
+	for _, rec := range kept.records {
+		target := ""
+		rec.Attrs(func(a slog.Attr) bool {
+			if a.Key == "target" {
+				target = a.Value.String()
+			}
+			return true
+		})
+		if rec.Level == slog.LevelInfo && target == "rdzv::rendezvous" &&
+			strings.HasPrefix(rec.Message, "round complete") && strings.Contains(rec.Message, " node="+r.NodeID()+" ") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no 'round complete' record for this node among %d records", len(kept.records))
 	}
 }

@@ -126,6 +126,13 @@ impl Etcd {
                 None => err,
             });
         }
+        // For the log only: best effort, bounded.
+        let mut client = etcd.shared.client.clone();
+        let version = match tokio::time::timeout_at(deadline, client.status()).await {
+            Ok(Ok(status)) => status.version().to_string(),
+            _ => "unknown".to_string(),
+        };
+        tracing::info!(endpoints = %etcd.endpoints(), etcd_version = %version, "connected to etcd");
         let mut connections = CONNECTIONS.lock().unwrap_or_else(|e| e.into_inner());
         connections.retain(|_, w| w.strong_count() > 0);
         connections.insert(key, Arc::downgrade(&shared));
@@ -166,10 +173,17 @@ impl Etcd {
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let mut attempt = 0u32;
+        let started = Instant::now();
+        let mut warned = false;
         loop {
             let attempt_deadline = deadline.min(Instant::now() + self.attempt_timeout);
             let last = match tokio::time::timeout_at(attempt_deadline, op(self.client())).await {
-                Ok(Ok(value)) => return Ok(value),
+                Ok(Ok(value)) => {
+                    if warned {
+                        tracing::warn!(what, attempts = attempt + 1, "etcd answered again");
+                    }
+                    return Ok(value);
+                }
                 Ok(Err(err)) => match classify(&err) {
                     Failure::Transient => to_error(self.endpoints(), what, &err),
                     _ => return Err(to_error(self.endpoints(), what, &err)),
@@ -181,6 +195,13 @@ impl Etcd {
             };
             if Instant::now() >= deadline {
                 return Err(last);
+            }
+            // Retries are routine (leader change, restart); one that lasts is worth a warning.
+            if !warned && started.elapsed() > std::time::Duration::from_secs(1) {
+                warned = true;
+                tracing::warn!(what, attempts = attempt + 1, error = %last, "etcd keeps failing; still retrying");
+            } else {
+                tracing::debug!(what, attempt = attempt + 1, error = %last, "etcd request failed; retrying");
             }
             match give_up.as_mut() {
                 Some(stop) => tokio::select! {

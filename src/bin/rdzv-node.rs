@@ -102,6 +102,8 @@ fn take_part(rdzv: &BlockingRendezvous, o: &Options) -> Result<(), Error> {
 }
 
 fn main() {
+    // Records to stderr, filtered by RDZV_LOG (warnings only by default).
+    rdzv::log::install_default();
     let options = match parse_args() {
         Ok(o) => o,
         Err(msg) => {

@@ -62,6 +62,8 @@ pub(crate) fn boundary(
     error: *mut *mut rdzv_error_t,
     body: impl FnOnce() -> Result<()>,
 ) -> rdzv_status_t {
+    // A program that reaches rdzv through the C ABI gets rdzv's log routing (once).
+    crate::log::install_default();
     let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()

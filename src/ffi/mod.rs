@@ -19,12 +19,14 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref, clippy::too_many_arguments)]
 
 mod boundary;
+mod log;
 mod params;
 mod rendezvous;
 mod store;
 mod version;
 
 pub use boundary::*;
+pub use log::*;
 pub use params::*;
 pub use rendezvous::*;
 pub use store::*;

@@ -75,6 +75,9 @@ struct NodeState {
     joined: Option<u64>,
     /// Tracks which members of `last` are gone.
     lost: Option<lost::LostTracker>,
+    /// The waiting and lost counts last logged (logged again only when they change).
+    seen_waiting: u32,
+    seen_lost: u32,
 }
 
 /// How waiting for a round ended, short of an error.
@@ -159,20 +162,36 @@ impl Rendezvous {
                     Error::invalid("next: another call to next is already running on this handle")
                 }
             })?;
-        let deadline = Instant::now() + self.params.join_timeout;
+        let started = Instant::now();
+        let deadline = started + self.params.join_timeout;
         let result = tokio::select! {
             r = self.join_until_member(deadline) => r,
             _ = shutdown.wait_for(|down| *down) => Err(Error::shutdown()),
             _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "next: cancelled by rdzv_cancel")),
         };
-        let Err(err) = result else { return result };
-        match self.withdraw().await {
-            // Sealed with this node before it could withdraw: it must run in that round.
-            Some((sealed, rank)) if err.kind() != ErrorKind::Shutdown => {
-                Ok(self.member_of(sealed, rank))
-            }
-            _ => Err(err),
+        let result = match result {
+            Ok(done) => Ok(done),
+            Err(err) => match self.withdraw().await {
+                // Sealed with this node before it could withdraw: it must run in that round.
+                Some((sealed, rank)) if err.kind() != ErrorKind::Shutdown => {
+                    tracing::info!(run = %self.params.run_id, node = %self.node, round = sealed.round,
+                        error = %err, "the round was sealed with this node before it could withdraw");
+                    Ok(self.member_of(sealed, rank))
+                }
+                _ => Err(err),
+            },
+        };
+        let waited_ms = started.elapsed().as_millis() as u64;
+        match &result {
+            Ok((info, _)) => tracing::info!(
+                run = %self.params.run_id, node = %self.node, round = info.round, rank = info.rank,
+                world_size = info.world_size, master = %format!("{}:{}", info.master_addr, info.master_port),
+                waited_ms, "round complete"),
+            Err(err) => tracing::info!(
+                run = %self.params.run_id, node = %self.node, kind = ?err.kind(), waited_ms,
+                error = %err, "next failed"),
         }
+        result
     }
 
     async fn join_until_member(&self, deadline: Instant) -> Result<(RoundInfo, Store)> {
@@ -184,13 +203,22 @@ impl Rendezvous {
                 // Cut off longer than lease_ttl: etcd dropped our lease (and our keys with it).
                 // Take a new lease and join again, as a new arrival.
                 Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                    tracing::warn!(run = %self.params.run_id, node = %self.node,
+                        "lease lost (cut off longer than lease_ttl): taking a new one and joining again");
                     self.forget_lease().await;
                     continue;
                 }
                 other => other?,
             };
             let (round, snapshot) = match joined {
-                Joined::Round(r, snapshot) => (r, snapshot),
+                Joined::Round(r, snapshot) => {
+                    let role = match snapshot.leader.as_deref() == Some(self.node.as_str()) {
+                        true => "leader",
+                        false => "follower",
+                    };
+                    tracing::info!(run = %self.params.run_id, node = %self.node, round = r, role, "joined round");
+                    (r, snapshot)
+                }
                 Joined::Moved(current) => {
                     round_guess = current;
                     continue;
@@ -207,6 +235,8 @@ impl Rendezvous {
             let outcome = match round::wait_for_seal(self, round, snapshot, deadline, outside).await
             {
                 Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                    tracing::warn!(run = %self.params.run_id, node = %self.node, round,
+                        "lease lost (cut off longer than lease_ttl): taking a new one and joining again");
                     self.forget_lease().await;
                     Outcome::Rejoin
                 }
@@ -217,6 +247,8 @@ impl Rendezvous {
                     Some(rank) => return Ok(self.member_of(sealed, rank)),
                     None => {
                         // Left out (the round filled up first): wait for the next one.
+                        tracing::info!(run = %self.params.run_id, node = %self.node, round = sealed.round,
+                            world_size = sealed.members.len(), "left out of a full round: waiting as a spare");
                         left_out = true;
                         round_guess = sealed.round + 1;
                     }
@@ -377,6 +409,7 @@ impl Rendezvous {
                 }
             })
             .await?;
+        tracing::debug!(run = %self.params.run_id, node = %self.node, lease = id, "registered alive under a new lease");
         *slot = Some(lease);
         // A new lease means the old join key is gone with the old lease.
         self.state().joined = None;
@@ -433,7 +466,9 @@ impl Rendezvous {
         drop(gate);
         let resp = match outcome {
             Ok(resp) => resp,
-            Err(_) => {
+            Err(e) => {
+                tracing::warn!(run = %self.params.run_id, node = %self.node, round, error = %e,
+                    "could not withdraw the join request: letting the lease lapse so no round waits on this node");
                 if let Some(lease) = self.lease.lock().await.take() {
                     drop(lease); // stops the refresh: etcd expires it within lease_ttl
                 }
@@ -442,6 +477,7 @@ impl Rendezvous {
             }
         };
         if resp.succeeded() {
+            tracing::info!(run = %self.params.run_id, node = %self.node, round, "withdrew the join request");
             self.state().joined = None;
             return None;
         }
@@ -528,6 +564,7 @@ impl Rendezvous {
                 }
             })
             .await?;
+        tracing::info!(run = %self.params.run_id, node = %self.node, "closed the run");
         Ok(())
     }
 
@@ -538,6 +575,36 @@ impl Rendezvous {
     /// members. Spare nodes beyond `max_nodes` wait without being counted, so a full round is
     /// not torn down again and again for nodes it cannot take. Zero before the first round.
     pub async fn num_waiting(&self) -> Result<u32> {
+        let n = self.count_waiting().await?;
+        self.report_change(
+            n,
+            |s| &mut s.seen_waiting,
+            "nodes waiting for the next round",
+        );
+        Ok(n)
+    }
+
+    /// Members of this node's last round whose lease has expired (dead or cut off), counting
+    /// this node itself if its own lease is gone. Non-zero means the round is broken and the
+    /// survivors should call `next` to form a new one.
+    pub async fn num_lost(&self) -> Result<u32> {
+        let n = self.count_lost().await?;
+        self.report_change(n, |s| &mut s.seen_lost, "members of the round lost");
+        Ok(n)
+    }
+
+    /// Logs a count that supervisors poll, once each time it changes.
+    fn report_change(&self, now: u32, seen: fn(&mut NodeState) -> &mut u32, what: &str) {
+        let mut state = self.state();
+        let round = state.last.as_ref().map(|(f, _)| f.round);
+        let before = std::mem::replace(seen(&mut state), now);
+        drop(state);
+        if before != now {
+            tracing::info!(run = %self.params.run_id, node = %self.node, round = ?round, count = now, "{what}");
+        }
+    }
+
+    async fn count_waiting(&self) -> Result<u32> {
         self.check_not_shut_down()?;
         let Some((round, members)) = self
             .state()
@@ -571,15 +638,12 @@ impl Rendezvous {
         }
         let survivors = members
             .len()
-            .saturating_sub(self.num_lost().await? as usize);
+            .saturating_sub(self.count_lost().await? as usize);
         let room = (self.params.max_nodes as usize).saturating_sub(survivors);
         Ok(clamp(joined.len().min(room)))
     }
 
-    /// Members of this node's last round whose lease has expired (dead or cut off), counting
-    /// this node itself if its own lease is gone. Non-zero means the round is broken and the
-    /// survivors should call `next` to form a new one.
-    pub async fn num_lost(&self) -> Result<u32> {
+    async fn count_lost(&self) -> Result<u32> {
         self.check_not_shut_down()?;
         let members = {
             let mut state = self.state();
@@ -634,7 +698,9 @@ impl Rendezvous {
         if let Some(lease) = self.lease.lock().await.take() {
             lease.revoke(&self.etcd, deadline).await?;
         }
-        self.delete_finished_run(deadline).await
+        self.delete_finished_run(deadline).await?;
+        tracing::info!(run = %self.params.run_id, node = %self.node, "shut down");
+        Ok(())
     }
 
     /// The last node out of a run deletes its rounds, stores and round counter, so a finished
@@ -654,9 +720,14 @@ impl Rendezvous {
                 ),
                 TxnOp::delete(self.keys.current(), None),
             ]);
-        self.etcd
+        let resp = self
+            .etcd
             .txn(deadline, "clean up finished run", txn)
             .await?;
+        if resp.succeeded() {
+            tracing::info!(run = %self.params.run_id, node = %self.node,
+                "no live node left: deleted the run's rounds, stores and round counter");
+        }
         Ok(())
     }
 

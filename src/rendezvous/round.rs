@@ -208,6 +208,8 @@ struct RoundView {
     alive: HashSet<String>,
     /// Whether this node still holds the round's `leader` key.
     leading: bool,
+    /// When this node read the round as its leader (the seal log says how long it led).
+    leading_since: Instant,
 }
 
 impl RoundView {
@@ -416,6 +418,7 @@ async fn lead(
             .kvs()
             .first()
             .is_some_and(|kv| kv.value() == rdzv.node().as_bytes()),
+        leading_since: Instant::now(),
     };
     for kv in got[0].kvs() {
         view.add_joiner(kv.create_revision(), kv.key(), kv.value())?;
@@ -435,7 +438,8 @@ async fn lead(
         let full = n >= max && view.pending_previous() == 0;
         let last_call_over = last_call.is_some_and(|t| Instant::now() >= t);
         if activated && (full || (n >= min && last_call_over)) {
-            return seal(rdzv, &view, max, deadline, left_out).await;
+            let trigger = if full { "max_nodes" } else { "last_call" };
+            return seal(rdzv, &view, max, deadline, left_out, trigger).await;
         }
         if activated && n >= min {
             last_call.get_or_insert_with(|| Instant::now() + params.last_call_timeout);
@@ -479,6 +483,7 @@ async fn seal(
     max: usize,
     deadline: Instant,
     left_out: bool,
+    trigger: &str,
 ) -> Result<Option<Outcome>> {
     let keys = rdzv.keys();
     let round = view.round;
@@ -514,8 +519,13 @@ async fn seal(
         ]);
     let resp = rdzv.write(deadline, "seal round", txn).await?;
     if resp.succeeded() {
+        tracing::info!(run = %rdzv.params().run_id, node = %rdzv.node(), round,
+            world_size = sealed.members.len(), joined = view.count(), trigger,
+            led_ms = view.leading_since.elapsed().as_millis() as u64, "round sealed");
         return Ok(Some(Outcome::Sealed(sealed)));
     }
+    tracing::debug!(run = %rdzv.params().run_id, node = %rdzv.node(), round,
+        "seal refused (view stale, or sealed or closed meanwhile)");
     let got = ranges(&resp);
     if let Some(kv) = got[0].kvs().first() {
         return Ok(Some(Outcome::Sealed(FinalRecord::parse(

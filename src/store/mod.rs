@@ -386,6 +386,19 @@ impl Store {
         deadline: Instant,
         timeout: Option<Duration>,
     ) -> Result<Vec<Vec<u8>>> {
+        let started = Instant::now();
+        let result = self.wait_for_keys(keys, deadline, timeout).await;
+        tracing::debug!(round = self.round, keys = ?keys, waited_ms = started.elapsed().as_millis() as u64,
+            outcome = %result.as_ref().map_or_else(|e| e.to_string(), |_| "found".into()), "store wait ended");
+        result
+    }
+
+    async fn wait_for_keys(
+        &self,
+        keys: &[&str],
+        deadline: Instant,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Vec<u8>>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }

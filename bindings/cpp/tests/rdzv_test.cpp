@@ -10,6 +10,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -429,6 +430,28 @@ TEST(Store, WaitsEndOnCancelAndWhenTheNodeShutsDown) {
 }
 
 }  // namespace
+
+TEST(Library, LogRecordsReachTheHandler) {
+  // Each test runs in a process of its own: RDZV_LOG is read at the first call into rdzv.
+  ::setenv("RDZV_LOG", "info", 1);
+  std::mutex m;
+  std::vector<std::string> lines;
+  rdzv::set_log_handler([&](rdzv_log_level_t level, std::string_view target, std::string_view line) {
+    std::lock_guard<std::mutex> lock(m);
+    if (level == RDZV_LOG_INFO && target == "rdzv::rendezvous") lines.emplace_back(line);
+  });
+  {
+    rdzv::Rendezvous node(rdzv::Params::from_url(run_url("logs", 1)));
+    auto round = node.next();
+    EXPECT_EQ(round.info.world_size, 1u);
+  }
+  rdzv::set_log_handler(nullptr);  // after this, `lines` is no longer written
+  const bool complete = std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.rfind("round complete", 0) == 0 && l.find(" round=0 ") != std::string::npos &&
+           l.find(" node=") != std::string::npos && l.find(" run=") != std::string::npos;
+  });
+  EXPECT_TRUE(complete) << lines.size() << " records";
+}
 
 TEST(Library, VersionIsMajorMinorPatch) {
   const std::string v = rdzv::version();

@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 from ctypes import (
+    CFUNCTYPE,
     POINTER,
     Structure,
     c_bool,
@@ -28,6 +29,7 @@ from ctypes import (
     c_int64,
     c_size_t,
     c_uint16,
+    c_void_p,
     c_uint32,
     c_uint64,
     c_uint8,
@@ -100,6 +102,8 @@ StoreP = POINTER(rdzv_store_t)
 RdzvP = POINTER(rdzv_t)
 BytesP = POINTER(c_uint8)
 KeysP = POINTER(c_char_p)  # const char *const *
+# rdzv_log_handler_t: (level, target, line, user_data)
+LogHandler = CFUNCTYPE(None, c_int32, c_char_p, c_char_p, c_void_p)
 
 # name -> (restype, [argtypes]); one entry per function of include/rdzv.h.
 SIGNATURES = {
@@ -162,6 +166,7 @@ SIGNATURES = {
     "rdzv_store_set_timeout": (rdzv_status_t, [StoreP, c_int64, ErrorPP]),
     "rdzv_store_cancel": (rdzv_status_t, [StoreP, ErrorPP]),
     "rdzv_version": (c_char_p, []),
+    "rdzv_set_log_handler": (None, [LogHandler, c_void_p]),
     "rdzv_store_free": (None, [StoreP]),
 }
 
@@ -230,6 +235,9 @@ def lib() -> ctypes.CDLL:
                 except OSError as e:
                     raise OSError(f"cannot load {path}: {e}") from e
                 _lib = _declare(cdll)
+                from . import _log
+
+                _log.route(_lib)
     return _lib
 
 

@@ -20,6 +20,11 @@ import pytest
 PKG_ROOT = Path(__file__).resolve().parent.parent  # bindings/python
 REPO_ROOT = PKG_ROOT.parent.parent
 sys.path.insert(0, str(PKG_ROOT))
+# The tests run against the debug build the test command makes, never a stale release build
+# that the library lookup would otherwise prefer.
+_debug_library = REPO_ROOT / "target" / "debug" / "librdzv.so"
+if "RDZV_LIBRARY" not in os.environ and _debug_library.is_file():
+    os.environ["RDZV_LIBRARY"] = str(_debug_library)
 
 import rdzv  # noqa: E402
 

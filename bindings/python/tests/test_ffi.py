@@ -41,6 +41,8 @@ C_TO_CTYPES = {
     "rdzv_store_t*": _ffi.StoreP,
     "rdzv_store_t**": ctypes.POINTER(_ffi.StoreP),
     "rdzv_round_t*": ctypes.POINTER(_ffi.rdzv_round_t),
+    "rdzv_log_handler_t": _ffi.LogHandler,
+    "void*": ctypes.c_void_p,
 }
 
 

@@ -23,7 +23,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -237,6 +239,39 @@ class Params {
 
 /// The version of the loaded C library ("MAJOR.MINOR.PATCH").
 inline std::string version() { return rdzv_version(); }
+
+/// Receives the library's log records: level, the module that made the record
+/// ("rdzv::rendezvous"), and the line (message, then run=, node=, round= ... fields). Which
+/// records exist is set by the RDZV_LOG environment variable (default: warnings only).
+using LogHandler = std::function<void(rdzv_log_level_t, std::string_view target, std::string_view line)>;
+
+namespace detail {
+inline std::unique_ptr<LogHandler>& log_handler_slot() {
+  static std::unique_ptr<LogHandler> slot;
+  return slot;
+}
+inline std::mutex& log_handler_mutex() {
+  static std::mutex m;
+  return m;
+}
+inline void log_trampoline(rdzv_log_level_t level, const char* target, const char* line,
+                           void* user_data) noexcept {
+  try {
+    (*static_cast<LogHandler*>(user_data))(level, target, line);
+  } catch (...) {  // an exception must not unwind into the library
+  }
+}
+}  // namespace detail
+
+/// Routes the library's log records to `handler` (called on the library's threads, possibly
+/// several at once; it may call rdzv but not set_log_handler). An empty function goes back to
+/// stderr. When this returns, the previous handler is no longer called.
+inline void set_log_handler(LogHandler handler) {
+  std::lock_guard<std::mutex> lock(detail::log_handler_mutex());
+  auto next = handler ? std::make_unique<LogHandler>(std::move(handler)) : nullptr;
+  rdzv_set_log_handler(next ? &detail::log_trampoline : nullptr, next.get());
+  detail::log_handler_slot() = std::move(next);  // the old one is finished with: free it
+}
 
 // ---------------------------------------------------------------------------------------------
 // Store
