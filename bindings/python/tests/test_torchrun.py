@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from conftest import wait_until  # noqa: E402
+from conftest import PKG_ROOT, wait_until  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "torch_workers" / "allreduce.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -43,7 +43,8 @@ def test_the_entry_point_is_rdzv():
 
 
 def torchrun(etcd, run_id, nnodes, nproc, results, *, wait_unless=None, conf="", restarts=0):
-    env = dict(os.environ, RESULT_DIR=str(results), OMP_NUM_THREADS="1")
+    # The agents import rdzv from this checkout (the entry point only names the module).
+    env = dict(os.environ, RESULT_DIR=str(results), OMP_NUM_THREADS="1", PYTHONPATH=str(PKG_ROOT))
     if wait_unless:
         env["WAIT_UNLESS_WORLD"] = str(wait_unless)
     args = [
@@ -154,6 +155,7 @@ handler.shutdown()
 def test_the_rdzv_store_initializes_a_process_group(etcd, run_id):
     procs = [
         subprocess.Popen([sys.executable, "-c", STORE_WORKER, etcd.endpoint, run_id],
+                         env=dict(os.environ, PYTHONPATH=str(PKG_ROOT)),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(3)
     ]
