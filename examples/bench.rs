@@ -56,18 +56,12 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> (Duration, i64) {
             })
         })
         .collect();
-    let mut last_call = None::<Instant>;
-    let mut last_return = None::<Instant>;
-    for t in tasks {
-        let (called, returned) = t.await.unwrap();
-        last_call = Some(last_call.map_or(called, |c| c.max(called)));
-        last_return = Some(last_return.map_or(returned, |r| r.max(returned)));
-    }
+    let took = span(tasks).await;
     let writes = revision(&mut client).await - before;
     for node in &nodes {
         node.shutdown().await.unwrap();
     }
-    (last_return.unwrap() - last_call.unwrap(), writes)
+    (took, writes)
 }
 
 /// The floor for a round of `n` nodes: raw etcd-client doing the minimal etcd work of one
@@ -134,14 +128,20 @@ async fn floor_round(endpoint: &str, n: usize, run: &str) -> Duration {
             })
         })
         .collect();
-    let mut last_call = None::<Instant>;
-    let mut last_return = None::<Instant>;
-    for t in tasks {
-        let (called, returned) = t.await.unwrap();
+    let took = span(tasks).await;
+    seal.await.unwrap();
+    took
+}
+
+/// The time from the last node's call to the last node's return, over nodes that report
+/// (called, returned).
+async fn span(nodes: Vec<tokio::task::JoinHandle<(Instant, Instant)>>) -> Duration {
+    let (mut last_call, mut last_return) = (None::<Instant>, None::<Instant>);
+    for node in nodes {
+        let (called, returned) = node.await.unwrap();
         last_call = Some(last_call.map_or(called, |c| c.max(called)));
         last_return = Some(last_return.map_or(returned, |r| r.max(returned)));
     }
-    seal.await.unwrap();
     last_return.unwrap() - last_call.unwrap()
 }
 

@@ -15,19 +15,11 @@ fn node(url: &str) -> BlockingRendezvous {
 }
 
 fn count_under(etcd: &Etcd, prefix: &str) -> i64 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
-            .await
-            .unwrap();
-        let opts = etcd_client::GetOptions::new()
-            .with_prefix()
-            .with_count_only();
-        client.get(prefix, Some(opts)).await.unwrap().count()
-    })
+    let (rt, mut client) = common::etcd_client(etcd);
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    rt.block_on(client.get(prefix, Some(opts))).unwrap().count()
 }
 
 /// Runs a store `get` of a key nobody sets on another thread (default timeout 300 s).

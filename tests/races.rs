@@ -6,7 +6,7 @@
 mod common;
 
 use common::node::{joiners_of_round, run_of, Node};
-use common::{watch_until, Etcd};
+use common::{etcd_client, watch_until, Etcd};
 use rdzv::{BlockingRendezvous, ErrorKind, Params};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -17,17 +17,6 @@ fn node(url: &str) -> BlockingRendezvous {
 
 fn signal(child: &std::process::Child, sig: i32) {
     assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
-}
-
-fn etcd_client(etcd: &Etcd) -> (tokio::runtime::Runtime, etcd_client::Client) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt
-        .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
-        .unwrap();
-    (rt, client)
 }
 
 /// The keys under `prefix`, read directly from etcd.

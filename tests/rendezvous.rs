@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{on_threads, Etcd};
+use common::{etcd_client, on_threads, Etcd};
 use rdzv::{BlockingRendezvous, ErrorKind, Params};
 use std::collections::BTreeSet;
 use std::sync::{mpsc, Arc};
@@ -230,18 +230,6 @@ fn connection_error_names_the_endpoint_and_does_not_hang() {
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(10));
-}
-
-/// Raw access to the test's etcd, for planting foreign data and checking cleanup.
-fn etcd_client(etcd: &Etcd) -> (tokio::runtime::Runtime, etcd_client::Client) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt
-        .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
-        .unwrap();
-    (rt, client)
 }
 
 fn run_prefix(url: &str) -> String {

@@ -147,6 +147,19 @@ impl Drop for Etcd {
     }
 }
 
+/// Raw access to a test's etcd (for planting data and checking what a run left), with the
+/// runtime its calls block on.
+pub fn etcd_client(etcd: &Etcd) -> (tokio::runtime::Runtime, etcd_client::Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
+        .unwrap();
+    (rt, client)
+}
+
 /// Runs `f` on `n` threads at once and returns their results in thread order.
 pub fn on_threads<T: Send + 'static>(
     n: usize,
