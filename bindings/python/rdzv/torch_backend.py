@@ -206,16 +206,35 @@ else:
 
 class TorchStore(_StoreBase):
     """A ``torch.distributed.Store`` (a Python subclass, which c10d supports) forwarding to a
-    round's ``rdzv.Store``. Method names of both the Python API (``num_keys``) and the C++
-    trampoline (``getNumKeys``, ``deleteKey``) are provided."""
+    round's ``rdzv.Store``.
+
+    c10d's C++ side calls a Python store through a trampoline that looks up ``set``, ``get``,
+    ``add``, ``compare_set``, ``check``, ``wait``, ``multi_get``, ``multi_set``, ``append``,
+    ``has_extended_api``, ``clone`` and, by their C++ names, ``deleteKey`` and ``getNumKeys``;
+    ``append`` falls back to a ``compare_set`` loop. The timeout is not forwarded: C++ code,
+    ``PrefixStore.set_timeout`` among it, sets the c10d base's own, so that base timeout is the
+    one ``get``, ``wait`` and ``multi_get`` use when no timeout is given."""
 
     def __init__(self, store: Store):
         super().__init__()
         self._rdzv_store = store
+        self._set_base_timeout(store.timeout)  # the run's store_timeout, for C++ callers too
 
     @property
     def rdzv_store(self) -> Store:
         return self._rdzv_store
+
+    def _set_base_timeout(self, timeout: Any) -> None:
+        base_set_timeout = getattr(_StoreBase, "set_timeout", None)
+        if base_set_timeout is not None and isinstance(timeout, datetime.timedelta):
+            base_set_timeout(self, timeout)
+
+    def _default_timeout(self) -> Any:
+        """The c10d base's timeout (0 meaning none), or None (the rdzv store's) without one."""
+        base = getattr(_StoreBase, "timeout", None)
+        if not isinstance(base, property):
+            return None
+        return _store_timeout(base.__get__(self))
 
     @_store_errors
     def set(self, key: str, value: Any) -> None:
@@ -223,7 +242,7 @@ class TorchStore(_StoreBase):
 
     @_store_errors
     def get(self, key: str) -> bytes:
-        return self._rdzv_store.get(key)
+        return self._rdzv_store.get(key, self._default_timeout())
 
     @_store_errors
     def add(self, key: str, value: int) -> int:
@@ -239,6 +258,8 @@ class TorchStore(_StoreBase):
 
     @_store_errors
     def wait(self, keys: list[str], timeout: Any = None) -> None:
+        if timeout is None:
+            timeout = self._default_timeout()
         self._rdzv_store.wait(keys, _store_timeout(timeout))
 
     @_store_errors
@@ -255,7 +276,7 @@ class TorchStore(_StoreBase):
 
     @_store_errors
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self._rdzv_store.multi_get(keys)
+        return self._rdzv_store.multi_get(keys, self._default_timeout())
 
     @_store_errors
     def multi_set(self, keys: list[str], values: list[Any]) -> None:
@@ -263,14 +284,14 @@ class TorchStore(_StoreBase):
 
     @_store_errors
     def set_timeout(self, timeout: Any) -> None:
-        timeout = _store_timeout(timeout)
-        self._rdzv_store.set_timeout(timeout)
-        base_set_timeout = getattr(_StoreBase, "set_timeout", None)
-        if base_set_timeout is not None and isinstance(timeout, datetime.timedelta):
-            base_set_timeout(self, timeout)  # keep c10d's own notion in step
+        self._rdzv_store.set_timeout(_store_timeout(timeout))  # for users of rdzv_store
+        self._set_base_timeout(timeout)
 
     @property
     def timeout(self) -> datetime.timedelta:
+        base = getattr(_StoreBase, "timeout", None)
+        if isinstance(base, property):
+            return base.__get__(self)
         return self._rdzv_store.timeout
 
     def clone(self) -> "TorchStore":

@@ -1,15 +1,23 @@
-"""The torchrun backend with the real torch (skipped when torch is not installed)."""
+"""The torchrun backend with the real torch, in the environment scripts/torch-env.sh makes
+(skipped where torch is not installed)."""
 
 from __future__ import annotations
 
 import datetime
+import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParameters  # noqa: E402
-from torch.distributed.elastic.rendezvous import api  # noqa: E402
+try:
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParameters
+    from torch.distributed.elastic.rendezvous import api
+except ImportError:
+    pytest.skip(
+        "PyTorch is not installed in this Python; scripts/test.sh runs these tests in the "
+        "environment scripts/torch-env.sh makes",
+        allow_module_level=True,
+    )
 
 import rdzv  # noqa: E402
 from rdzv import torch_backend  # noqa: E402
@@ -69,6 +77,60 @@ def test_handler_and_store_are_torch_types(etcd, run_id):
         assert isinstance(timeout_info.value, RuntimeError)  # DistStoreError where torch has it
     finally:
         assert handler.shutdown() is True
+        handler.close()
+
+
+def test_cpp_callers_reach_every_store_method(etcd, run_id):
+    # c10d's C++ code (PrefixStore here; init_process_group and gloo in a job) calls a Python
+    # store through a trampoline, by names of its own for some methods (deleteKey, getNumKeys).
+    handler = torch_backend.create_handler(torch_params(etcd, run_id, 1, 1))
+    try:
+        store = handler.next_rendezvous().store
+        before = store.num_keys()
+        p = dist.PrefixStore("p", store)
+        p.set("a", "1")
+        assert p.get("a") == b"1" and store.get("p/a") == b"1"
+        assert p.add("n", 5) == 5 and p.add("n", -2) == 3
+        assert p.check(["a", "n"]) and not p.check(["absent"])
+        assert p.compare_set("a", "1", "2") == b"2"
+        assert p.compare_set("a", "1", "3") == b"2"  # no match: the current value
+        assert p.compare_set("new", "", "x") == b"x"
+        p.multi_set(["m1", "m2"], ["v1", "v2"])
+        assert p.multi_get(["m1", "m2"]) == [b"v1", b"v2"]
+        p.append("log", "a")  # c10d's fallback: a compare_set loop
+        p.append("log", "b")
+        assert p.get("log") == b"ab"
+        assert p.num_keys() == before + 6  # a, n, new, m1, m2, log
+        assert p.delete_key("a") is True and p.delete_key("a") is False
+        assert not store.check(["p/a"])
+        p.wait(["n"])
+        p.wait(["n"], datetime.timedelta(seconds=5))
+        assert p.clone().get("n") == b"3"
+        assert p.has_extended_api() is False
+    finally:
+        handler.close()
+
+
+def test_a_timeout_set_from_cpp_bounds_get_and_wait(etcd, run_id):
+    # PrefixStore.set_timeout (like any C++ caller) sets the c10d base's timeout, never our
+    # Python set_timeout: get, wait and multi_get without a timeout must use it. The run's own
+    # store timeout is 60 s, so a store that ignored it would fail the time bound below.
+    handler = torch_backend.create_handler(torch_params(etcd, run_id, 1, 1, store_timeout=60))
+    try:
+        store = handler.next_rendezvous().store
+        assert store.timeout == datetime.timedelta(seconds=60)
+        p = dist.PrefixStore("p", store)
+        p.set_timeout(datetime.timedelta(milliseconds=300))
+        assert store.timeout == p.timeout == datetime.timedelta(milliseconds=300)
+        for call in (lambda: p.get("absent"), lambda: p.wait(["absent"]),
+                     lambda: p.multi_get(["absent"]), lambda: store.get("absent")):
+            start = time.monotonic()
+            with pytest.raises(dist.DistStoreError):
+                call()
+            assert time.monotonic() - start < 20
+        store.set_timeout(datetime.timedelta(seconds=7))  # and the other way round
+        assert p.timeout == datetime.timedelta(seconds=7)
+    finally:
         handler.close()
 
 
