@@ -3,7 +3,9 @@ session and ready when it says so; unique run ids; helpers that never wait witho
 
 from __future__ import annotations
 
+import base64
 import collections
+import json
 import os
 import re
 import shutil
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -100,6 +103,17 @@ class Etcd:
     def handler(self, run_id: str, min_nodes: int, max_nodes: int, **options: object):
         return rdzv.EtcdV3RendezvousHandler(self.params(run_id, min_nodes, max_nodes, **options))
 
+    def keys(self, prefix: str) -> list[str]:
+        """The keys under ``prefix``, read through etcd's own JSON gateway (not through rdzv)."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        body = {"key": _b64(prefix), "range_end": _b64(end), "keys_only": True}
+        request = urllib.request.Request(
+            f"http://{self.endpoint}/v3/kv/range", data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            kvs = json.load(response).get("kvs", [])
+        return [base64.b64decode(kv["key"]).decode() for kv in kvs]
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -107,6 +121,10 @@ class Etcd:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """A worker started by torchrun (or rdzv run): joins the gloo group through the environment
 (MASTER_ADDR/MASTER_PORT), checks an all_reduce on every rank and records what it saw in
-$RESULT_DIR/<world>-<restart>-<rank>.json. With WAIT_UNLESS_WORLD=N it then stays, until the file
-$RESULT_DIR/release exists or 120 s pass, whenever the world is not of size N: that is how
-a test holds a round open until the agent replaces it (grow, node loss)."""
+$RESULT_DIR/<world>-<restart>-<rank>.json (with its pid and its agent's, so a test can kill a
+node). With WAIT_UNLESS_WORLD=N it then stays, until the file $RESULT_DIR/release exists or
+120 s pass, whenever the world is not of size N: that is how a test holds a round open until
+the agent replaces it (grow, node loss)."""
 
 import json
 import os
@@ -24,7 +25,8 @@ def main() -> int:
     record = {k: os.environ.get(k) for k in (
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_WORLD_SIZE",
         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")}
-    record.update(rank=rank, world=world, sum=t.item(), ok=t.item() == expected)
+    record.update(rank=rank, world=world, sum=t.item(), ok=t.item() == expected,
+                  pid=os.getpid(), agent=os.getppid())
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     name = f"{world}-{restart}-{rank}.json"
     (out / f".{name}").write_text(json.dumps(record))
