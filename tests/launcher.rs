@@ -276,6 +276,7 @@ fn launchers_with_different_worker_counts_form_one_job() {
             format!("--nproc-per-node={n}"),
             format!("--rdzv-endpoint={endpoint}"),
             format!("--rdzv-id={run}"),
+            "--local-addr=127.0.0.1".into(),
             w.clone(),
             "ok".into(),
         ]
@@ -291,6 +292,10 @@ fn launchers_with_different_worker_counts_form_one_job() {
     let ranks: Vec<u32> = starts.iter().map(|f| num(f, "rank")).collect();
     assert_eq!(ranks, [0, 1, 2], "global ranks are unique and dense");
     let master = &starts[0]["master"];
+    assert!(
+        master.starts_with("127.0.0.1:"),
+        "--local-addr is MASTER_ADDR: {master}"
+    );
     for f in &starts {
         assert_eq!(num(f, "world"), 3);
         assert_eq!(num(f, "groups"), 2);
@@ -832,4 +837,70 @@ fn status_shows_members_and_purge_cleans_up_after_a_crash() {
     assert!(out.contains("purged"), "{out}");
     watch.wait_line(10, |l| l.contains("run deleted from etcd"));
     assert_eq!(status_json(&url)["exists"], false);
+}
+
+#[test]
+fn tee_and_the_local_ranks_filter_choose_what_the_console_shows() {
+    let s = Scratch::new();
+    let logs = s.path("logs");
+    let logs_arg = format!("--log-dir={}", logs.display());
+    let mut l = Launcher::spawn(&[
+        "run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--tee=3",
+        "--local-ranks-filter=1",
+        &logs_arg,
+        &s.worker(),
+        "ok",
+    ]);
+    assert_eq!(code(l.exit(30)), 0, "{}", l.output());
+    assert!(
+        l.said("[rank1]:START") && !l.said("[rank0]:START"),
+        "{}",
+        l.output()
+    );
+    let run_dir = std::fs::read_dir(&logs)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let out = std::fs::read_to_string(run_dir.join("attempt_0/0/stdout.log")).unwrap();
+    assert!(
+        out.starts_with("START rank=0 "),
+        "files keep the filtered ranks: {out}"
+    );
+}
+
+#[test]
+fn python_programs_run_under_python3_and_cpu_counts_cpus() {
+    let s = Scratch::new();
+    let script = s.path("w.py");
+    std::fs::write(
+        &script,
+        "import os\nprint('PY', os.environ['RANK'], os.environ['WORLD_SIZE'])\n",
+    )
+    .unwrap();
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let script_arg = script.display().to_string();
+    let mut l = Launcher::spawn(&["run", "--standalone", "--nproc-per-node=cpu", &script_arg]);
+    assert_eq!(code(l.exit(30)), 0, "{}", l.output());
+    let lines = l.seen.iter().filter(|x| x.contains("]:PY ")).count();
+    assert_eq!(lines, cpus, "{}", l.output());
+    assert!(l.said(&format!("]:PY 0 {cpus}")));
+
+    // --module runs python3 -m NAME.
+    std::fs::write(
+        s.path("wmod.py"),
+        "import os\nprint('MOD', os.environ['LOCAL_RANK'])\n",
+    )
+    .unwrap();
+    let path = s.dir.display().to_string();
+    let mut m = Launcher::spawn_env(
+        &["run", "--standalone", "--module", "wmod"],
+        &[("PYTHONPATH", &path)],
+    );
+    assert_eq!(code(m.exit(30)), 0, "{}", m.output());
+    assert!(m.said("[rank0]:MOD 0"), "{}", m.output());
 }
