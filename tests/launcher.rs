@@ -904,3 +904,29 @@ fn python_programs_run_under_python3_and_cpu_counts_cpus() {
     assert_eq!(code(m.exit(30)), 0, "{}", m.output());
     assert!(m.said("[rank0]:MOD 0"), "{}", m.output());
 }
+
+#[test]
+fn a_second_signal_cuts_the_grace_period_short() {
+    let s = Scratch::new();
+    let mut l = Launcher::spawn(&[
+        "run",
+        "--standalone",
+        "--shutdown-timeout=600",
+        &s.worker(),
+        "stubborn",
+    ]);
+    let pid = l.start(30)["pid"].parse::<i32>().unwrap();
+    l.wait_line(10, |x| x.contains("]:CHILD "));
+    l.signal(libc::SIGTERM);
+    l.wait_line(10, |x| x.contains("forwarding it to the workers"));
+    let second = Instant::now();
+    l.signal(libc::SIGINT);
+    assert_eq!(code(l.exit(30)), 128 + libc::SIGTERM, "{}", l.output());
+    assert!(second.elapsed() < Duration::from_secs(10));
+    assert!(
+        l.said("still running after SIGINT: SIGKILL"),
+        "{}",
+        l.output()
+    );
+    wait_gone(pid, 10);
+}

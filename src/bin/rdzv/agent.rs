@@ -41,11 +41,6 @@ impl Signals {
         Ok(Signals { streams })
     }
 
-    /// The next signal, as a unit future (cuts a stop's grace period short).
-    pub async fn recv_unit(&mut self) {
-        self.recv().await;
-    }
-
     /// The next signal received.
     pub async fn recv(&mut self) -> i32 {
         let waits = self.streams.iter_mut().map(|(sig, s)| {
@@ -252,13 +247,9 @@ impl Agent {
                     return self.exit_barrier(&round, signals).await;
                 }
                 Outcome::Failed => {
-                    group
-                        .stop(
-                            libc::SIGTERM,
-                            self.cfg.shutdown_timeout,
-                            signals.recv_unit(),
-                        )
-                        .await;
+                    if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
+                        return 128 + sig;
+                    }
                     let failures = group.failures();
                     if self.restart_count < self.cfg.max_restarts {
                         self.restart_count += 1;
@@ -291,13 +282,9 @@ impl Agent {
                     say(format_args!(
                         "{why}: stopping the workers to form a new round (no restart spent)"
                     ));
-                    group
-                        .stop(
-                            libc::SIGTERM,
-                            self.cfg.shutdown_timeout,
-                            signals.recv_unit(),
-                        )
-                        .await;
+                    if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
+                        return 128 + sig;
+                    }
                     failed = None;
                 }
                 Outcome::Stop(Stop::Signal(sig)) => {
@@ -305,34 +292,39 @@ impl Agent {
                         "received {}: forwarding it to the workers",
                         crate::workers::signal_name(sig)
                     ));
-                    group
-                        .stop(sig, self.cfg.shutdown_timeout, signals.recv_unit())
-                        .await;
+                    self.stop(&mut group, sig, signals).await;
                     return 128 + sig;
                 }
                 Outcome::Stop(Stop::Closed) => {
                     say("the run was closed: stopping the workers");
-                    group
-                        .stop(
-                            libc::SIGTERM,
-                            self.cfg.shutdown_timeout,
-                            signals.recv_unit(),
-                        )
-                        .await;
+                    if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
+                        return 128 + sig;
+                    }
                     return 0;
                 }
                 Outcome::Stop(stop @ Stop::Error(_)) => {
-                    group
-                        .stop(
-                            libc::SIGTERM,
-                            self.cfg.shutdown_timeout,
-                            signals.recv_unit(),
-                        )
-                        .await;
+                    if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
+                        return 128 + sig;
+                    }
                     return self.stopped(stop, None);
                 }
             }
         }
+    }
+
+    /// Stops the group with `signal` (grace period, then SIGKILL). A signal to the launcher
+    /// meanwhile cuts the grace short and is returned: the launcher then leaves.
+    async fn stop(&self, group: &mut Group, signal: i32, signals: &mut Signals) -> Option<i32> {
+        let interrupted = group
+            .stop(signal, self.cfg.shutdown_timeout, signals.recv())
+            .await;
+        if let Some(sig) = interrupted {
+            say(format_args!(
+                "received {} while stopping the workers: leaving",
+                crate::workers::signal_name(sig)
+            ));
+        }
+        interrupted
     }
 
     /// The exit status for a stop outside a running group.

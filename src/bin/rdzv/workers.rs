@@ -234,31 +234,34 @@ impl Group {
     }
 
     /// Sends `signal` to every running worker's process group, waits up to `grace` for them
-    /// to exit, then SIGKILLs what is left; `escalate` resolving (a second signal to the
-    /// launcher) cuts the grace short. Returns once every worker has exited and its output
-    /// is written.
+    /// to exit, then SIGKILLs what is left; `interrupt` resolving (a signal to the launcher)
+    /// cuts the grace short, and its signal is returned. Returns once every worker has exited
+    /// and its output is written.
     pub async fn stop(
         &mut self,
         signal: i32,
         grace: Duration,
-        escalate: impl std::future::Future<Output = ()>,
-    ) {
+        interrupt: impl std::future::Future<Output = i32>,
+    ) -> Option<i32> {
         self.stop_sent = true;
+        let mut interrupted = None;
         if self.running() > 0 {
             self.signal_running(signal);
             let wait_all = async { while self.next_exit().await.is_some() {} };
             let in_time = tokio::select! {
                 r = tokio::time::timeout(grace, wait_all) => r.is_ok(),
-                _ = escalate => false,
+                sig = interrupt => {
+                    interrupted = Some(sig);
+                    false
+                }
             };
             if !in_time {
                 output::say(format_args!(
                     "{} worker(s) still running after {}: SIGKILL",
                     self.running(),
-                    if grace.is_zero() {
-                        "a second signal".to_string()
-                    } else {
-                        format!("{:.1} s", grace.as_secs_f64())
+                    match interrupted {
+                        Some(sig) => signal_name(sig),
+                        None => format!("{:.1} s", grace.as_secs_f64()),
                     }
                 ));
                 self.signal_running(libc::SIGKILL);
@@ -269,6 +272,7 @@ impl Group {
             }
         }
         self.finish().await;
+        interrupted
     }
 
     /// After the workers exited: kills whatever they left in their process groups and waits
