@@ -614,6 +614,10 @@ fn rdzv_close_ends_a_running_job() {
         assert_eq!(code(n.exit(30)), 0, "{}", n.output());
         assert!(n.said("GOT TERM") && n.said("the run was closed"));
     }
+    // A job started later under the closed id fails clearly instead of ending quietly.
+    let (c, _, err) = op(&["run", "--rdzv", &url, &s.worker(), "ok"]);
+    assert_eq!(c, 1, "{err}");
+    assert!(err.contains("is closed"), "{err}");
 }
 
 #[test]

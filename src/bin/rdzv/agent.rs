@@ -113,6 +113,8 @@ pub struct Agent {
     extra_env: Vec<(String, String)>,
     restart_count: u32,
     standalone_round: u64,
+    /// This node has been a member of a round of the run.
+    took_part: bool,
 }
 
 impl Agent {
@@ -150,6 +152,7 @@ impl Agent {
             extra_env,
             restart_count: 0,
             standalone_round: 0,
+            took_part: false,
         })
     }
 
@@ -399,14 +402,22 @@ impl Agent {
             return Err(Stop::Signal(sig));
         }
         match result {
-            Ok((info, store)) => Ok(Round {
-                number: info.round,
-                group_rank: info.rank,
-                group_world_size: info.world_size,
-                master_addr: info.master_addr,
-                master_port: info.master_port,
-                store: Some(store),
-            }),
+            Ok((info, store)) => {
+                self.took_part = true;
+                Ok(Round {
+                    number: info.round,
+                    group_rank: info.rank,
+                    group_world_size: info.world_size,
+                    master_addr: info.master_addr,
+                    master_port: info.master_port,
+                    store: Some(store),
+                })
+            }
+            // A run closed before this node ever took part is a run id in use by a job that
+            // ended: an error, not the end of this job.
+            Err(e) if e.kind() == ErrorKind::Closed && !self.took_part => {
+                Err(Stop::Error(format!("rendezvous: {}", e.message())))
+            }
             Err(e) if matches!(e.kind(), ErrorKind::Closed | ErrorKind::GracefulExit) => {
                 Err(Stop::Closed)
             }
