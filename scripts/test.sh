@@ -60,9 +60,10 @@ done
 
 # The environment is made once (5.4 GB, 1.5 to 3 minutes), then reused in a fraction of a second.
 if [ "${RDZV_SKIP_TORCH:-0}" != 1 ]; then
-  suite "python binding with PyTorch (real torchrun)" bash -c \
+  suite "python binding with PyTorch (real torchrun), and DDP under rdzv run" bash -c \
     'python=$(scripts/torch-env.sh) && t=bindings/python/tests &&
-     "$python" -m pytest -q $t/test_torch.py $t/test_torchrun.py $t/test_torch_backend.py'
+     "$python" -m pytest -q $t/test_torch.py $t/test_torchrun.py $t/test_torch_backend.py &&
+     RDZV_TORCH_PYTHON="$python" cargo test --quiet --test launcher_torch'
 else
   echo "=== python binding with PyTorch (real torchrun): skipped (RDZV_SKIP_TORCH=1)"
 fi
