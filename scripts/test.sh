@@ -48,7 +48,7 @@ suite "installed: prefix, pkg-config, find_package, Go module, Python wheel" scr
 
 # The protocol against every other etcd version people run.
 integration=(--test rendezvous --test races --test lifetime --test faults --test processes
-  --test store --test cluster --test security --test c_api)
+  --test store --test cluster --test security --test c_api --test admin --test launcher)
 with_etcd() {
   local dir=$1
   shift

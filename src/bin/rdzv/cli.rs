@@ -99,12 +99,19 @@ pub struct RunArgs {
         long,
         alias = "rdzv_conf",
         env = "PET_RDZV_CONF",
+        hide_env_values = true,
         value_name = "K=V,..."
     )]
     pub rdzv_conf: Option<String>,
     /// The whole rendezvous as one URL, instead of --rdzv-endpoint and --rdzv-id:
     /// etcd://HOST:PORT/JOB?min_nodes=...&max_nodes=...
-    #[arg(long, env = "PET_RDZV", value_name = "URL", conflicts_with_all = ["rdzv_endpoint"])]
+    #[arg(
+        long,
+        env = "PET_RDZV",
+        hide_env_values = true,
+        value_name = "URL",
+        conflicts_with_all = ["rdzv_endpoint"]
+    )]
     pub rdzv: Option<String>,
     /// One node on this machine with no etcd: local ranks, MASTER_ADDR=localhost, a free port.
     #[arg(long, env = "PET_STANDALONE", value_parser = FalseyValueParser::new())]
