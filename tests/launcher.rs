@@ -506,9 +506,14 @@ fn a_worker_that_fails_once_is_restarted_and_the_job_succeeds() {
     ]);
     assert_eq!(code(l.exit(60)), 0, "{}", l.output());
     assert!(l.said("restarting the worker group (restart 1 of 1)"));
-    let restarts: Vec<&String> = l.seen.iter().filter(|x| x.contains("]:START ")).collect();
-    assert_eq!(restarts.len(), 4, "two workers, twice");
-    assert!(restarts[2..].iter().all(|x| x.contains("restart=1")));
+    // The first group may be stopped before its second worker prints anything; the restarted
+    // group runs to its end.
+    let second = l
+        .seen
+        .iter()
+        .filter(|x| x.contains("]:START ") && x.contains("restart=1"));
+    assert_eq!(second.count(), 2, "both workers ran again: {}", l.output());
+    assert!(l.said("restart=0"));
     assert_eq!(
         status_json(&url)["closed"],
         false,
