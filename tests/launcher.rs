@@ -88,6 +88,8 @@ struct Launcher {
     child: Child,
     lines: mpsc::Receiver<String>,
     seen: Vec<String>,
+    /// The launcher's TMPDIR (where it keeps logs without --log-dir), removed on drop.
+    tmp: PathBuf,
 }
 
 impl Launcher {
@@ -96,8 +98,15 @@ impl Launcher {
     }
 
     fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Launcher {
+        let tmp = std::env::temp_dir().join(format!(
+            "rdzv-launcher-tmp-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&tmp).unwrap();
         let mut cmd = Command::new(RDZV);
         cmd.args(args)
+            .env("TMPDIR", &tmp)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -129,6 +138,7 @@ impl Launcher {
             child,
             lines,
             seen: Vec::new(),
+            tmp,
         }
     }
 
@@ -197,6 +207,7 @@ impl Drop for Launcher {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        let _ = std::fs::remove_dir_all(&self.tmp);
     }
 }
 
@@ -482,6 +493,8 @@ fn a_worker_that_always_fails_spends_the_budget_and_closes_the_run() {
         errfile.contains("error.json") && errfile.contains("ValueError: boom"),
         "{errfile}"
     );
+    let path = errfile.split("error file ").nth(1).unwrap().split(": ").next().unwrap();
+    assert!(PathBuf::from(path).is_file(), "the reported error file is kept: {path}");
     // The other node restarted with it each time (a membership change for it, no budget
     // spent), then saw the run closed and ended its workers gracefully.
     assert_eq!(code(healthy.exit(30)), 0, "{}", healthy.output());

@@ -115,6 +115,8 @@ pub struct Agent {
     standalone_round: u64,
     /// This node has been a member of a round of the run.
     took_part: bool,
+    /// The failure report named an error file (in the log directory, which is then kept).
+    reported_error_file: bool,
 }
 
 impl Agent {
@@ -153,16 +155,25 @@ impl Agent {
             restart_count: 0,
             standalone_round: 0,
             took_part: false,
+            reported_error_file: false,
         })
     }
 
     /// Runs the job to its end and returns the launcher's exit status.
     pub async fn run(mut self, signals: &mut Signals) -> i32 {
+        let status = self.connect_and_run(signals).await;
+        // A made-up log directory goes, unless the report points into it.
+        if self.temporary_logs && !self.reported_error_file {
+            let _ = std::fs::remove_dir_all(&self.logs.run_dir);
+        }
+        status
+    }
+
+    async fn connect_and_run(&mut self, signals: &mut Signals) -> i32 {
         if let Mode::Etcd(params) = &self.cfg.rendezvous {
             let params = (**params).clone();
-            let connect = Rendezvous::new(params.clone());
             let connected = tokio::select! {
-                r = connect => r,
+                r = Rendezvous::new(params.clone()) => r,
                 sig = signals.recv() => return 128 + sig,
             };
             match connected {
@@ -186,9 +197,6 @@ impl Agent {
                     e.message()
                 ));
             }
-        }
-        if status == 0 && self.temporary_logs {
-            let _ = std::fs::remove_dir_all(&self.logs.run_dir);
         }
         status
     }
@@ -278,7 +286,7 @@ impl Agent {
                             say(format_args!("could not close the run: {}", e.message()));
                         }
                     }
-                    report(&failures);
+                    self.reported_error_file = report(&failures);
                     return 1;
                 }
                 Outcome::Stop(Stop::Changed(why)) => {
@@ -331,7 +339,7 @@ impl Agent {
     }
 
     /// The exit status for a stop outside a running group.
-    fn stopped(&self, stop: Stop, failed: Option<&[Failure]>) -> i32 {
+    fn stopped(&mut self, stop: Stop, failed: Option<&[Failure]>) -> i32 {
         match stop {
             Stop::Signal(sig) => {
                 say(format_args!(
@@ -343,7 +351,7 @@ impl Agent {
             Stop::Closed => match failed {
                 Some(failures) => {
                     say("the run was closed before the workers could be restarted");
-                    report(failures);
+                    self.reported_error_file = report(failures);
                     1
                 }
                 None => {
@@ -580,10 +588,10 @@ impl Agent {
 }
 
 /// The report of a failed job: the first failure (by the time it happened), its exit code or
-/// signal, and what it wrote to its error file.
-fn report(failures: &[Failure]) {
+/// signal, and what it wrote to its error file. True if it named an error file.
+fn report(failures: &[Failure]) -> bool {
     let Some(first) = failures.first() else {
-        return;
+        return false;
     };
     say(format_args!(
         "first failure: rank {} (local rank {}, pid {}) ended with {}",
@@ -607,6 +615,7 @@ fn report(failures: &[Failure]) {
             other.global_rank, other.ended
         ));
     }
+    first.error_file.is_some()
 }
 
 fn free_port() -> u16 {
