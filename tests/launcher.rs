@@ -493,8 +493,17 @@ fn a_worker_that_always_fails_spends_the_budget_and_closes_the_run() {
         errfile.contains("error.json") && errfile.contains("ValueError: boom"),
         "{errfile}"
     );
-    let path = errfile.split("error file ").nth(1).unwrap().split(": ").next().unwrap();
-    assert!(PathBuf::from(path).is_file(), "the reported error file is kept: {path}");
+    let path = errfile
+        .split("error file ")
+        .nth(1)
+        .unwrap()
+        .split(": ")
+        .next()
+        .unwrap();
+    assert!(
+        PathBuf::from(path).is_file(),
+        "the reported error file is kept: {path}"
+    );
     // The other node restarted with it each time (a membership change for it, no budget
     // spent), then saw the run closed and ended its workers gracefully.
     assert_eq!(code(healthy.exit(30)), 0, "{}", healthy.output());
@@ -793,6 +802,11 @@ fn bad_input_fails_fast_with_one_line() {
             1,
             "10.255.255.1",
         ),
+        (
+            vec!["run", "--rdzv=etcd://h:1/x", "--rdzv-id=y", &w],
+            2,
+            "--rdzv-id",
+        ),
         (vec!["status", "notaurl"], 2, "URL"),
         (vec!["frobnicate"], 2, "frobnicate"),
     ];
@@ -951,4 +965,26 @@ fn a_second_signal_cuts_the_grace_period_short() {
         l.output()
     );
     wait_gone(pid, 10);
+}
+
+#[test]
+fn a_worker_killed_by_a_signal_is_reported_by_the_signal_name() {
+    let mut l = Launcher::spawn(&[
+        "run",
+        "--standalone",
+        "--no-python",
+        "sh",
+        "-c",
+        "kill -SEGV $$",
+    ]);
+    assert_eq!(code(l.exit(30)), 1, "{}", l.output());
+    let report = l
+        .seen
+        .iter()
+        .find(|x| x.contains("first failure"))
+        .expect("a report");
+    assert!(
+        report.contains("rank 0") && report.contains("signal SIGSEGV"),
+        "{report}"
+    );
 }

@@ -110,7 +110,7 @@ pub struct RunArgs {
         env = "PET_RDZV",
         hide_env_values = true,
         value_name = "URL",
-        conflicts_with_all = ["rdzv_endpoint"]
+        conflicts_with_all = ["rdzv_endpoint", "rdzv_id"]
     )]
     pub rdzv: Option<String>,
     /// One node on this machine with no etcd: local ranks, MASTER_ADDR=localhost, a free port.
