@@ -808,6 +808,11 @@ fn bad_input_fails_fast_with_one_line() {
             "--rdzv-id",
         ),
         (vec!["status", "notaurl"], 2, "URL"),
+        (
+            vec!["purge", "etcd://127.0.0.1:1/x"],
+            1,
+            "connection refused",
+        ),
         (vec!["frobnicate"], 2, "frobnicate"),
     ];
     for (args, want, mention) in cases {
