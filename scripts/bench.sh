@@ -4,13 +4,19 @@
 #                                        floor in the same run, and the store
 #        scripts/bench.sh --processes    every node its own process: Rust (N = 8 64 256) and
 #                                        the Python binding (N = 2 8 32)
+#        scripts/bench.sh --launcher [N ...]  rdzv run: launch to all workers started, and
+#                                        SIGKILL of a node to the survivors restarted (N = 2 4 8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 read -r pid endpoint dir < <(scripts/etcd-local.sh --quota-backend-bytes=4294967296)
 trap 'kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 echo "etcd $(etcd --version | head -1 | awk '{print $3}') at $endpoint, $(nproc) cores"
-if [ "${1:-}" = "--processes" ]; then
+if [ "${1:-}" = "--launcher" ]; then
+  shift
+  cargo build --release --quiet --bin rdzv --example bench_launcher
+  target/release/examples/bench_launcher "$endpoint" "$@"
+elif [ "${1:-}" = "--processes" ]; then
   shift
   cargo build --release --quiet --lib --example bench_processes --example bench_node
   target/release/examples/bench_processes "$endpoint" "$@"

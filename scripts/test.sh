@@ -48,7 +48,7 @@ suite "installed: prefix, pkg-config, find_package, Go module, Python wheel" scr
 
 # The protocol against every other etcd version people run.
 integration=(--test rendezvous --test races --test lifetime --test faults --test processes
-  --test store --test cluster --test security --test c_api)
+  --test store --test cluster --test security --test c_api --test admin --test launcher)
 with_etcd() {
   local dir=$1
   shift
@@ -60,9 +60,10 @@ done
 
 # The environment is made once (5.4 GB, 1.5 to 3 minutes), then reused in a fraction of a second.
 if [ "${RDZV_SKIP_TORCH:-0}" != 1 ]; then
-  suite "python binding with PyTorch (real torchrun)" bash -c \
+  suite "python binding with PyTorch (real torchrun), and DDP under rdzv run" bash -c \
     'python=$(scripts/torch-env.sh) && t=bindings/python/tests &&
-     "$python" -m pytest -q $t/test_torch.py $t/test_torchrun.py $t/test_torch_backend.py'
+     "$python" -m pytest -q $t/test_torch.py $t/test_torchrun.py $t/test_torch_backend.py &&
+     RDZV_TORCH_PYTHON="$python" cargo test --quiet --test launcher_torch'
 else
   echo "=== python binding with PyTorch (real torchrun): skipped (RDZV_SKIP_TORCH=1)"
 fi

@@ -3,7 +3,10 @@
 //! Layers, bottom up: `params` (what to join), `backend` (etcd connection, retries, key
 //! layout, leases), `rendezvous` (the round protocol), `store` (the per-round key-value
 //! store), `blocking` (one runtime, `block_on` per call) and `ffi` (the C ABI, glue only).
+//! Beside them, `admin` reads, watches, closes and purges a run for operators without
+//! joining it.
 
+pub mod admin;
 pub mod backend;
 pub mod blocking;
 pub mod error;

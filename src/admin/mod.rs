@@ -1,0 +1,393 @@
+//! Operator access to a run, without joining it: what state it is in (`status`), every change
+//! as it happens (`watch`), closing it (`close`) and deleting what it left in etcd (`purge`).
+//!
+//! The key layout stays private to the library (`backend::keys`); this module is the one
+//! public way to read it, so tools such as `rdzv status` never parse etcd keys themselves.
+//! An `Admin` holds no lease and writes no `alive` key: looking at a run never makes a node
+//! appear in it, and closing or purging one never counts as a member leaving.
+//!
+//! A status is read at one etcd revision (the first read fixes it, the others read at it), so
+//! it is a consistent snapshot even while rounds form.
+
+use crate::backend::keys::Keys;
+use crate::backend::{ranges, Etcd, Target};
+use crate::error::{Error, Result};
+use crate::params::Params;
+use crate::rendezvous::{FinalRecord, JoinRecord};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use tokio::time::Instant;
+
+/// A run as an operator sees it at one etcd revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunStatus {
+    pub run_id: String,
+    /// False when etcd holds nothing for this run (never started, finished and cleaned up,
+    /// or purged).
+    pub exists: bool,
+    /// `set_closed` was called (the marker lasts `retention`).
+    pub closed: bool,
+    /// The round open for joining.
+    pub open_round: u64,
+    /// The last sealed round (the one the members are running), if any is still recorded.
+    pub sealed: Option<SealedRound>,
+    /// Nodes that joined the open round, in arrival order: newcomers waiting to be admitted,
+    /// and members already re-joining during a re-rendezvous.
+    pub waiting: Vec<Joiner>,
+    /// Live nodes of the run (members, waiting nodes and spares alike).
+    pub alive: usize,
+    /// The etcd revision this status was read at (not part of equality).
+    pub revision: i64,
+}
+
+/// A sealed round: its members in rank order and rank 0's bootstrap address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedRound {
+    pub round: u64,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub members: Vec<Member>,
+}
+
+/// One member of a sealed round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub rank: u32,
+    pub node: String,
+    /// The address the node registered (known while it is alive).
+    pub addr: Option<String>,
+    /// Its lease is live. A member that is not alive is *lost*: the survivors re-form without
+    /// it.
+    pub alive: bool,
+}
+
+/// A node that joined the open round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joiner {
+    pub node: String,
+    pub addr: String,
+    /// Its rank in the sealed round, if it was a member (a re-rendezvous is under way).
+    pub member_rank: Option<u32>,
+}
+
+/// What `purge` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purge {
+    /// The run's keys were deleted (this many).
+    Deleted(i64),
+    /// Nothing was deleted: this many nodes of the run are alive.
+    Refused { alive: usize },
+}
+
+impl RunStatus {
+    /// Members of the sealed round whose lease has expired.
+    pub fn lost(&self) -> Vec<&Member> {
+        self.sealed
+            .iter()
+            .flat_map(|s| s.members.iter())
+            .filter(|m| !m.alive)
+            .collect()
+    }
+
+    /// The status as one JSON object (the shape `rdzv status --json` prints).
+    pub fn to_json(&self) -> Value {
+        let sealed = self.sealed.as_ref().map(|s| {
+            json!({
+                "round": s.round,
+                "master_addr": s.master_addr,
+                "master_port": s.master_port,
+                "members": s.members.iter().map(|m| json!({
+                    "rank": m.rank, "node": m.node, "addr": m.addr, "alive": m.alive,
+                })).collect::<Vec<_>>(),
+            })
+        });
+        json!({
+            "run_id": self.run_id,
+            "exists": self.exists,
+            "closed": self.closed,
+            "open_round": self.open_round,
+            "sealed": sealed,
+            "waiting": self.waiting.iter().map(|j| json!({
+                "node": j.node, "addr": j.addr, "member_rank": j.member_rank,
+            })).collect::<Vec<_>>(),
+            "lost": self.lost().iter().map(|m| json!({"rank": m.rank, "node": m.node})).collect::<Vec<_>>(),
+            "alive": self.alive,
+            "revision": self.revision,
+        })
+    }
+
+    /// Equality of everything an operator sees (the revision aside).
+    fn same_as(&self, other: &RunStatus) -> bool {
+        RunStatus {
+            revision: 0,
+            ..self.clone()
+        } == RunStatus {
+            revision: 0,
+            ..other.clone()
+        }
+    }
+}
+
+/// An operator's connection to one run (named by the run id and key prefix of `params`).
+pub struct Admin {
+    params: Params,
+    etcd: Etcd,
+    keys: Keys,
+}
+
+impl Admin {
+    /// Connects to etcd within `connect_timeout`. Registers nothing.
+    pub async fn connect(params: Params) -> Result<Admin> {
+        params.validate()?;
+        let etcd = Etcd::connect(&params).await?;
+        let keys = Keys::new(&params.key_prefix, &params.run_id);
+        Ok(Admin { params, etcd, keys })
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.params.connect_timeout
+    }
+
+    /// Reads the run's state at one revision.
+    pub async fn status(&self) -> Result<RunStatus> {
+        let deadline = self.deadline();
+        let k = &self.keys;
+        let first = Txn::new().and_then([
+            TxnOp::get(
+                k.namespace(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+            TxnOp::get(k.closed(), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(k.current(), None),
+            TxnOp::get(k.alive_prefix(), Some(GetOptions::new().with_prefix())),
+        ]);
+        let resp = self.etcd.txn(deadline, "status", first).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let got = ranges(&resp);
+        let (all, closed, current, alive) = (&got[0], &got[1], &got[2], &got[3]);
+        let open_round: u64 = match current.kvs().first() {
+            Some(kv) => std::str::from_utf8(kv.value())
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| {
+                    Error::state(format!(
+                        "corrupt or foreign data at etcd key {:?}: not a round number",
+                        String::from_utf8_lossy(kv.key())
+                    ))
+                })?,
+            None => 0,
+        };
+        let alive: HashMap<String, String> = alive
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let node = Keys::node_of(kv.key())?;
+                Some((node.to_string(), String::from_utf8_lossy(kv.value()).into()))
+            })
+            .collect();
+        // The sealed round and the open round's joiners, at the same revision.
+        let at = GetOptions::new().with_revision(revision);
+        let sealed = match open_round.checked_sub(1) {
+            Some(r) => {
+                let resp = self
+                    .etcd
+                    .get(deadline, "status", k.final_(r), at.clone())
+                    .await?;
+                match resp.kvs().first() {
+                    Some(kv) => Some(FinalRecord::parse(kv.key(), kv.value())?),
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        let joins = self
+            .etcd
+            .get(
+                deadline,
+                "status",
+                k.join_prefix(open_round),
+                at.with_prefix(),
+            )
+            .await?;
+        let mut joins: Vec<_> = joins.kvs().iter().collect();
+        joins.sort_by_key(|kv| kv.create_revision());
+        let waiting = joins
+            .into_iter()
+            .map(|kv| {
+                let record = JoinRecord::parse(kv.key(), kv.value())?;
+                let node = Keys::node_of(kv.key()).unwrap_or_default().to_string();
+                let member_rank = sealed.as_ref().and_then(|s| s.rank_of(&node));
+                Ok(Joiner {
+                    node,
+                    addr: record.addr,
+                    member_rank,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sealed = sealed.map(|f| SealedRound {
+            round: f.round,
+            master_addr: f.master_addr,
+            master_port: f.master_port,
+            members: f
+                .members
+                .into_iter()
+                .enumerate()
+                .map(|(rank, node)| Member {
+                    rank: rank as u32,
+                    addr: alive.get(&node).cloned(),
+                    alive: alive.contains_key(&node),
+                    node,
+                })
+                .collect(),
+        });
+        Ok(RunStatus {
+            run_id: self.params.run_id.clone(),
+            exists: all.count() > 0,
+            closed: closed.count() > 0,
+            open_round,
+            sealed,
+            waiting,
+            alive: alive.len(),
+            revision,
+        })
+    }
+
+    /// Watches the run: `StatusWatch::next` returns the current status first, then each
+    /// status that differs from the one before, as etcd reports the change (by watch, not by
+    /// polling). Writes to a round's store do not count as changes.
+    pub async fn watch(&self) -> Result<StatusWatch<'_>> {
+        Ok(StatusWatch {
+            admin: self,
+            watch: None,
+            last: None,
+        })
+    }
+
+    /// Closes the run for every node, as `Rendezvous::set_closed` does: blocked `next` calls
+    /// return closed and later ones fail at once. The marker expires after `retention`.
+    pub async fn close(&self) -> Result<()> {
+        let deadline = Instant::now() + self.params.close_timeout;
+        let ttl = self.params.retention.as_secs().max(1) as i64;
+        let lease = self
+            .etcd
+            .call(deadline, "close", move |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
+            .await?
+            .id();
+        let key = self.keys.closed();
+        self.etcd
+            .call(deadline, "close", move |mut c| {
+                let key = key.clone();
+                async move {
+                    c.put(key, "1", Some(PutOptions::new().with_lease(lease)))
+                        .await
+                }
+            })
+            .await?;
+        tracing::info!(run = %self.params.run_id, "closed the run (operator)");
+        Ok(())
+    }
+
+    /// Deletes every key of the run (rounds, stores, round counter, `closed` marker), so its id
+    /// can be used again at once. Refuses, deleting nothing, while any node of the run is
+    /// alive, unless `force` (which leaves running nodes without their keys: they fail).
+    /// The check and the delete are one transaction.
+    pub async fn purge(&self, force: bool) -> Result<Purge> {
+        let everything = TxnOp::delete(
+            self.keys.namespace(),
+            Some(DeleteOptions::new().with_prefix()),
+        );
+        let guards = match force {
+            true => vec![],
+            false => vec![
+                Compare::create_revision(self.keys.alive_prefix(), CompareOp::Equal, 0)
+                    .with_prefix(),
+            ],
+        };
+        let txn = Txn::new()
+            .when(guards)
+            .and_then([everything])
+            .or_else([TxnOp::get(
+                self.keys.alive_prefix(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )]);
+        let resp = self.etcd.txn(self.deadline(), "purge", txn).await?;
+        if !resp.succeeded() {
+            let alive = ranges(&resp).first().map_or(0, |g| g.count()) as usize;
+            return Ok(Purge::Refused { alive });
+        }
+        let deleted = resp
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                etcd_client::TxnOpResponse::Delete(d) => Some(d.deleted()),
+                _ => None,
+            })
+            .unwrap_or(0);
+        tracing::info!(run = %self.params.run_id, keys = deleted, force, "purged the run");
+        Ok(Purge::Deleted(deleted))
+    }
+}
+
+/// A live view of one run; see `Admin::watch`.
+pub struct StatusWatch<'a> {
+    admin: &'a Admin,
+    watch: Option<crate::backend::Watch>,
+    last: Option<RunStatus>,
+}
+
+impl StatusWatch<'_> {
+    /// The current status on the first call; after that, waits for the next change an
+    /// operator would see and returns the new status. Waits as long as nothing changes; a
+    /// broken watch (etcd restarted, history compacted) is reopened and the state read afresh.
+    pub async fn next(&mut self) -> Result<RunStatus> {
+        loop {
+            let fresh = match self.watch.as_mut() {
+                None => {
+                    // Watch first, then read: a change between the two is not missed.
+                    let target = Target::Prefix(self.admin.keys.namespace().to_string());
+                    self.watch = Some(
+                        self.admin
+                            .etcd
+                            .watch(&[target], self.admin.deadline())
+                            .await?,
+                    );
+                    true
+                }
+                Some(watch) => match watch.events().await {
+                    None => {
+                        self.watch = None;
+                        continue;
+                    }
+                    Some(events) => events
+                        .iter()
+                        .any(|e| e.kv().is_some_and(|kv| !self.is_store_key(kv.key()))),
+                },
+            };
+            if !fresh {
+                continue;
+            }
+            let status = self.admin.status().await?;
+            if self.last.as_ref().is_some_and(|last| last.same_as(&status)) {
+                continue;
+            }
+            self.last = Some(status.clone());
+            return Ok(status);
+        }
+    }
+
+    /// Store keys (`r/{round}/store/...`) change with the workers' traffic, never with the
+    /// run's membership.
+    fn is_store_key(&self, key: &[u8]) -> bool {
+        let rounds = self.admin.keys.rounds_prefix();
+        key.strip_prefix(rounds.as_bytes())
+            .and_then(|rest| rest.get(20..))
+            .is_some_and(|rest| rest.starts_with(b"/store/"))
+    }
+}

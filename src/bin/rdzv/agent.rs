@@ -1,0 +1,639 @@
+//! The elastic agent: torchelastic's `SimpleElasticAgent` loop on rdzv's rendezvous.
+//!
+//! ```text
+//!   ┌─> RENDEZVOUS ──> EXCHANGE ──> RUNNING ──(all exit 0)──> EXIT BARRIER ──> exit 0
+//!   │   (next)         (ranks via    │
+//!   │                   the store)   ├─(a worker fails, budget left)──> stop, restart_count += 1 ─┐
+//!   │                                ├─(nodes waiting or lost)────────> stop ────────────────────┤
+//!   │                                ├─(a worker fails, budget spent)─> stop, close run, exit 1
+//!   │                                ├─(run closed by someone else)───> stop, exit 0
+//!   │                                └─(SIGINT/SIGTERM/SIGHUP/SIGQUIT)─> forward, grace, SIGKILL,
+//!   │                                                                    release node, exit 128+N
+//!   └────────────────────────────────────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! Only failures spend the restart budget; membership changes do not. The node keeps one
+//! rendezvous handle for its whole life, so its node rank (and so global rank 0) stays put
+//! across rounds. Leaving never closes the run for others; only a spent budget (or an
+//! operator's `rdzv close`) does.
+
+use crate::cli::{Rendezvous as Mode, RunConfig};
+use crate::output::say;
+use crate::ranks::{self, NodeInfo, WorkerRanks};
+use crate::workers::{Failure, Group, GroupSpec, LogPlan};
+use rdzv::{ErrorKind, Rendezvous, Store};
+use std::time::Duration;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::time::Instant;
+
+/// The signals torchrun handles and forwards.
+pub struct Signals {
+    streams: Vec<(i32, Signal)>,
+}
+
+impl Signals {
+    /// Must be called inside the runtime, before anything that should be interruptible.
+    pub fn install() -> std::io::Result<Signals> {
+        let mut streams = Vec::new();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            streams.push((sig, signal(SignalKind::from_raw(sig))?));
+        }
+        Ok(Signals { streams })
+    }
+
+    /// The next signal received.
+    pub async fn recv(&mut self) -> i32 {
+        let waits = self.streams.iter_mut().map(|(sig, s)| {
+            let sig = *sig;
+            Box::pin(async move {
+                s.recv().await;
+                sig
+            })
+        });
+        futures_select_all(waits).await
+    }
+}
+
+/// The first of several futures to finish (a small `select_all`, to avoid a dependency).
+async fn futures_select_all<F: std::future::Future<Output = i32> + Unpin>(
+    futures: impl IntoIterator<Item = F>,
+) -> i32 {
+    let mut futures: Vec<F> = futures.into_iter().collect();
+    std::future::poll_fn(move |cx| {
+        for f in futures.iter_mut() {
+            if let std::task::Poll::Ready(v) = std::pin::Pin::new(f).poll(cx) {
+                return std::task::Poll::Ready(v);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// The closed flag is an etcd read: checked at most this often, whatever the monitor interval.
+const CLOSED_CHECK: Duration = Duration::from_secs(1);
+
+/// The store keys of the exit barrier (torchelastic's terminal-state prefix).
+const BARRIER_COUNT: &str = "torchelastic/agent/terminal_state/count";
+const BARRIER_DONE: &str = "torchelastic/agent/terminal_state/done";
+
+/// A formed round, as the workers need it.
+struct Round {
+    number: u64,
+    group_rank: u32,
+    group_world_size: u32,
+    master_addr: String,
+    master_port: u16,
+    store: Option<Store>,
+}
+
+/// Why the agent stops waiting for something.
+enum Stop {
+    Signal(i32),
+    /// The run is closed (a node spent its budget, or an operator closed it).
+    Closed,
+    /// Members were lost or nodes wait: form a new round.
+    Changed(String),
+    Error(String),
+}
+
+/// How a running group ended.
+enum Outcome {
+    Succeeded,
+    Failed,
+    Stop(Stop),
+}
+
+pub struct Agent {
+    cfg: RunConfig,
+    rdzv: Option<Rendezvous>,
+    logs: LogPlan,
+    /// The log directory was made up by the launcher (no --log-dir): removed after success.
+    temporary_logs: bool,
+    extra_env: Vec<(String, String)>,
+    restart_count: u32,
+    standalone_round: u64,
+    /// This node has been a member of a round of the run.
+    took_part: bool,
+    /// The failure report named an error file (in the log directory, which is then kept).
+    reported_error_file: bool,
+}
+
+impl Agent {
+    pub fn new(cfg: RunConfig) -> std::io::Result<Agent> {
+        let tag = format!(
+            "{}_{:08x}",
+            sanitize(&cfg.run_id),
+            crate::cli::random_u64() as u32
+        );
+        let (run_dir, temporary_logs) = match &cfg.log_dir {
+            Some(base) => (base.join(tag), false),
+            None => (std::env::temp_dir().join(format!("rdzv_{tag}")), true),
+        };
+        std::fs::create_dir_all(&run_dir)?;
+        if cfg.keeps_files() {
+            say(format_args!("worker logs in {}", run_dir.display()));
+        }
+        let mut extra_env = Vec::new();
+        if std::env::var_os("OMP_NUM_THREADS").is_none() && cfg.nproc_per_node > 1 {
+            say("setting OMP_NUM_THREADS=1 for each worker so they do not overload the machine; set it to tune");
+            extra_env.push(("OMP_NUM_THREADS".to_string(), "1".to_string()));
+        }
+        let logs = LogPlan {
+            run_dir,
+            keep_files: cfg.keeps_files(),
+            redirects: cfg.redirects.clone(),
+            tee: cfg.tee.clone(),
+            filter: cfg.local_ranks_filter.clone(),
+        };
+        Ok(Agent {
+            cfg,
+            rdzv: None,
+            logs,
+            temporary_logs,
+            extra_env,
+            restart_count: 0,
+            standalone_round: 0,
+            took_part: false,
+            reported_error_file: false,
+        })
+    }
+
+    /// Runs the job to its end and returns the launcher's exit status.
+    pub async fn run(mut self, signals: &mut Signals) -> i32 {
+        let status = self.connect_and_run(signals).await;
+        // A made-up log directory goes, unless the report points into it.
+        if self.temporary_logs && !self.reported_error_file {
+            let _ = std::fs::remove_dir_all(&self.logs.run_dir);
+        }
+        status
+    }
+
+    async fn connect_and_run(&mut self, signals: &mut Signals) -> i32 {
+        if let Mode::Etcd(params) = &self.cfg.rendezvous {
+            let params = (**params).clone();
+            let connected = tokio::select! {
+                r = Rendezvous::new(params.clone()) => r,
+                sig = signals.recv() => return 128 + sig,
+            };
+            match connected {
+                Ok(r) => self.rdzv = Some(r),
+                Err(e) => {
+                    crate::output::error(format_args!(
+                        "rendezvous on {}: {}",
+                        params.endpoints.join(","),
+                        e.message()
+                    ));
+                    return 1;
+                }
+            }
+        }
+        let status = self.agent_loop(signals).await;
+        if let Some(rdzv) = self.rdzv.take() {
+            // Releases this node only: the run goes on for the others.
+            if let Err(e) = rdzv.shutdown().await {
+                say(format_args!(
+                    "could not release this node cleanly: {}",
+                    e.message()
+                ));
+            }
+        }
+        status
+    }
+
+    async fn agent_loop(&mut self, signals: &mut Signals) -> i32 {
+        // The last group's failures, reported if the job ends before a group succeeds.
+        let mut failed: Option<Vec<Failure>> = None;
+        loop {
+            let round = match self.rendezvous(signals).await {
+                Ok(round) => round,
+                Err(stop) => return self.stopped(stop, failed.as_deref()),
+            };
+            let workers = match self.exchange(&round, signals).await {
+                Ok(workers) => workers,
+                Err(Stop::Changed(why)) => {
+                    say(format_args!(
+                        "{why} while exchanging worker counts: forming a new round"
+                    ));
+                    continue;
+                }
+                Err(stop) => return self.stopped(stop, failed.as_deref()),
+            };
+            let first = &workers[0];
+            say(format_args!(
+                "round {} formed: node rank {} of {}, world size {}, workers' ranks {}..{}, master {}:{}",
+                round.number,
+                round.group_rank,
+                round.group_world_size,
+                first.world_size,
+                first.global_rank,
+                first.global_rank + workers.len() as u32 - 1,
+                round.master_addr,
+                round.master_port
+            ));
+            let spec = GroupSpec {
+                command: &self.cfg.command,
+                role: &self.cfg.role,
+                run_id: &self.cfg.run_id,
+                group_rank: round.group_rank,
+                group_world_size: round.group_world_size,
+                master_addr: &round.master_addr,
+                master_port: round.master_port,
+                restart_count: self.restart_count,
+                max_restarts: self.cfg.max_restarts,
+                extra_env: &self.extra_env,
+            };
+            let mut group = match Group::start(&spec, &workers, &self.logs) {
+                Ok(group) => group,
+                Err(e) => {
+                    crate::output::error(e);
+                    return 1;
+                }
+            };
+            let outcome = self.monitor(&mut group, signals).await;
+            match outcome {
+                Outcome::Succeeded => {
+                    group.finish().await;
+                    say("all workers of this node finished successfully");
+                    return self.exit_barrier(&round, signals).await;
+                }
+                Outcome::Failed => {
+                    if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
+                        return 128 + sig;
+                    }
+                    let failures = group.failures();
+                    if self.restart_count < self.cfg.max_restarts {
+                        self.restart_count += 1;
+                        say(format_args!(
+                            "restarting the worker group (restart {} of {}) after rank {} failed",
+                            self.restart_count, self.cfg.max_restarts, failures[0].global_rank
+                        ));
+                        failed = Some(failures);
+                        continue;
+                    }
+                    say(format_args!(
+                        "restart budget spent ({} of {} restarts used): the job failed{}",
+                        self.restart_count,
+                        self.cfg.max_restarts,
+                        if self.rdzv.is_some() {
+                            "; closing the run"
+                        } else {
+                            ""
+                        }
+                    ));
+                    if let Some(rdzv) = &self.rdzv {
+                        if let Err(e) = rdzv.set_closed().await {
+                            say(format_args!("could not close the run: {}", e.message()));
+                        }
+                    }
+                    self.reported_error_file = report(&failures);
+                    return 1;
+                }
+                Outcome::Stop(Stop::Changed(why)) => {
+                    say(format_args!(
+                        "{why}: stopping the workers to form a new round (no restart spent)"
+                    ));
+                    if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
+                        return 128 + sig;
+                    }
+                    failed = None;
+                }
+                Outcome::Stop(Stop::Signal(sig)) => {
+                    say(format_args!(
+                        "received {}: forwarding it to the workers",
+                        crate::workers::signal_name(sig)
+                    ));
+                    self.stop(&mut group, sig, signals).await;
+                    return 128 + sig;
+                }
+                Outcome::Stop(Stop::Closed) => {
+                    say("the run was closed: stopping the workers");
+                    if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
+                        return 128 + sig;
+                    }
+                    return 0;
+                }
+                Outcome::Stop(stop @ Stop::Error(_)) => {
+                    if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
+                        return 128 + sig;
+                    }
+                    return self.stopped(stop, None);
+                }
+            }
+        }
+    }
+
+    /// Stops the group with `signal` (grace period, then SIGKILL). A signal to the launcher
+    /// meanwhile cuts the grace short and is returned: the launcher then leaves.
+    async fn stop(&self, group: &mut Group, signal: i32, signals: &mut Signals) -> Option<i32> {
+        let interrupted = group
+            .stop(signal, self.cfg.shutdown_timeout, signals.recv())
+            .await;
+        if let Some(sig) = interrupted {
+            say(format_args!(
+                "received {} while stopping the workers: leaving",
+                crate::workers::signal_name(sig)
+            ));
+        }
+        interrupted
+    }
+
+    /// The exit status for a stop outside a running group.
+    fn stopped(&mut self, stop: Stop, failed: Option<&[Failure]>) -> i32 {
+        match stop {
+            Stop::Signal(sig) => {
+                say(format_args!(
+                    "received {}: leaving",
+                    crate::workers::signal_name(sig)
+                ));
+                128 + sig
+            }
+            Stop::Closed => match failed {
+                Some(failures) => {
+                    say("the run was closed before the workers could be restarted");
+                    self.reported_error_file = report(failures);
+                    1
+                }
+                None => {
+                    say("the run was closed: exiting");
+                    0
+                }
+            },
+            Stop::Changed(why) => {
+                crate::output::error(why);
+                1
+            }
+            Stop::Error(message) => {
+                crate::output::error(message);
+                1
+            }
+        }
+    }
+
+    async fn rendezvous(&mut self, signals: &mut Signals) -> Result<Round, Stop> {
+        let Some(rdzv) = &self.rdzv else {
+            // Standalone: this node is the whole world.
+            let number = self.standalone_round;
+            self.standalone_round += 1;
+            return Ok(Round {
+                number,
+                group_rank: 0,
+                group_world_size: 1,
+                master_addr: "localhost".into(),
+                master_port: free_port(),
+                store: None,
+            });
+        };
+        let p = rdzv.params();
+        say(format_args!(
+            "joining run {:?} on {} ({}..{} nodes)",
+            p.run_id,
+            p.endpoints.join(","),
+            p.min_nodes,
+            p.max_nodes
+        ));
+        let next = rdzv.next();
+        tokio::pin!(next);
+        let mut interrupted = None;
+        // A signal cancels the join; next then withdraws its request before returning, so no
+        // round is sealed with a node that is leaving.
+        let result = loop {
+            tokio::select! {
+                r = &mut next => break r,
+                sig = signals.recv(), if interrupted.is_none() => {
+                    interrupted = Some(sig);
+                    rdzv.cancel();
+                }
+            }
+        };
+        if let Some(sig) = interrupted {
+            return Err(Stop::Signal(sig));
+        }
+        match result {
+            Ok((info, store)) => {
+                self.took_part = true;
+                Ok(Round {
+                    number: info.round,
+                    group_rank: info.rank,
+                    group_world_size: info.world_size,
+                    master_addr: info.master_addr,
+                    master_port: info.master_port,
+                    store: Some(store),
+                })
+            }
+            // A run closed before this node ever took part is a run id in use by a job that
+            // ended: an error, not the end of this job.
+            Err(e) if e.kind() == ErrorKind::Closed && !self.took_part => {
+                Err(Stop::Error(format!("rendezvous: {}", e.message())))
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::Closed | ErrorKind::GracefulExit) => {
+                Err(Stop::Closed)
+            }
+            Err(e) => Err(Stop::Error(format!("rendezvous: {}", e.message()))),
+        }
+    }
+
+    /// Publishes this node's worker count and role in the round's store, reads every node's,
+    /// and assigns ranks. A member lost meanwhile sends the node back to the rendezvous.
+    async fn exchange(
+        &self,
+        round: &Round,
+        signals: &mut Signals,
+    ) -> Result<Vec<WorkerRanks>, Stop> {
+        let me = NodeInfo {
+            role: self.cfg.role.clone(),
+            group_rank: round.group_rank,
+            local_world_size: self.cfg.nproc_per_node,
+        };
+        let Some(store) = &round.store else {
+            return Ok(ranks::assign(&[me], 0));
+        };
+        let store_error = |e: rdzv::Error| match e.kind() {
+            ErrorKind::Closed => Stop::Closed,
+            _ => Stop::Error(format!("exchanging worker counts: {}", e.message())),
+        };
+        store
+            .set(&ranks::key(me.group_rank), &me.to_json())
+            .await
+            .map_err(store_error)?;
+        let keys: Vec<String> = (0..round.group_world_size).map(ranks::key).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut tick = self.ticker();
+        let values = tokio::select! {
+            r = store.multi_get(&keys, None) => r.map_err(store_error)?,
+            change = self.membership_change(&mut tick, false) => return Err(change),
+            sig = signals.recv() => return Err(Stop::Signal(sig)),
+        };
+        let infos = values
+            .iter()
+            .map(|v| NodeInfo::parse(v))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Stop::Error("exchanging worker counts: a node published an unreadable entry".into())
+            })?;
+        Ok(ranks::assign(&infos, round.group_rank))
+    }
+
+    fn ticker(&self) -> tokio::time::Interval {
+        let mut tick = tokio::time::interval(self.cfg.monitor_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick
+    }
+
+    /// Resolves when the round must be re-formed (members lost, or with `waiting` also nodes
+    /// waiting to join) or the run was closed; checks every monitor interval. Never resolves
+    /// for a standalone node.
+    async fn membership_change(&self, tick: &mut tokio::time::Interval, waiting: bool) -> Stop {
+        let Some(rdzv) = &self.rdzv else {
+            return std::future::pending().await;
+        };
+        let mut next_closed_check = Instant::now() + CLOSED_CHECK;
+        let mut complained = false;
+        loop {
+            tick.tick().await;
+            let counts = async {
+                let lost = rdzv.num_lost().await?;
+                let waiting = match waiting {
+                    true => rdzv.num_waiting().await?,
+                    false => 0,
+                };
+                let closed = match Instant::now() >= next_closed_check {
+                    true => {
+                        next_closed_check = Instant::now() + CLOSED_CHECK;
+                        rdzv.is_closed().await?
+                    }
+                    false => false,
+                };
+                Ok::<_, rdzv::Error>((lost, waiting, closed))
+            };
+            match counts.await {
+                Ok((_, _, true)) => return Stop::Closed,
+                Ok((lost, _, _)) if lost > 0 => {
+                    return Stop::Changed(format!("{lost} member(s) of the round lost"))
+                }
+                Ok((_, waiting, _)) if waiting > 0 => {
+                    return Stop::Changed(format!("{waiting} node(s) waiting to join"))
+                }
+                Ok(_) => complained = false,
+                Err(e) if !complained => {
+                    complained = true;
+                    say(format_args!(
+                        "cannot check the membership (will keep trying): {}",
+                        e.message()
+                    ));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Watches a running group: a worker's exit is seen at once, the membership every
+    /// monitor interval.
+    async fn monitor(&self, group: &mut Group, signals: &mut Signals) -> Outcome {
+        let mut tick = self.ticker();
+        loop {
+            tokio::select! {
+                exit = group.next_exit() => {
+                    let Some(index) = exit else { return Outcome::Succeeded };
+                    let w = &group.workers[index];
+                    let (ended, _) = w.ended.expect("just ended");
+                    let r = &w.ranks;
+                    if !ended.success() {
+                        say(format_args!("worker rank {} (local rank {}, pid {}) failed: {ended}", r.global_rank, r.local_rank, w.pid));
+                        return Outcome::Failed;
+                    }
+                    say(format_args!("worker rank {} (local rank {}) finished: exit code 0", r.global_rank, r.local_rank));
+                    if group.running() == 0 {
+                        return Outcome::Succeeded;
+                    }
+                }
+                stop = self.membership_change(&mut tick, true) => return Outcome::Stop(stop),
+                sig = signals.recv() => return Outcome::Stop(Stop::Signal(sig)),
+            }
+        }
+    }
+
+    /// Keeps a node whose workers all succeeded until every node's did (or the bound passes),
+    /// so a job does not look finished while some of it still runs.
+    async fn exit_barrier(&self, round: &Round, signals: &mut Signals) -> i32 {
+        let Some(store) = &round.store else { return 0 };
+        if round.group_world_size == 1 {
+            return 0;
+        }
+        let timeout = self.cfg.exit_barrier_timeout;
+        say(format_args!(
+            "waiting up to {:.0} s for the other nodes' workers to finish (exit barrier)",
+            timeout.as_secs_f64()
+        ));
+        let started = Instant::now();
+        let barrier = async {
+            let arrived = store.add(BARRIER_COUNT, 1).await?;
+            if arrived == i64::from(round.group_world_size) {
+                store.set(BARRIER_DONE, b"1").await?;
+            }
+            store.wait(&[BARRIER_DONE], Some(timeout)).await
+        };
+        tokio::select! {
+            r = barrier => match r {
+                Ok(()) => say(format_args!("every node finished ({:.1} s in the exit barrier)", started.elapsed().as_secs_f64())),
+                Err(e) => say(format_args!("leaving the exit barrier without every node: {}", e.message())),
+            },
+            sig = signals.recv() => {
+                say(format_args!("received {} in the exit barrier: leaving", crate::workers::signal_name(sig)));
+                return 128 + sig;
+            }
+        }
+        0
+    }
+}
+
+/// The report of a failed job: the first failure (by the time it happened), its exit code or
+/// signal, and what it wrote to its error file. True if it named an error file.
+fn report(failures: &[Failure]) -> bool {
+    let Some(first) = failures.first() else {
+        return false;
+    };
+    say(format_args!(
+        "first failure: rank {} (local rank {}, pid {}) ended with {}",
+        first.global_rank, first.local_rank, first.pid, first.ended
+    ));
+    match &first.error_file {
+        Some((path, message)) => say(format_args!(
+            "rank {} error file {}: {}",
+            first.global_rank,
+            path.display(),
+            message.lines().next().unwrap_or("")
+        )),
+        None => say(format_args!(
+            "rank {} wrote no error file (TORCHELASTIC_ERROR_FILE; torch's @record writes one)",
+            first.global_rank
+        )),
+    }
+    for other in &failures[1..] {
+        say(format_args!(
+            "also failed: rank {} ended with {}",
+            other.global_rank, other.ended
+        ));
+    }
+    first.error_file.is_some()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(29500)
+}
+
+/// A run id as a directory name.
+fn sanitize(run_id: &str) -> String {
+    run_id
+        .chars()
+        .map(
+            |c| match c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                true => c,
+                false => '_',
+            },
+        )
+        .collect()
+}

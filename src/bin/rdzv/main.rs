@@ -1,0 +1,109 @@
+//! `rdzv`: the elastic launcher (`rdzv run`, torchelastic's agent on rdzv's rendezvous) and the
+//! operator commands (`status`, `close`, `purge`). It uses only the library's public Rust API.
+//!
+//! Modules, each depending only on those listed before it: `output` (every line the command
+//! writes), `cli` (flags into a checked configuration), `ranks` (worker ranks from a round),
+//! `workers` (one node's worker processes), `agent` (the elastic agent's state machine),
+//! `ops` (the operator commands).
+
+mod output;
+
+mod cli;
+mod ranks;
+mod workers;
+
+mod agent;
+mod ops;
+
+use clap::Parser;
+use cli::{Cli, Command};
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => std::process::exit(usage_error(e)),
+    };
+    output::route_library_logs();
+    let code = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Status(args) => block_on(ops::status(args)),
+        Command::Close(args) => block_on(ops::close(args)),
+        Command::Purge(args) => block_on(ops::purge(args)),
+    };
+    std::process::exit(code);
+}
+
+fn run(args: Box<cli::RunArgs>) -> i32 {
+    let cfg = match cli::run_config(args).and_then(|cfg| cli::check_program(&cfg).map(|()| cfg)) {
+        Ok(cfg) => cfg,
+        Err(cli::Usage(message)) => {
+            output::error(format_args!("{message} (see rdzv run --help)"));
+            return 2;
+        }
+    };
+    for note in &cfg.notes {
+        output::say(note);
+    }
+    let agent = match agent::Agent::new(cfg) {
+        Ok(agent) => agent,
+        Err(e) => {
+            output::error(format_args!("cannot create the log directory: {e}"));
+            return 1;
+        }
+    };
+    // Workers are spawned from this thread (block_on runs the agent here): their
+    // PR_SET_PDEATHSIG follows the thread that forked them, and this one lives to the end.
+    block_on(async move {
+        let mut signals = match agent::Signals::install() {
+            Ok(s) => s,
+            Err(e) => {
+                output::error(format_args!("cannot handle signals: {e}"));
+                return 1;
+            }
+        };
+        agent.run(&mut signals).await
+    })
+}
+
+fn block_on(f: impl std::future::Future<Output = i32>) -> i32 {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(f),
+        Err(e) => {
+            output::error(format_args!("cannot start the runtime: {e}"));
+            1
+        }
+    }
+}
+
+/// Help and version go out as clap writes them (exit 0); every other parse error becomes one
+/// line naming the problem, exit status 2.
+fn usage_error(e: clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return match e.kind() {
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => 2,
+            _ => 0,
+        };
+    }
+    let text = e.render().to_string();
+    // clap's message is its first paragraph (a list of missing arguments continues on the
+    // next lines); the usage and tips that follow are left to --help.
+    let first = text.split("\n\n").next().unwrap_or("");
+    let line = first
+        .trim_start_matches("error: ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    output::error(format_args!("{line} (see rdzv --help)"));
+    2
+}

@@ -1,0 +1,307 @@
+//! The operator commands: `status` (a table, `--json`, `--watch`), `close` and `purge`, all on
+//! the library's `admin` module, so they never read etcd keys themselves.
+
+use crate::cli::{PurgeArgs, StatusArgs, UrlArg};
+use crate::output::{error, result};
+use rdzv::admin::{Admin, Purge, RunStatus};
+use rdzv::Params;
+
+/// Exit status of an operator command.
+pub type Code = i32;
+
+async fn connect(url: &str) -> Result<Admin, Code> {
+    let params = Params::from_url(url).map_err(|e| {
+        error(format_args!("URL: {}", e.message()));
+        2
+    })?;
+    Admin::connect(params).await.map_err(|e| {
+        error(e.message());
+        1
+    })
+}
+
+pub async fn status(a: StatusArgs) -> Code {
+    let admin = match connect(&a.run.url).await {
+        Ok(admin) => admin,
+        Err(code) => return code,
+    };
+    if !a.watch {
+        return match admin.status().await {
+            Ok(s) => {
+                match a.json {
+                    true => result(s.to_json()),
+                    false => table(&s).iter().for_each(result),
+                }
+                0
+            }
+            Err(e) => {
+                error(e.message());
+                1
+            }
+        };
+    }
+    let mut watch = match admin.watch().await {
+        Ok(w) => w,
+        Err(e) => {
+            error(e.message());
+            return 1;
+        }
+    };
+    let mut before: Option<RunStatus> = None;
+    loop {
+        let now = match watch.next().await {
+            Ok(s) => s,
+            Err(e) => {
+                error(e.message());
+                return 1;
+            }
+        };
+        match a.json {
+            true => result(now.to_json()),
+            false => result(format_args!(
+                "{} {}",
+                clock(),
+                changes(before.as_ref(), &now)
+            )),
+        }
+        before = Some(now);
+    }
+}
+
+pub async fn close(a: UrlArg) -> Code {
+    let admin = match connect(&a.url).await {
+        Ok(admin) => admin,
+        Err(code) => return code,
+    };
+    match admin.close().await {
+        Ok(()) => {
+            result(format_args!(
+                "run {:?} closed: its launchers stop their workers and exit",
+                admin.params().run_id
+            ));
+            0
+        }
+        Err(e) => {
+            error(e.message());
+            1
+        }
+    }
+}
+
+pub async fn purge(a: PurgeArgs) -> Code {
+    let admin = match connect(&a.run.url).await {
+        Ok(admin) => admin,
+        Err(code) => return code,
+    };
+    let run = admin.params().run_id.clone();
+    match admin.purge(a.force).await {
+        Ok(Purge::Deleted(0)) => {
+            result(format_args!("run {run:?}: nothing in etcd to purge"));
+            0
+        }
+        Ok(Purge::Deleted(n)) => {
+            result(format_args!("run {run:?} purged: {n} keys deleted"));
+            0
+        }
+        Ok(Purge::Refused { alive }) => {
+            error(format_args!(
+                "run {run:?} has {alive} live node(s): not purging a running job (--force deletes anyway)"
+            ));
+            1
+        }
+        Err(e) => {
+            error(e.message());
+            1
+        }
+    }
+}
+
+/// The status as aligned text, one line per item.
+fn table(s: &RunStatus) -> Vec<String> {
+    let mut lines = vec![format!("run      {}", s.run_id)];
+    if !s.exists {
+        lines.push("state    absent (never started, finished and cleaned up, or purged)".into());
+        return lines;
+    }
+    lines.push(format!(
+        "state    {}",
+        if s.closed { "closed" } else { "open" }
+    ));
+    lines.push(format!(
+        "round    {} open for joining; {} live node(s)",
+        s.open_round, s.alive
+    ));
+    match &s.sealed {
+        None => lines.push("sealed   none yet".into()),
+        Some(sealed) => {
+            lines.push(format!(
+                "sealed   round {}: {} member(s), master {}:{}",
+                sealed.round,
+                sealed.members.len(),
+                sealed.master_addr,
+                sealed.master_port
+            ));
+            let width = sealed
+                .members
+                .iter()
+                .map(|m| m.addr.as_deref().unwrap_or("-").len())
+                .max()
+                .unwrap_or(0)
+                .max("ADDRESS".len());
+            lines.push(format!(
+                "  RANK  NODE              {:width$}  ALIVE",
+                "ADDRESS"
+            ));
+            for m in &sealed.members {
+                lines.push(format!(
+                    "  {:<4}  {:<16}  {:width$}  {}",
+                    m.rank,
+                    m.node,
+                    m.addr.as_deref().unwrap_or("-"),
+                    if m.alive { "yes" } else { "no (lost)" }
+                ));
+            }
+        }
+    }
+    let waiting: Vec<String> = s
+        .waiting
+        .iter()
+        .map(|j| match j.member_rank {
+            Some(rank) => format!("{} ({}, member rank {rank})", j.node, j.addr),
+            None => format!("{} ({})", j.node, j.addr),
+        })
+        .collect();
+    lines.push(format!(
+        "waiting  {}{}",
+        waiting.len(),
+        if waiting.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", waiting.join(", "))
+        }
+    ));
+    let lost: Vec<String> = s
+        .lost()
+        .iter()
+        .map(|m| format!("rank {} ({})", m.rank, m.node))
+        .collect();
+    lines.push(format!(
+        "lost     {}{}",
+        lost.len(),
+        if lost.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", lost.join(", "))
+        }
+    ));
+    lines
+}
+
+/// One line saying what changed from `before` to `now` (or the state, the first time).
+fn changes(before: Option<&RunStatus>, now: &RunStatus) -> String {
+    let summary = |s: &RunStatus| {
+        let sealed = match &s.sealed {
+            Some(r) => format!(
+                "round {} sealed with {} member(s) ({} alive)",
+                r.round,
+                r.members.len(),
+                r.members.iter().filter(|m| m.alive).count()
+            ),
+            None => "no round sealed".into(),
+        };
+        format!(
+            "{}: {}, {sealed}, {} waiting, {} lost",
+            s.run_id,
+            match (s.exists, s.closed) {
+                (false, _) => "absent",
+                (true, true) => "closed",
+                (true, false) => "open",
+            },
+            s.waiting.len(),
+            s.lost().len()
+        )
+    };
+    let Some(b) = before else {
+        return summary(now);
+    };
+    let mut said = Vec::new();
+    if b.exists != now.exists {
+        said.push(match now.exists {
+            true => "run appeared in etcd".to_string(),
+            false => "run deleted from etcd".to_string(),
+        });
+    }
+    if b.closed != now.closed {
+        said.push(
+            if now.closed {
+                "run closed"
+            } else {
+                "closed marker gone"
+            }
+            .to_string(),
+        );
+    }
+    let sealed_round = |s: &RunStatus| s.sealed.as_ref().map(|r| r.round);
+    if sealed_round(b) != sealed_round(now) {
+        if let Some(r) = &now.sealed {
+            let members: Vec<String> = r
+                .members
+                .iter()
+                .map(|m| format!("{}={}", m.rank, m.addr.as_deref().unwrap_or(&m.node)))
+                .collect();
+            said.push(format!(
+                "round {} sealed: {} member(s) [{}], master {}:{}",
+                r.round,
+                r.members.len(),
+                members.join(" "),
+                r.master_addr,
+                r.master_port
+            ));
+        } else {
+            said.push("round records deleted (the last node left, or a purge)".to_string());
+        }
+    } else if let (Some(old), Some(new)) = (&b.sealed, &now.sealed) {
+        for (o, n) in old.members.iter().zip(&new.members) {
+            if o.alive && !n.alive {
+                said.push(format!("rank {} ({}) lost", n.rank, n.node));
+            }
+        }
+    }
+    for j in &now.waiting {
+        if !b.waiting.iter().any(|o| o.node == j.node) {
+            said.push(match j.member_rank {
+                Some(rank) => format!(
+                    "member rank {rank} ({}) joined round {}",
+                    j.node, now.open_round
+                ),
+                None => format!(
+                    "node {} ({}) waiting for round {}",
+                    j.node, j.addr, now.open_round
+                ),
+            });
+        }
+    }
+    if b.open_round == now.open_round {
+        for j in &b.waiting {
+            if !now.waiting.iter().any(|n| n.node == j.node) {
+                said.push(format!("node {} stopped waiting", j.node));
+            }
+        }
+    }
+    if said.is_empty() && b.alive != now.alive {
+        said.push(format!("{} live node(s)", now.alive));
+    }
+    if said.is_empty() {
+        return summary(now);
+    }
+    said.join("; ")
+}
+
+/// Wall-clock time of day (UTC) for watch lines.
+fn clock() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let day = secs % 86_400;
+    format!("{:02}:{:02}:{:02}", day / 3600, day % 3600 / 60, day % 60)
+}

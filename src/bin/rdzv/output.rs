@@ -1,0 +1,108 @@
+//! Everything the `rdzv` command writes goes through here: its own lines (`[rdzv] ...` on
+//! stderr, one event per line), the library's log records (same place, same shape), worker
+//! output copied line by line with a `[rankN]:` prefix, and the product of the operator
+//! commands on stdout.
+//!
+//! Each line is written with one `write_all` under the stream's lock, so lines from the
+//! launcher and from many workers never interleave mid-line. Worker output is pumped by plain
+//! threads, never by the async runtime: a console that reads slowly may block a pump, but must
+//! not stall the runtime that keeps this node's etcd lease alive.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+
+/// The launcher's own line: what it is doing, for the person watching the job.
+pub fn say(message: impl std::fmt::Display) {
+    let line = format!("[rdzv] {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// A failure that ends the command (the last thing it says).
+pub fn error(message: impl std::fmt::Display) {
+    let line = format!("rdzv: error: {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// A line of a command's result (a status table, JSON), on stdout.
+pub fn result(line: impl std::fmt::Display) {
+    let line = format!("{line}\n");
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes());
+    let _ = out.flush();
+}
+
+/// Routes the library's log records into the launcher's lines (warnings by default;
+/// `RDZV_LOG=info` and finer ask for more).
+pub fn route_library_logs() {
+    rdzv::log::install_default();
+    rdzv::log::set_handler(Some(std::sync::Arc::new(
+        |record: &rdzv::log::Record<'_>| {
+            say(format_args!(
+                "{} {}: {}",
+                record.level.as_str().to_lowercase(),
+                record.target,
+                record.line
+            ))
+        },
+    )));
+}
+
+/// Which console stream a worker stream is copied to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Console {
+    Stdout,
+    Stderr,
+}
+
+/// Where one worker stream goes.
+pub struct Destination {
+    /// `[rank3]:` prefix and console stream, or `None` when the console does not show it.
+    pub console: Option<(String, Console)>,
+    /// A log file receiving the lines unprefixed.
+    pub file: Option<File>,
+}
+
+/// Copies `stream` line by line to its destination until the worker closes it. Runs on a
+/// thread of its own; returns when the stream ends (the worker and everything it started
+/// have exited or closed it).
+pub fn pump(
+    stream: impl std::io::Read + Send + 'static,
+    mut to: Destination,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut line = Vec::with_capacity(256);
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            if !line.ends_with(b"\n") {
+                line.push(b'\n');
+            }
+            if let Some(file) = to.file.as_mut() {
+                let _ = file.write_all(&line);
+            }
+            if let Some((prefix, console)) = &to.console {
+                let mut out = Vec::with_capacity(prefix.len() + line.len());
+                out.extend_from_slice(prefix.as_bytes());
+                out.extend_from_slice(&line);
+                let _ = match console {
+                    Console::Stdout => std::io::stdout().lock().write_all(&out),
+                    Console::Stderr => std::io::stderr().lock().write_all(&out),
+                };
+            }
+        }
+    })
+}
+
+/// Opens a worker log file for appending (a group restarted for a membership change writes
+/// on after the previous one).
+pub fn log_file(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}

@@ -1,0 +1,465 @@
+//! One node's worker group: start the workers of one round with torchrun's environment,
+//! report each exit as it happens, and stop them (signal, grace period, SIGKILL).
+//!
+//! Invariants that make "no orphan survives its launcher" hold:
+//! - every worker leads a process group of its own, so a signal reaches what it started too
+//!   (and Ctrl-C on the terminal reaches only the launcher, which forwards it);
+//! - every worker has PR_SET_PDEATHSIG=SIGKILL, so it dies with the launcher even when the
+//!   launcher is SIGKILLed. The kernel ties that to the *thread* that forked, so workers are
+//!   only ever spawned from the main thread (the one running `block_on`), which lives until
+//!   the process exits;
+//! - when a group ends, whatever is left in the workers' process groups is killed.
+//!
+//! Exits are waited for by one plain thread per worker and delivered on a channel, so the
+//! agent reacts to a failure at once instead of at its next monitor tick.
+
+use crate::cli::StreamSpec;
+use crate::output::{self, Console, Destination};
+use crate::ranks::WorkerRanks;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, SystemTime};
+use tokio::sync::mpsc;
+
+/// Where worker output and error files go.
+pub struct LogPlan {
+    /// The run's log directory (`DIR/RUNID_XXXX`): error files always, stream logs when
+    /// `keep_files`.
+    pub run_dir: PathBuf,
+    pub keep_files: bool,
+    pub redirects: StreamSpec,
+    pub tee: StreamSpec,
+    pub filter: Option<Vec<u32>>,
+}
+
+/// What is the same for every worker of one group.
+pub struct GroupSpec<'a> {
+    pub command: &'a [String],
+    pub role: &'a str,
+    pub run_id: &'a str,
+    pub group_rank: u32,
+    pub group_world_size: u32,
+    pub master_addr: &'a str,
+    pub master_port: u16,
+    /// Restarts after failures so far (TORCHELASTIC_RESTART_COUNT).
+    pub restart_count: u32,
+    pub max_restarts: u32,
+    /// Set for every worker (OMP_NUM_THREADS when the launcher chose it).
+    pub extra_env: &'a [(String, String)],
+}
+
+/// How a worker ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    Code(i32),
+    Signal(i32),
+}
+
+impl Ended {
+    fn of(status: ExitStatus) -> Ended {
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Ended::Code(code),
+            (None, Some(sig)) => Ended::Signal(sig),
+            (None, None) => Ended::Code(-1),
+        }
+    }
+    pub fn success(self) -> bool {
+        self == Ended::Code(0)
+    }
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ended::Code(c) => write!(f, "exit code {c}"),
+            Ended::Signal(s) => write!(f, "signal {}", signal_name(*s)),
+        }
+    }
+}
+
+pub struct Worker {
+    pub ranks: WorkerRanks,
+    pub pid: u32,
+    pub error_file: PathBuf,
+    pub ended: Option<(Ended, SystemTime)>,
+    /// The agent had asked it to stop when it ended: not a failure of its own.
+    pub stopped: bool,
+}
+
+/// A worker's failure, as reported when the restart budget is spent.
+pub struct Failure {
+    pub global_rank: u32,
+    pub local_rank: u32,
+    pub pid: u32,
+    pub ended: Ended,
+    /// When it failed: the error file's timestamp if it wrote one, else when it exited.
+    pub at: SystemTime,
+    pub error_file: Option<(PathBuf, String)>,
+}
+
+pub struct Group {
+    pub workers: Vec<Worker>,
+    exits: mpsc::UnboundedReceiver<(usize, ExitStatus)>,
+    pumps_done: mpsc::UnboundedReceiver<()>,
+    pumps: usize,
+    stop_sent: bool,
+}
+
+impl Group {
+    /// Starts one worker per entry of `ranks`. On an error the workers already started are
+    /// killed. Must run on the main thread (see the module comment).
+    pub fn start(
+        spec: &GroupSpec<'_>,
+        ranks: &[WorkerRanks],
+        logs: &LogPlan,
+    ) -> std::io::Result<Group> {
+        let (exit_tx, exits) = mpsc::unbounded_channel();
+        let (pump_tx, pumps_done) = mpsc::unbounded_channel();
+        let mut group = Group {
+            workers: Vec::new(),
+            exits,
+            pumps_done,
+            pumps: 0,
+            stop_sent: false,
+        };
+        let attempt_dir = logs.run_dir.join(format!("attempt_{}", spec.restart_count));
+        for (index, r) in ranks.iter().enumerate() {
+            let dir = attempt_dir.join(r.local_rank.to_string());
+            std::fs::create_dir_all(&dir)?;
+            let error_file = dir.join("error.json");
+            // A file left by an earlier group is not this worker's error.
+            let _ = std::fs::remove_file(&error_file);
+            let started = spawn(spec, r, &error_file);
+            let mut child = match started {
+                Ok(child) => child,
+                Err(e) => {
+                    group.kill_all();
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("cannot start {:?}: {e}", spec.command[0]),
+                    ));
+                }
+            };
+            for (stream, console, name) in [
+                (
+                    child
+                        .stdout
+                        .take()
+                        .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+                    Console::Stdout,
+                    "stdout",
+                ),
+                (
+                    child
+                        .stderr
+                        .take()
+                        .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+                    Console::Stderr,
+                    "stderr",
+                ),
+            ] {
+                let Some(stream) = stream else { continue };
+                let to = destination(logs, r, console, &dir.join(format!("{name}.log")))?;
+                let done = pump_tx.clone();
+                group.pumps += 1;
+                let pump = output::pump(stream, to);
+                // Tells the group when a pump is through, so its last lines are out before
+                // the launcher reports on the group.
+                std::thread::spawn(move || {
+                    let _ = pump.join();
+                    let _ = done.send(());
+                });
+            }
+            let pid = child.id();
+            let tx = exit_tx.clone();
+            std::thread::spawn(move || {
+                if let Ok(status) = child.wait() {
+                    let _ = tx.send((index, status));
+                }
+            });
+            group.workers.push(Worker {
+                ranks: r.clone(),
+                pid,
+                error_file,
+                ended: None,
+                stopped: false,
+            });
+        }
+        Ok(group)
+    }
+
+    pub fn running(&self) -> usize {
+        self.workers.iter().filter(|w| w.ended.is_none()).count()
+    }
+
+    /// Waits for the next worker to exit and returns its index; `None` once none is running.
+    pub async fn next_exit(&mut self) -> Option<usize> {
+        if self.running() == 0 {
+            return None;
+        }
+        let (index, status) = self.exits.recv().await?;
+        let worker = &mut self.workers[index];
+        worker.ended = Some((Ended::of(status), SystemTime::now()));
+        worker.stopped = self.stop_sent;
+        Some(index)
+    }
+
+    /// The failures of this group (workers that ended non-zero on their own), earliest first.
+    pub fn failures(&self) -> Vec<Failure> {
+        let mut failures: Vec<Failure> = self
+            .workers
+            .iter()
+            // A worker that ended after the agent asked it to stop failed on its own only if
+            // it says so in its error file.
+            .filter(|w| !w.stopped || w.error_file.exists())
+            .filter_map(|w| {
+                let (ended, exited_at) = w.ended?;
+                if ended.success() {
+                    return None;
+                }
+                let error = read_error_file(&w.error_file);
+                Some(Failure {
+                    global_rank: w.ranks.global_rank,
+                    local_rank: w.ranks.local_rank,
+                    pid: w.pid,
+                    ended,
+                    at: error.as_ref().and_then(|e| e.1).unwrap_or(exited_at),
+                    error_file: error.map(|(message, _)| (w.error_file.clone(), message)),
+                })
+            })
+            .collect();
+        failures.sort_by_key(|f| (f.at, f.global_rank));
+        failures
+    }
+
+    /// Sends `signal` to every running worker's process group, waits up to `grace` for them
+    /// to exit, then SIGKILLs what is left; `interrupt` resolving (a signal to the launcher)
+    /// cuts the grace short, and its signal is returned. Returns once every worker has exited
+    /// and its output is written.
+    pub async fn stop(
+        &mut self,
+        signal: i32,
+        grace: Duration,
+        interrupt: impl std::future::Future<Output = i32>,
+    ) -> Option<i32> {
+        self.stop_sent = true;
+        let mut interrupted = None;
+        if self.running() > 0 {
+            self.signal_running(signal);
+            let wait_all = async { while self.next_exit().await.is_some() {} };
+            let in_time = tokio::select! {
+                r = tokio::time::timeout(grace, wait_all) => r.is_ok(),
+                sig = interrupt => {
+                    interrupted = Some(sig);
+                    false
+                }
+            };
+            if !in_time {
+                output::say(format_args!(
+                    "{} worker(s) still running after {}: SIGKILL",
+                    self.running(),
+                    match interrupted {
+                        Some(sig) => signal_name(sig),
+                        None => format!("{:.1} s", grace.as_secs_f64()),
+                    }
+                ));
+                self.signal_running(libc::SIGKILL);
+                // SIGKILL cannot be refused; the bound only guards against a kernel stuck in
+                // uninterruptible sleep.
+                let wait_all = async { while self.next_exit().await.is_some() {} };
+                let _ = tokio::time::timeout(Duration::from_secs(10), wait_all).await;
+            }
+        }
+        self.finish().await;
+        interrupted
+    }
+
+    /// After the workers exited: kills whatever they left in their process groups and waits
+    /// (briefly) for their output to be written.
+    pub async fn finish(&mut self) {
+        self.kill_all();
+        let pumps = self.pumps;
+        let drained = async {
+            for _ in 0..pumps {
+                if self.pumps_done.recv().await.is_none() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
+        self.pumps = 0;
+    }
+
+    fn signal_running(&self, signal: i32) {
+        for w in self.workers.iter().filter(|w| w.ended.is_none()) {
+            // SAFETY: plain syscall; the worker leads its own group (pgid == pid).
+            unsafe { libc::killpg(w.pid as i32, signal) };
+        }
+    }
+
+    /// SIGKILL to every worker's process group (ESRCH for an empty group is fine).
+    fn kill_all(&self) {
+        for w in &self.workers {
+            // SAFETY: plain syscall on a process group this launcher created.
+            unsafe { libc::killpg(w.pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if self.running() > 0 {
+            self.kill_all();
+        }
+    }
+}
+
+fn spawn(
+    spec: &GroupSpec<'_>,
+    r: &WorkerRanks,
+    error_file: &Path,
+) -> std::io::Result<std::process::Child> {
+    let mut cmd = Command::new(&spec.command[0]);
+    cmd.args(&spec.command[1..]);
+    for (k, v) in worker_env(spec, r, error_file) {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let launcher = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher died before the line above took effect: nothing will reap us.
+            if libc::getppid() != launcher {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// The environment torchrun's agent gives a worker (on top of the launcher's own).
+pub fn worker_env(
+    spec: &GroupSpec<'_>,
+    r: &WorkerRanks,
+    error_file: &Path,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("LOCAL_RANK", r.local_rank.to_string()),
+        ("RANK", r.global_rank.to_string()),
+        ("GROUP_RANK", spec.group_rank.to_string()),
+        ("ROLE_RANK", r.role_rank.to_string()),
+        ("ROLE_NAME", spec.role.to_string()),
+        ("LOCAL_WORLD_SIZE", r.local_world_size.to_string()),
+        ("WORLD_SIZE", r.world_size.to_string()),
+        ("GROUP_WORLD_SIZE", spec.group_world_size.to_string()),
+        ("ROLE_WORLD_SIZE", r.role_world_size.to_string()),
+        ("MASTER_ADDR", spec.master_addr.to_string()),
+        ("MASTER_PORT", spec.master_port.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", spec.restart_count.to_string()),
+        ("TORCHELASTIC_MAX_RESTARTS", spec.max_restarts.to_string()),
+        ("TORCHELASTIC_RUN_ID", spec.run_id.to_string()),
+        // Rank 0's worker hosts the c10d TCPStore at MASTER_ADDR:MASTER_PORT itself; the
+        // launcher serves no store of its own.
+        ("TORCHELASTIC_USE_AGENT_STORE", "False".to_string()),
+        (
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            std::env::var("TORCH_NCCL_ASYNC_ERROR_HANDLING").unwrap_or_else(|_| "1".into()),
+        ),
+        ("TORCHELASTIC_ERROR_FILE", error_file.display().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    env.extend(spec.extra_env.iter().cloned());
+    env
+}
+
+fn destination(
+    logs: &LogPlan,
+    r: &WorkerRanks,
+    console: Console,
+    file: &Path,
+) -> std::io::Result<Destination> {
+    let pick = |s: crate::cli::Streams| match console {
+        Console::Stdout => s.stdout,
+        Console::Stderr => s.stderr,
+    };
+    let redirected = pick(logs.redirects.for_rank(r.local_rank));
+    let teed = pick(logs.tee.for_rank(r.local_rank));
+    let filtered_out = logs
+        .filter
+        .as_ref()
+        .is_some_and(|ranks| !ranks.contains(&r.local_rank));
+    let shown = (!redirected || teed) && !filtered_out;
+    Ok(Destination {
+        console: shown.then(|| (format!("[rank{}]:", r.global_rank), console)),
+        file: match logs.keep_files || redirected || teed {
+            true => Some(output::log_file(file)?),
+            false => None,
+        },
+    })
+}
+
+/// The message and timestamp in a torchelastic error file, if the worker wrote one:
+/// `{"message": {"message": "...", "extraInfo": {"timestamp": "..."}}}` or the flat form
+/// `{"message": "...", "timestamp": N}`.
+fn read_error_file(path: &Path) -> Option<(String, Option<SystemTime>)> {
+    let bytes = std::fs::read(path).ok()?;
+    let v: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(_) => return Some((String::from_utf8_lossy(&bytes).trim().to_string(), None)),
+    };
+    let (message, timestamp) = match v.get("message") {
+        Some(serde_json::Value::Object(m)) => (
+            m.get("message")
+                .and_then(|s| s.as_str())
+                .map(str::to_string),
+            m.get("extraInfo").and_then(|e| e.get("timestamp")).cloned(),
+        ),
+        Some(serde_json::Value::String(s)) => (Some(s.clone()), v.get("timestamp").cloned()),
+        _ => (None, None),
+    };
+    let seconds = timestamp.and_then(|t| match t {
+        serde_json::Value::String(s) => s.parse::<u64>().ok(),
+        serde_json::Value::Number(n) => n.as_u64(),
+        _ => None,
+    });
+    let message = message.unwrap_or_else(|| v.to_string());
+    Some((
+        message,
+        seconds.map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s)),
+    ))
+}
+
+pub fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        _ => return format!("{signal}"),
+    };
+    name.to_string()
+}

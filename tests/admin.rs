@@ -1,0 +1,156 @@
+//! The operator module (`rdzv::admin`) against a real etcd: status of absent, forming, running
+//! and broken runs, the watch, close and purge.
+
+mod common;
+
+use common::Etcd;
+use rdzv::admin::{Admin, Purge};
+use rdzv::{BlockingRendezvous, ErrorKind, Params};
+use std::time::Duration;
+
+/// A runtime that keeps running between calls: the library shares one etcd connection per
+/// process, and the connection made here also serves the blocking nodes of the test.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn admin(rt: &tokio::runtime::Runtime, url: &str) -> Admin {
+    rt.block_on(Admin::connect(Params::from_url(url).unwrap()))
+        .unwrap()
+}
+
+/// `n` nodes that complete round 0 together; returned in rank order.
+fn formed(url: &str, n: usize) -> Vec<BlockingRendezvous> {
+    let url = url.to_string();
+    let mut nodes = common::on_threads(n, move |_| {
+        let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+        let (info, _store) = node.next().unwrap();
+        (info.rank, node)
+    });
+    nodes.sort_by_key(|(rank, _)| *rank);
+    nodes.into_iter().map(|(_, node)| node).collect()
+}
+
+#[test]
+fn a_run_that_never_started_is_absent() {
+    let etcd = Etcd::start();
+    let rt = runtime();
+    let a = admin(&rt, &etcd.url("absent", ""));
+    let s = rt.block_on(a.status()).unwrap();
+    assert!(!s.exists && !s.closed && s.sealed.is_none() && s.waiting.is_empty());
+    assert_eq!(s.to_json()["exists"], false);
+}
+
+#[test]
+fn status_lists_members_in_rank_order_then_waiting_and_lost_nodes() {
+    let etcd = Etcd::start();
+    let rt = runtime();
+    let url = etcd.url("members", "min_nodes=2&max_nodes=2&last_call_timeout=1");
+    let nodes = formed(&url, 2);
+    let a = admin(&rt, &url);
+    let s = rt.block_on(a.status()).unwrap();
+    let sealed = s.sealed.as_ref().expect("round 0 is sealed");
+    assert_eq!((sealed.round, s.open_round), (0, 1));
+    let ids: Vec<&str> = sealed.members.iter().map(|m| m.node.as_str()).collect();
+    assert_eq!(ids, [nodes[0].node_id(), nodes[1].node_id()]);
+    assert!(sealed.members.iter().all(|m| m.alive && m.addr.is_some()));
+    assert_eq!(s.alive, 2);
+
+    // A third node arrives while the round runs: it waits for round 1.
+    let late_url = url.clone();
+    let late = std::thread::spawn(move || {
+        let node = BlockingRendezvous::new(Params::from_url(&late_url).unwrap()).unwrap();
+        let result = node.next().map(|(info, _)| info.round);
+        (node.node_id().to_string(), result)
+    });
+    let mut watch = rt.block_on(a.watch()).unwrap();
+    let waiting = rt.block_on(async {
+        loop {
+            let s = watch.next().await.unwrap();
+            if let Some(j) = s.waiting.first() {
+                return j.clone();
+            }
+        }
+    });
+    assert_eq!(waiting.member_rank, None, "a newcomer, not a member");
+
+    // Rank 1 leaves: it is lost for the round it ran in.
+    nodes[1].shutdown().unwrap();
+    let s = rt.block_on(a.status()).unwrap();
+    let lost: Vec<u32> = s.lost().iter().map(|m| m.rank).collect();
+    assert_eq!(lost, [1]);
+    assert_eq!(s.to_json()["lost"][0]["rank"], 1);
+
+    rt.block_on(a.close()).unwrap();
+    let (late_id, late_result) = late.join().unwrap();
+    assert_eq!(late_id, waiting.node);
+    assert_eq!(late_result.unwrap_err().kind(), ErrorKind::GracefulExit);
+}
+
+#[test]
+fn the_watch_reports_a_seal_and_a_close_as_they_happen() {
+    let etcd = Etcd::start();
+    let rt = runtime();
+    let url = etcd.url("watch", "min_nodes=2&max_nodes=2");
+    let a = admin(&rt, &url);
+    let mut watch = rt.block_on(a.watch()).unwrap();
+    let first = rt.block_on(watch.next()).unwrap();
+    assert!(!first.exists);
+    let join_url = url.clone();
+    let nodes = std::thread::spawn(move || formed(&join_url, 2));
+    let sealed = rt.block_on(async {
+        loop {
+            let s = tokio::time::timeout(Duration::from_secs(30), watch.next())
+                .await
+                .expect("a change within 30 s")
+                .unwrap();
+            if s.sealed.is_some() {
+                return s;
+            }
+        }
+    });
+    assert_eq!(sealed.sealed.unwrap().members.len(), 2);
+    let nodes = nodes.join().unwrap();
+    rt.block_on(a.close()).unwrap();
+    let closed = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), watch.next())
+            .await
+            .unwrap()
+            .unwrap()
+    });
+    assert!(closed.closed);
+    assert!(nodes[0].is_closed().unwrap());
+}
+
+#[test]
+fn purge_refuses_while_a_node_is_alive_and_deletes_what_a_crash_left() {
+    let etcd = Etcd::start();
+    let rt = runtime();
+    let url = etcd.url("purge", "");
+    let a = admin(&rt, &url);
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    assert_eq!(
+        rt.block_on(a.purge(false)).unwrap(),
+        Purge::Refused { alive: 1 }
+    );
+    node.shutdown().unwrap();
+
+    // What a run whose nodes all crashed leaves: a round counter nobody will delete.
+    let (crt, mut client) = common::etcd_client(&etcd);
+    let run = common::node::run_of(&url);
+    crt.block_on(client.put(format!("/rdzv/{run}/current"), "3", None))
+        .unwrap();
+    let s = rt.block_on(a.status()).unwrap();
+    assert!(s.exists && s.open_round == 3);
+    assert_eq!(rt.block_on(a.purge(false)).unwrap(), Purge::Deleted(1));
+    assert!(!rt.block_on(a.status()).unwrap().exists);
+
+    // --force deletes under a live node too.
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    assert!(matches!(rt.block_on(a.purge(true)).unwrap(), Purge::Deleted(n) if n >= 1));
+    drop(node);
+}

@@ -1,0 +1,135 @@
+//! An unmodified PyTorch DDP worker (gloo, `init_method="env://"`) under `rdzv run`: two
+//! launchers of two workers each form one world of four and all_reduce in it. Needs the
+//! PyTorch environment made by `scripts/torch-env.sh` (`RDZV_TORCH_PYTHON` names its python,
+//! else it is looked up in the cache); skipped, saying so, where there is none.
+
+mod common;
+
+use common::Etcd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const RDZV: &str = env!("CARGO_BIN_EXE_rdzv");
+
+fn torch_python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("RDZV_TORCH_PYTHON") {
+        return Some(PathBuf::from(p));
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from)?;
+    let cache = std::env::var_os("RDZV_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("rdzv")))
+        .unwrap_or_else(|| home.join(".cache/rdzv"));
+    let venv = cache.join("torch-2.15.0");
+    venv.join(".complete")
+        .exists()
+        .then(|| venv.join("bin/python"))
+}
+
+#[test]
+fn ddp_all_reduce_across_two_launchers() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let etcd = Etcd::start();
+    let results = std::env::temp_dir().join(format!("rdzv-launcher-torch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&results);
+    std::fs::create_dir_all(&results).unwrap();
+    let worker = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("bindings/python/tests/torch_workers/allreduce.py");
+    let url = etcd.url(
+        "ddp",
+        "min_nodes=2&max_nodes=2&last_call_timeout=1&lease_ttl=3",
+    );
+    let started = Instant::now();
+    let mut launchers: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(RDZV)
+                .args([
+                    "run",
+                    "--rdzv",
+                    &url,
+                    "--nproc-per-node=2",
+                    "--local-addr=127.0.0.1",
+                ])
+                .arg(&worker)
+                .env("PYTHON_EXEC", &python)
+                .env("RESULT_DIR", &results)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<_> = launchers.iter_mut().map(drain).collect();
+    // Torch imports are slow on a loaded machine: bound the whole job generously.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let statuses: Vec<_> = launchers
+        .iter_mut()
+        .map(|l| wait_with_deadline(l, deadline.saturating_duration_since(Instant::now())))
+        .collect();
+    for (status, out) in statuses.into_iter().zip(outputs) {
+        let out = out.join().unwrap();
+        assert_eq!(status, Some(0), "launcher failed:\n{out}");
+    }
+    eprintln!(
+        "2 x 2 DDP workers: launch to exit {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut ranks = Vec::new();
+    for entry in std::fs::read_dir(&results).unwrap() {
+        let path = entry.unwrap().path();
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(record["ok"], true, "{record}");
+        assert_eq!(record["world"], 4, "{record}");
+        assert_eq!(record["MASTER_ADDR"], "127.0.0.1", "{record}");
+        ranks.push(record["rank"].as_u64().unwrap());
+    }
+    ranks.sort();
+    assert_eq!(ranks, [0, 1, 2, 3]);
+    let _ = std::fs::remove_dir_all(&results);
+}
+
+/// Waits for `child` by pidfd until `left` passes; kills it then. Its exit code, if it exited.
+fn wait_with_deadline(child: &mut std::process::Child, left: Duration) -> Option<i32> {
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as i32, 0) } as i32;
+    if fd >= 0 {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        unsafe { libc::close(fd) };
+    }
+    match child.try_wait().unwrap() {
+        Some(status) => status.code(),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            None
+        }
+    }
+}
+
+/// Reads a child's stdout and stderr to the end on threads of their own, so a chatty child
+/// never blocks on a full pipe.
+fn drain(child: &mut std::process::Child) -> std::thread::JoinHandle<String> {
+    use std::io::Read;
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let err_text = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s + &err_text.join().unwrap_or_default()
+    })
+}
