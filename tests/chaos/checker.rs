@@ -543,24 +543,36 @@ impl<'a> Checker<'a> {
                 continue;
             }
             let expired = f.injected + super::history::nanos(self.run.lease_ttl + margin);
-            // A killed node never comes back; a paused or cut-off one may rejoin after the heal.
-            let until = match f.kind {
-                FaultKind::Kill => Time::MAX,
-                _ => f.healed,
-            };
             for (round, view) in &self.rounds {
                 if !view.members.iter().any(|m| m == node) {
                     continue;
                 }
+                // Only a join made before the fault counts: after waking (or being let back
+                // in) the node may join again, with a new lease, even within the same next.
+                let call = self.by_node.get(node).and_then(|events| {
+                    events
+                        .iter()
+                        .rev()
+                        .find(|e| e.t < view.first.0 && e.what == What::Next)
+                });
+                let joined_before = call.is_some_and(|c| c.t < f.injected);
+                // A killed node never comes back; a paused or cut-off one only after the heal.
+                let before_return = f.kind == FaultKind::Kill || view.first.0 < f.healed;
+                if !(joined_before && before_return) {
+                    continue;
+                }
                 if let Some(floor) = self.sealed_no_earlier_than(*round, node) {
-                    if floor > expired && floor < until {
+                    if floor > expired {
                         found.push((
                             view.first.0,
                             format!(
-                            "round {round}: node {node} ({}) is a member, but every other member \
-                             joined more than {} after the fault, when its lease of {} had \
-                             expired", f.kind.name(), secs(self.run.lease_ttl + margin),
-                            secs(self.run.lease_ttl)),
+                                "round {round}: node {node} ({}) is a member through a join made \
+                             before the fault, but every other member joined more than {} after \
+                             the fault, when its lease of {} had expired",
+                                f.kind.name(),
+                                secs(self.run.lease_ttl + margin),
+                                secs(self.run.lease_ttl)
+                            ),
                         ));
                     }
                 }

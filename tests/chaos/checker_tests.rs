@@ -375,6 +375,31 @@ fn a_node_sealed_in_after_its_lease_expired_is_caught() {
     expect(&run, "lease", &["round 1", "node C"]);
 }
 
+/// The history of the lease test, but C's join came after it woke: a new join with a new
+/// lease, which the others may well have been waiting for (a false alarm a long run raised
+/// before the check looked at when the join was made).
+#[test]
+fn a_woken_node_that_joined_again_is_not_flagged() {
+    let mut run = clean();
+    run.faults[0].kind = FaultKind::Pause;
+    run.faults[0].injected = ms(5000);
+    run.faults[0].healed = ms(11000);
+    let round1 = ["A", "B", "C"];
+    let a = events_of(&mut run, "A");
+    a.truncate(a.len() - 2);
+    a.extend([next(10500, "A"), sealed(11200, "A", 1, &round1)]);
+    let b = events_of(&mut run, "B");
+    b.truncate(b.len() - 2);
+    b.extend([next(10600, "B"), sealed(11210, "B", 1, &round1)]);
+    let c = events_of(&mut run, "C");
+    c.extend([next(11005, "C"), sealed(11220, "C", 1, &round1)]);
+    run.processes.retain(|p| p.node.as_deref() != Some("D"));
+    run.processes[2].ended = None;
+    run.faults_stopped = ms(11000);
+    let (found, _) = violations(&run);
+    assert!(found.is_empty(), "{found:#?}");
+}
+
 #[test]
 fn no_round_after_the_faults_stopped_is_caught() {
     let mut run = clean();
