@@ -39,3 +39,16 @@ fn a_job_under_random_faults_keeps_every_guarantee() {
 fn long_chaos_run() {
     run_or_fail(runner::Config::from_env(12, Duration::from_secs(30 * 60)));
 }
+
+/// Judges a kept run again (after a change to the checker):
+/// `RDZV_CHAOS_RECHECK=DIR cargo test --test chaos -- --ignored recheck --nocapture`.
+#[test]
+#[ignore = "needs RDZV_CHAOS_RECHECK=DIR of a kept run"]
+fn recheck() {
+    let dir = std::env::var_os("RDZV_CHAOS_RECHECK").expect("RDZV_CHAOS_RECHECK=DIR");
+    let run = runner::load(std::path::Path::new(&dir));
+    match checker::check(&run) {
+        Ok(report) => println!("{report}"),
+        Err(violation) => panic!("{violation}"),
+    }
+}

@@ -10,6 +10,7 @@ use super::history::{self, now, parse_history, Fault, FaultKind, Process, Run, T
 use super::schedule::{self, Episode};
 use crate::common::node::NODE_BIN;
 use crate::common::{EtcdCluster, NetNs};
+use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -509,9 +510,99 @@ pub fn run(config: Config) -> Result<Report, Violation> {
             runner.dir.display()
         )),
     }
-    if result.is_err() {
-        let faults: Vec<String> = run.faults.iter().map(|f| format!("{f:?}")).collect();
-        let _ = std::fs::write(runner.dir.join("faults.txt"), faults.join("\n") + "\n");
+    if result.is_err() || std::env::var_os("RDZV_CHAOS_KEEP").is_some() {
+        save(&run, &runner.histories, &runner.dir.join("run.json"));
     }
     result
+}
+
+/// Writes what the histories do not hold (parameters, processes, faults) next to them, so
+/// that `recheck` can judge a kept run again.
+fn save(run: &Run, histories: &[PathBuf], path: &Path) {
+    let processes: Vec<Value> = run
+        .processes
+        .iter()
+        .zip(histories)
+        .map(|(p, h)| {
+            json!({
+                "slot": p.slot,
+                "history": h.file_name().unwrap().to_string_lossy(),
+                "spawned": p.spawned,
+                "ended": p.ended,
+            })
+        })
+        .collect();
+    let faults: Vec<Value> = run
+        .faults
+        .iter()
+        .map(|f| {
+            json!({
+                "episode": f.episode,
+                "kind": format!("{:?}", f.kind),
+                "target": f.target,
+                "node": f.node,
+                "injected": f.injected,
+                "healed": f.healed,
+            })
+        })
+        .collect();
+    let saved = json!({
+        "lease_ttl": run.lease_ttl.as_secs_f64(),
+        "last_call": run.last_call.as_secs_f64(),
+        "slack": run.slack.as_secs_f64(),
+        "faults_stopped": run.faults_stopped,
+        "closed": run.closed,
+        "processes": processes,
+        "faults": faults,
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&saved).unwrap()).unwrap();
+}
+
+/// Loads a run kept in `dir` (its `run.json` and the histories it names).
+pub fn load(dir: &Path) -> Run {
+    let text = std::fs::read_to_string(dir.join("run.json"))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.join("run.json").display()));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let secs = |k: &str| Duration::from_secs_f64(v[k].as_f64().unwrap());
+    let processes = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let history = dir.join(p["history"].as_str().unwrap());
+            let events = parse_history(&std::fs::read_to_string(&history).unwrap()).unwrap();
+            Process {
+                slot: p["slot"].as_u64().unwrap() as usize,
+                node: events.first().map(|e| e.node.clone()),
+                spawned: p["spawned"].as_u64().unwrap(),
+                ended: p["ended"].as_u64(),
+                events,
+            }
+        })
+        .collect();
+    let faults = v["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| Fault {
+            episode: f["episode"].as_u64().unwrap() as usize,
+            kind: *FaultKind::ALL
+                .iter()
+                .find(|k| format!("{k:?}") == f["kind"].as_str().unwrap())
+                .unwrap(),
+            target: f["target"].as_u64().unwrap() as usize,
+            node: f["node"].as_str().map(str::to_string),
+            injected: f["injected"].as_u64().unwrap(),
+            healed: f["healed"].as_u64().unwrap(),
+        })
+        .collect();
+    Run {
+        lease_ttl: secs("lease_ttl"),
+        last_call: secs("last_call"),
+        slack: secs("slack"),
+        processes,
+        faults,
+        faults_stopped: v["faults_stopped"].as_u64().unwrap(),
+        closed: v["closed"].as_u64().unwrap(),
+    }
 }
