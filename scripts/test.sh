@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of rdzv: installs what is missing, checks formatting and lints, then, against
 # the newest etcd (built from its Go module, cached), the Rust unit and integration tests (real
-# etcd, real processes, the C program and header drift), the C++, Go and Python bindings'
+# etcd, real processes, the C program and header drift, and two minutes of random faults
+# against a running job: tests/chaos), the C++, Go and Python bindings'
 # suites, the demo and the README's quick start; the Rust integration and fault suites again
 # against every other etcd version (Debian's 3.4, 3.5, 3.6); and real PyTorch (torchrun with
 # the etcd-v3 backend) in a cached environment. RDZV_SKIP_TORCH=1 skips the PyTorch suite
@@ -31,7 +32,7 @@ echo "etcd for every suite: $(etcd --version | head -1)"
 cargo build --quiet
 suite "rustfmt" cargo fmt --check
 suite "clippy" cargo clippy --all-targets --quiet -- -D warnings
-suite "rust tests (unit, etcd integration, processes, C ABI, header)" cargo test
+suite "rust tests (unit, etcd integration, processes, C ABI, header, chaos)" cargo test
 if [ -d bindings/cpp ]; then
   suite "c++ binding (ctest)" bash -c 'cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug >/dev/null &&
     cmake --build bindings/cpp/build -j2 >/dev/null && ctest --test-dir bindings/cpp/build --output-on-failure'

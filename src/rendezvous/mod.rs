@@ -38,6 +38,8 @@ pub struct RoundInfo {
     pub master_addr: String,
     /// MASTER_PORT: a port that was free on rank 0 when it joined.
     pub master_port: u16,
+    /// The members' node ids in rank order, as sealed (the same list for every member).
+    pub members: Vec<String>,
 }
 
 /// One node's handle on one run. All methods take `&self` and may run concurrently, except
@@ -265,6 +267,7 @@ impl Rendezvous {
             world_size: sealed.members.len() as u32,
             master_addr: sealed.master_addr.clone(),
             master_port: sealed.master_port,
+            members: sealed.members.clone(),
         };
         let store = Store::new(
             self.etcd.clone(),

@@ -289,6 +289,9 @@ pub struct EtcdCluster {
     members: Vec<EtcdMember>,
     /// Addresses every member serves clients on; the first is 127.0.0.1.
     client_hosts: Vec<String>,
+    /// `--initial-cluster` and `--initial-cluster-token` of every member.
+    initial_cluster: String,
+    tag: String,
 }
 
 struct EtcdMember {
@@ -329,46 +332,18 @@ impl EtcdCluster {
             .collect();
         let mut client_hosts = vec!["127.0.0.1".to_string()];
         client_hosts.extend(extra_hosts.iter().map(|h| h.to_string()));
-        let mut cluster = EtcdCluster {
-            members,
-            client_hosts,
-        };
-        let initial_cluster = cluster
-            .members
+        let initial_cluster = members
             .iter()
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
-        let mut ready = Vec::new();
-        for i in 0..n {
-            let member = &cluster.members[i];
-            let clients = cluster
-                .client_hosts
-                .iter()
-                .map(|h| format!("http://{h}:{}", member.client_port))
-                .collect::<Vec<_>>()
-                .join(",");
-            let peer = format!("http://127.0.0.1:{}", member.peer_port);
-            let extra: Vec<std::ffi::OsString> = [
-                "--initial-cluster-state",
-                "new",
-                "--initial-cluster-token",
-                &tag,
-            ]
-            .iter()
-            .map(Into::into)
-            .collect();
-            let (child, ready_rx) = spawn_etcd(EtcdCommand {
-                name: &member.name,
-                data_dir: &member.data_dir,
-                client_urls: &clients,
-                peer_url: &peer,
-                initial_cluster: &initial_cluster,
-                extra: &extra,
-            });
-            cluster.members[i].child = Some(child);
-            ready.push(ready_rx);
-        }
+        let mut cluster = EtcdCluster {
+            members,
+            client_hosts,
+            initial_cluster,
+            tag,
+        };
+        let ready: Vec<_> = (0..n).map(|i| cluster.launch(i)).collect();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         for (i, r) in ready.iter().enumerate() {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -376,6 +351,50 @@ impl EtcdCluster {
                 .unwrap_or_else(|_| panic!("etcd member {i} did not report ready within 30 s"));
         }
         cluster
+    }
+
+    /// Starts member `i` (on its ports and data directory); the channel receives once it is
+    /// ready to serve clients.
+    fn launch(&mut self, i: usize) -> mpsc::Receiver<()> {
+        let member = &self.members[i];
+        let clients = self
+            .client_hosts
+            .iter()
+            .map(|h| format!("http://{h}:{}", member.client_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let peer = format!("http://127.0.0.1:{}", member.peer_port);
+        // Ignored by etcd once the data directory holds the member (a restart).
+        let extra: Vec<std::ffi::OsString> = [
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            &self.tag,
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        let (child, ready_rx) = spawn_etcd(EtcdCommand {
+            name: &member.name,
+            data_dir: &member.data_dir,
+            client_urls: &clients,
+            peer_url: &peer,
+            initial_cluster: &self.initial_cluster,
+            extra: &extra,
+        });
+        self.members[i].child = Some(child);
+        ready_rx
+    }
+
+    /// Starts member `i` again on its data directory (after `kill`) and waits, at most 30 s,
+    /// until it is ready to serve clients (it has rejoined the cluster).
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.launch(i)
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                panic!("etcd member {i} did not report ready within 30 s of a restart")
+            });
     }
 
     pub fn member_count(&self) -> usize {
@@ -561,6 +580,11 @@ impl NetNs {
     /// way (no resets, no errors: packets are simply not delivered).
     pub fn cut(&self) {
         ip(&["link", "set", &self.host_veth, "down"]).expect("cannot cut the veth link");
+    }
+
+    /// Undoes `cut`: the link comes back up, and connections that were cut off carry on.
+    pub fn heal(&self) {
+        ip(&["link", "set", &self.host_veth, "up"]).expect("cannot bring the veth link up");
     }
 }
 
