@@ -389,7 +389,7 @@ fn final_error(e: &Error) -> bool {
 fn take_part(rdzv: &BlockingRendezvous, o: &Options, h: &Arc<History>) -> Result<(), Error> {
     let mut done = 0u64;
     let mut worker: Option<Worker> = None;
-    while o.rounds.map_or(true, |n| done < n) {
+    while o.rounds.is_none_or(|n| done < n) {
         // An agent stops its workers before it re-rendezvouses.
         if let Some(w) = worker.take() {
             w.stop();
@@ -428,7 +428,7 @@ fn take_part(rdzv: &BlockingRendezvous, o: &Options, h: &Arc<History>) -> Result
             "master_addr": info.master_addr,
             "master_port": info.master_port,
         });
-        let more = o.rounds.map_or(true, |n| done < n);
+        let more = o.rounds.is_none_or(|n| done < n);
         if o.exchange && o.follow && more {
             worker = Some(Worker::spawn(rdzv.node_id(), &info, store, h.clone()));
         } else if o.exchange {

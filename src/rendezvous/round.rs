@@ -241,7 +241,7 @@ impl RoundView {
     fn standing(&self) -> impl Iterator<Item = (&i64, &(String, JoinRecord))> {
         self.joiners
             .iter()
-            .filter(|(rev, (node, _))| self.gone.get(node).map_or(true, |gone| gone < *rev))
+            .filter(|(rev, (node, _))| self.gone.get(node).is_none_or(|gone| gone < *rev))
     }
 
     fn count(&self) -> usize {
@@ -251,7 +251,7 @@ impl RoundView {
     fn has_joined(&self, node: &str) -> bool {
         self.revision_of
             .get(node)
-            .is_some_and(|rev| self.gone.get(node).map_or(true, |gone| gone < rev))
+            .is_some_and(|rev| self.gone.get(node).is_none_or(|gone| gone < rev))
     }
 
     /// A round may seal only once the previous round is being abandoned: one of its members

@@ -603,7 +603,7 @@ impl<'a> Checker<'a> {
         }
         let mut live = HashSet::new();
         for p in &self.run.processes {
-            if p.spawned <= t && p.ended.map_or(true, |end| end > t) {
+            if p.spawned <= t && p.ended.is_none_or(|end| end > t) {
                 match p.node.as_deref() {
                     Some(n) => live.insert(n),
                     None => return false,
@@ -709,7 +709,7 @@ impl<'a> Checker<'a> {
             None => {
                 let mut behind: Vec<String> = Vec::new();
                 for p in &self.run.processes {
-                    if p.spawned <= deadline && p.ended.map_or(true, |e| e > deadline) {
+                    if p.spawned <= deadline && p.ended.is_none_or(|e| e > deadline) {
                         let stand = p.node.as_deref().and_then(|n| self.stand_at(n, deadline));
                         behind.push(format!(
                             "slot {} node {}: {}",
