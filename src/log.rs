@@ -172,7 +172,8 @@ fn deliver(record: &Record<'_>) {
         // Errors ignored: a closed or full stderr must not fail the caller.
         let _ = writeln!(
             std::io::stderr().lock(),
-            "rdzv {:>5} {}: {}",
+            "{} rdzv {:>5} {}: {}",
+            utc_now(),
             record.level,
             record.target,
             record.line
@@ -189,6 +190,36 @@ fn deliver(record: &Record<'_>) {
         let _guard = DRAINED.0.lock().unwrap_or_else(|e| e.into_inner());
         DRAINED.1.notify_all();
     }
+}
+
+/// Now, as `2026-01-31T23:59:59.123Z`, for the lines written to stderr.
+fn utc_now() -> String {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    utc(since_epoch)
+}
+
+fn utc(since_epoch: std::time::Duration) -> String {
+    let secs = since_epoch.as_secs();
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm, proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60,
+        since_epoch.subsec_millis()
+    )
 }
 
 /// The message, then ` name=value` for every other field.
@@ -234,7 +265,17 @@ impl Visit for Line {
 
 #[cfg(test)]
 mod tests {
-    use super::Line;
+    use super::{utc, Line};
+    use std::time::Duration;
+
+    #[test]
+    fn utc_times() {
+        let at = |secs: u64, ms: u64| utc(Duration::from_secs(secs) + Duration::from_millis(ms));
+        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(at(1_767_225_599, 123), "2025-12-31T23:59:59.123Z");
+        assert_eq!(at(4_107_542_400, 0), "2100-03-01T00:00:00.000Z");
+    }
 
     #[test]
     fn values_that_would_split_a_line_are_quoted() {

@@ -12,7 +12,7 @@ use rdzv::{BlockingRendezvous, Params};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 struct Line {
@@ -22,6 +22,8 @@ struct Line {
 }
 
 static LINES: Mutex<Vec<Line>> = Mutex::new(Vec::new());
+/// Notified after each record kept, for tests that wait for one.
+static NEW_LINE: Condvar = Condvar::new();
 
 /// One handler's `user_data`: the test retires it once `rdzv_set_log_handler` replaced it; a
 /// call after that is a broken promise.
@@ -49,6 +51,22 @@ unsafe extern "C" fn collect(
         target: text(target),
         text: text(line),
     });
+    NEW_LINE.notify_all();
+}
+
+/// Waits (at most 30 s) until a record matching `what` has arrived; returns its text.
+fn wait_for_line(what: &str, matches: impl Fn(&Line) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut lines = LINES.lock().unwrap();
+    loop {
+        if let Some(l) = lines.iter().find(|l| matches(l)) {
+            return l.text.clone();
+        }
+        let left = deadline
+            .checked_duration_since(std::time::Instant::now())
+            .unwrap_or_else(|| panic!("no record {what} within 30 s"));
+        lines = NEW_LINE.wait_timeout(lines, left).unwrap().0;
+    }
 }
 
 /// Installs `collect` with a fresh generation and retires the previous one.
@@ -78,9 +96,11 @@ fn records_reach_the_host_handler_in_order_without_deadlock() {
     std::env::set_var("RDZV_LOG", "debug");
     let (done, finished) = std::sync::mpsc::channel();
     let body = std::thread::spawn(move || {
-        let etcd = Etcd::start();
+        let mut etcd = Etcd::start();
         let generation = install_collect(None);
         a_round_names_run_node_and_round(&etcd);
+        withdrawals_and_lost_members_are_logged(&etcd);
+        retries_are_logged_and_a_lasting_one_warns(&mut etcd);
         a_flood_while_the_handler_changes_keeps_order(&etcd, generation);
         handlers_that_reenter_or_panic_do_no_harm();
         rdzv_set_log_handler(None, std::ptr::null_mut());
@@ -163,6 +183,101 @@ fn a_round_names_run_node_and_round(etcd: &Etcd) {
         "{s}"
     );
     assert_eq!(sealed[0].target, "rdzv::rendezvous::round");
+}
+
+/// A cancelled next says it withdrew and why; a member that leaves is named by the survivor.
+fn withdrawals_and_lost_members_are_logged(etcd: &Etcd) {
+    let url = etcd.url("withdraw", "min_nodes=2&max_nodes=2");
+    let run = common::node::run_of(&url);
+    let alone = Arc::new(BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap());
+    let id = alone.node_id().to_string();
+    let waiting = std::thread::spawn({
+        let alone = alone.clone();
+        move || alone.next().map(|_| ()).unwrap_err().kind()
+    });
+    wait_for_line("joined round", |l| {
+        l.text.starts_with("joined round") && field(&l.text, "node") == Some(id.as_str())
+    });
+    alone.cancel();
+    assert_eq!(waiting.join().unwrap(), rdzv::ErrorKind::Cancelled);
+    let withdrew = wait_for_line("withdrew", |l| {
+        l.text.starts_with("withdrew the join request") && field(&l.text, "node") == Some(&id)
+    });
+    assert_eq!(field(&withdrew, "run"), Some(run.as_str()), "{withdrew}");
+    assert_eq!(field(&withdrew, "round"), Some("0"), "{withdrew}");
+    assert_eq!(field(&withdrew, "reason"), Some("Cancelled"), "{withdrew}");
+    assert_eq!(
+        field(&withdrew, "sealed_first"),
+        Some("false"),
+        "{withdrew}"
+    );
+    let failed = wait_for_line("next failed", |l| {
+        l.text.starts_with("next failed") && field(&l.text, "node") == Some(&id)
+    });
+    assert_eq!(field(&failed, "round"), Some("0"), "{failed}");
+
+    // Two members; one leaves; the other, polling num_lost, names it.
+    let nodes = on_threads(2, move |_| {
+        let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+        node.next().unwrap();
+        node
+    });
+    drop(alone);
+    let (stays, leaves) = (&nodes[0], &nodes[1]);
+    assert_eq!(stays.num_lost().unwrap(), 0);
+    leaves.shutdown().unwrap();
+    let lost = wait_for_line("member lost", |l| {
+        l.text.starts_with("member of the round lost")
+            && field(&l.text, "node") == Some(stays.node_id())
+    });
+    assert_eq!(field(&lost, "lost"), Some(leaves.node_id()), "{lost}");
+    assert!(field(&lost, "round").is_some(), "{lost}");
+    assert_eq!(stays.num_lost().unwrap(), 1);
+    let count = wait_for_line("lost count", |l| {
+        l.text.starts_with("members of the round lost")
+            && field(&l.text, "node") == Some(stays.node_id())
+    });
+    assert_eq!(field(&count, "count"), Some("1"), "{count}");
+    stays.shutdown().unwrap();
+}
+
+/// With etcd down, a store write retries: each retry at debug with its count, a warning once
+/// it lasts over a second, and another when etcd answers again.
+fn retries_are_logged_and_a_lasting_one_warns(etcd: &mut Etcd) {
+    let url = etcd.url("retry", "min_nodes=1&max_nodes=1&connect_timeout=1");
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    let (_, store) = node.next().unwrap();
+    let me = node.node_id().to_string();
+    let mine = |l: &Line, prefix: &str| {
+        l.text.starts_with(prefix) && field(&l.text, "node") == Some(me.as_str())
+    };
+    etcd.kill();
+    let writer = std::thread::spawn(move || store.set("k", b"v"));
+    let warned = wait_for_line("keeps failing", |l| mine(l, "etcd keeps failing"));
+    assert!(warned.contains(r#" what="store set" "#), "{warned}");
+    assert_eq!(field(&warned, "round"), Some("0"), "{warned}");
+    etcd.restart();
+    writer.join().unwrap().unwrap();
+    let again = wait_for_line("answered again", |l| mine(l, "etcd answered again"));
+    assert!(field(&again, "attempts").is_some(), "{again}");
+    let lines = LINES.lock().unwrap();
+    let retries: Vec<_> = lines
+        .iter()
+        .filter(|l| mine(l, "etcd request failed; retrying"))
+        .collect();
+    assert!(!retries.is_empty());
+    assert!(retries
+        .iter()
+        .all(|l| l.level == rdzv_log_level_t::RDZV_LOG_DEBUG));
+    assert_eq!(field(&retries[0].text, "attempt"), Some("1"));
+    let warnings = lines
+        .iter()
+        .filter(|l| mine(l, "etcd keeps failing") && l.level == rdzv_log_level_t::RDZV_LOG_WARN)
+        .count();
+    assert_eq!(warnings, 1, "one warning per lasting failure");
+    drop(lines);
+    node.shutdown().unwrap();
+    take_lines();
 }
 
 /// 8 real nodes run 10 rounds while 8 threads each make 2,000 records and another thread

@@ -222,8 +222,9 @@ impl Rendezvous {
                     // The leader key is claimed in the join only by the round's first joiner.
                     let first = snapshot.leader.as_deref() == Some(self.node.as_str());
                     let role = if first { "leader" } else { "follower" };
+                    let leader = snapshot.leader.as_deref().filter(|_| !first);
                     tracing::info!(run = %self.params.run_id, node = %self.node, round = r, role,
-                        leader = snapshot.leader.as_deref(), "joined round");
+                        leader, "joined round");
                     (r, snapshot, first.then(Instant::now))
                 }
                 Joined::Moved(current) => {

@@ -390,7 +390,7 @@ impl Store {
         let result = self.wait_for_keys(keys, deadline, timeout).await;
         let who = self.etcd.who();
         tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
-            keys = ?keys, waited_ms = started.elapsed().as_millis() as u64,
+            keys = %keys.join(","), waited_ms = started.elapsed().as_millis() as u64,
             outcome = %result.as_ref().map_or_else(|e| e.to_string(), |_| "found".into()), "store wait ended");
         result
     }
