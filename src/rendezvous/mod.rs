@@ -746,8 +746,17 @@ impl Rendezvous {
             .etcd
             .txn(deadline, "clean up finished run", txn)
             .await?;
-        if resp.succeeded() {
-            tracing::info!(run = %self.params.run_id, node = %self.node,
+        // Logged by the node whose cleanup deleted something (two last nodes may both run it).
+        let deleted: i64 = resp
+            .op_responses()
+            .iter()
+            .map(|op| match op {
+                etcd_client::TxnOpResponse::Delete(d) => d.deleted(),
+                _ => 0,
+            })
+            .sum();
+        if resp.succeeded() && deleted > 0 {
+            tracing::info!(run = %self.params.run_id, node = %self.node, keys = deleted,
                 "no live node left: deleted the run's rounds, stores and round counter");
         }
         Ok(())
