@@ -110,6 +110,19 @@ pub fn install_default() {
 /// reported once and ignored.
 fn filter_from_env() -> EnvFilter {
     let spec = std::env::var(ENV_VAR).unwrap_or_default();
+    EnvFilter::builder()
+        .parse(directives(&spec))
+        .unwrap_or_else(|err| {
+            let _ = writeln!(
+                std::io::stderr(),
+                "rdzv: ignoring {ENV_VAR}={spec:?} ({err}); logging warnings only"
+            );
+            EnvFilter::new("warn")
+        })
+}
+
+/// `RDZV_LOG`'s value as `EnvFilter` directives (see `filter_from_env`).
+fn directives(spec: &str) -> String {
     let mut floor = LevelFilter::WARN;
     let mut directives = Vec::new();
     for d in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
@@ -122,15 +135,7 @@ fn filter_from_env() -> EnvFilter {
         }
     }
     directives.insert(0, floor.to_string());
-    EnvFilter::builder()
-        .parse(directives.join(","))
-        .unwrap_or_else(|err| {
-            let _ = writeln!(
-                std::io::stderr(),
-                "rdzv: ignoring {ENV_VAR}={spec:?} ({err}); logging warnings only"
-            );
-            EnvFilter::new("warn")
-        })
+    directives.join(",")
 }
 
 /// Formats each event as one line and delivers it.
@@ -265,8 +270,23 @@ impl Visit for Line {
 
 #[cfg(test)]
 mod tests {
-    use super::{utc, Line};
+    use super::{directives, utc, Line};
     use std::time::Duration;
+
+    #[test]
+    fn bare_levels_are_rdzvs_and_warnings_stay_on() {
+        assert_eq!(directives(""), "warn");
+        assert_eq!(directives("debug"), "warn,rdzv=debug");
+        assert_eq!(directives("error"), "error,rdzv=error");
+        assert_eq!(directives("OFF"), "off,rdzv=off");
+        assert_eq!(
+            directives("rdzv::rendezvous=trace, h2=debug"),
+            "warn,rdzv::rendezvous=trace,h2=debug"
+        );
+        assert!(tracing_subscriber::EnvFilter::builder()
+            .parse(directives("info,rdzv::store=trace"))
+            .is_ok());
+    }
 
     #[test]
     fn utc_times() {

@@ -125,10 +125,14 @@ impl Etcd {
             endpoints,
             version,
         });
+        // The node has no id yet; the run names whose connection this is in retry records.
         let etcd = Etcd {
             shared: shared.clone(),
             attempt_timeout,
-            who: Who::default(),
+            who: Who {
+                run: Some(params.run_id.as_str().into()),
+                ..Who::default()
+            },
         };
         // Lazily-connecting channels report nothing until used: ask for a key to be sure. The
         // key is inside the run's namespace, so a user whose role covers only that prefix

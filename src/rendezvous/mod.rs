@@ -174,8 +174,13 @@ impl Rendezvous {
             _ = shutdown.wait_for(|down| *down) => Err(Error::shutdown()),
             _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "next: cancelled by rdzv_cancel")),
         };
-        // The round a failed next was in, for the log (withdrawing forgets it).
-        let tried = self.state().joined;
+        // The round a failed next was in, for the log (withdrawing forgets it). A join key of
+        // the round this node last completed is not this call's.
+        let tried = {
+            let state = self.state();
+            let last = state.last.as_ref().map(|(f, _)| f.round);
+            state.joined.filter(|&r| last.map_or(true, |last| r > last))
+        };
         let result = match result {
             Ok(done) => Ok(done),
             Err(err) => match self.withdraw(&err).await {
