@@ -270,6 +270,8 @@ async fn store_bench(endpoint: &str) {
 }
 
 fn main() {
+    // Records as C ABI users get them (stderr, RDZV_LOG), so the cost of logging is measured.
+    rdzv::log::install_default();
     let mut args = std::env::args().skip(1);
     let endpoint = args.next().expect("usage: bench HOST:PORT [N ...]");
     let sizes: Vec<usize> = {

@@ -207,18 +207,33 @@ void rdzv_error_free(rdzv_error_t *error);
 void rdzv_bytes_free(uint8_t *bytes, size_t len);
 
 /**
- * Sends the library's log records to `handler` instead of stderr (NULL goes back to stderr).
- * Which records exist is set by the `RDZV_LOG` environment variable, read once when the
- * process first calls rdzv (default `warn`; e.g. `RDZV_LOG=info`, `RDZV_LOG=debug`,
- * `RDZV_LOG=rdzv::rendezvous=trace`). Nothing is logged per store call at `info`.
+ * Sends the library's log records to `handler` instead of stderr; NULL goes back to stderr.
+ * Which records exist is set by the `RDZV_LOG` environment variable, read once, at the
+ * process's first call into rdzv: warnings by default; `RDZV_LOG=info` gives one line per
+ * event of a round, `RDZV_LOG=debug` adds retried etcd requests and how long waits took,
+ * `RDZV_LOG=rdzv::rendezvous=trace` narrows to one module (filter syntax of
+ * `tracing-subscriber`; modules not named keep warnings). Nothing is logged per store call at
+ * `info`. Never fails.
  *
- * Threads: `handler` is called on the thread that made the record, which may be any of the
- * library's own threads or a thread calling rdzv; records of one thread arrive in order. It
- * may run on several threads at once, so it and `user_data` must be thread-safe. It should
- * return quickly. It may call rdzv functions except `rdzv_set_log_handler` (which would wait
- * for itself). When `rdzv_set_log_handler` returns, the previous handler is no longer running
- * and is never called again, so its `user_data` may be freed. A panic cannot escape: a record
- * whose delivery fails is dropped. Never fails.
+ * Threads: `handler` is called on the thread that made the record: one of the library's own
+ * threads, or a thread of the host inside an rdzv call. It may run on several threads at
+ * once, so it and `user_data` must be thread-safe. A record is handed over before the code
+ * that made it goes on, so records made one after the other (one node's, for instance)
+ * arrive in that order. No lock is held while it runs, but a slow handler slows the thread
+ * it runs on: return quickly (queue the record if the host's logging may block).
+ *
+ * Reentrancy: the handler may call any rdzv function, `rdzv_set_log_handler` included.
+ * Records that such calls make on the handler's own thread are dropped (the handler never
+ * runs inside itself); their work on other threads logs normally.
+ *
+ * Replacing: `rdzv_set_log_handler` swaps the handler at once (records made from then on go
+ * to the new one) and returns when no other thread is still running the previous one, which
+ * is then never called again: its `user_data` may be freed. Called from inside the previous
+ * handler, it waits for the other threads only. Do not call it while holding a lock that the
+ * handler takes: it would wait for a handler that waits for that lock.
+ *
+ * Failures: the handler must not unwind into rdzv (no C++ exception, no longjmp); a Rust
+ * panic in it is caught and the record dropped.
  */
 void rdzv_set_log_handler(rdzv_log_handler_t handler, void *user_data);
 

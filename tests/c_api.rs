@@ -107,3 +107,28 @@ fn c_program_is_clean_under_valgrind() {
     );
     assert!(stdout.contains("1 passed, 0 failed"));
 }
+
+#[test]
+fn c_log_handler_gets_the_records_and_stderr_gets_them_after_a_reset() {
+    let etcd = Etcd::start();
+    let exe = compile("tests/c/log_test.c", "rdzv_c_log_test");
+    let out = Command::new(exe)
+        .args([etcd.endpoint(), "c-log".into()])
+        .env("RDZV_LOG", "info")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "C log test failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("1 passed, 0 failed"));
+    // The handle made after rdzv_set_log_handler(NULL, NULL) logged to stderr.
+    assert!(
+        stderr.contains("rdzv  INFO rdzv::rendezvous: connected to etcd run=c-log node="),
+        "{stderr}"
+    );
+}

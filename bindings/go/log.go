@@ -38,10 +38,12 @@ func logger() *slog.Logger {
 }
 
 // SetLogger sends the library's log records to logger (slog.Default() until this is called;
-// nil drops them). Each record's message is the library's line (message, then run=, node=,
-// round= ... fields) with a "target" attribute naming the module that made it. Which records
-// the library makes is set by the RDZV_LOG environment variable, read when the process first
-// calls rdzv (default: warnings only; RDZV_LOG=info or debug for more).
+// nil drops them). Each record has the library's message ("round sealed"), its fields as
+// attributes (run, node, round, ...; integers as Int64) and a "target" attribute naming the
+// module that made it. Which records the library makes is set by the RDZV_LOG environment
+// variable, read when the process first calls rdzv (default: warnings only; RDZV_LOG=info or
+// debug for more). The logger's handler is called on the library's threads, possibly on
+// several at once, before the code that made the record goes on; it may call rdzv.
 func SetLogger(logger *slog.Logger) {
 	currentLogger.Store(&loggerBox{logger: logger})
 	routeLogs()

@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -673,7 +675,9 @@ func TestLogRecordsReachSlog(t *testing.T) {
 	kept := &keepRecords{}
 	SetLogger(slog.New(kept))
 	defer SetLogger(nil)
-	r := mustRendezvous(t, runURL("logs", 1, 30))
+	url := runURL("logs", 1, 30)
+	r := mustRendezvous(t, url)
+	node := r.NodeID()
 	_, s, err := r.Next(ctxTimeout(t, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -683,21 +687,75 @@ func TestLogRecordsReachSlog(t *testing.T) {
 	SetLogger(nil) // no more records into kept
 	kept.mu.Lock()
 	defer kept.mu.Unlock()
-	found := false
+	var complete []map[string]slog.Value
 	for _, rec := range kept.records {
-		target := ""
+		attrs := map[string]slog.Value{}
 		rec.Attrs(func(a slog.Attr) bool {
-			if a.Key == "target" {
-				target = a.Value.String()
-			}
+			attrs[a.Key] = a.Value
 			return true
 		})
-		if rec.Level == slog.LevelInfo && target == "rdzv::rendezvous" &&
-			strings.HasPrefix(rec.Message, "round complete") && strings.Contains(rec.Message, " node="+r.NodeID()+" ") {
-			found = true
+		if rec.Message == "round complete" && attrs["node"].String() == node {
+			if rec.Level != slog.LevelInfo {
+				t.Errorf("round complete at %v", rec.Level)
+			}
+			complete = append(complete, attrs)
 		}
 	}
-	if !found {
-		t.Errorf("no 'round complete' record for this node among %d records", len(kept.records))
+	if len(complete) != 1 {
+		t.Fatalf("%d 'round complete' records for node %s among %d records", len(complete), node, len(kept.records))
+	}
+	attrs := complete[0]
+	if attrs["target"].String() != "rdzv::rendezvous" || !strings.Contains(url, "/"+attrs["run"].String()+"?") {
+		t.Errorf("target %v, run %v (url %s)", attrs["target"], attrs["run"], url)
+	}
+	if attrs["round"].Kind() != slog.KindInt64 || attrs["round"].Int64() != 0 || attrs["world_size"].Int64() != 1 {
+		t.Errorf("round %v, world_size %v", attrs["round"], attrs["world_size"])
+	}
+}
+
+// panicky is a slog handler that panics on every record.
+type panicky struct{ calls atomic.Int64 }
+
+func (p *panicky) Enabled(context.Context, slog.Level) bool { return true }
+func (p *panicky) Handle(context.Context, slog.Record) error {
+	p.calls.Add(1)
+	panic("a broken log handler")
+}
+func (p *panicky) WithAttrs([]slog.Attr) slog.Handler { return p }
+func (p *panicky) WithGroup(string) slog.Handler      { return p }
+
+func TestPanickingLogHandlerLosesRecordsNotTheProcess(t *testing.T) {
+	h := &panicky{}
+	SetLogger(slog.New(h))
+	defer SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r := mustRendezvous(t, runURL("logpanic", 1, 30))
+	_, s, err := r.Next(ctxTimeout(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	r.Close()
+	if h.calls.Load() == 0 {
+		t.Error("the handler was never called")
+	}
+}
+
+func TestSplitLine(t *testing.T) {
+	msg, attrs := splitLine(`etcd keeps failing; still retrying run=job-7 round=3 what="store set" error="a \"quoted\" word" ok=true`)
+	if msg != "etcd keeps failing; still retrying" {
+		t.Errorf("message %q", msg)
+	}
+	want := []slog.Attr{slog.String("run", "job-7"), slog.Int64("round", 3), slog.String("what", "store set"),
+		slog.String("error", `a "quoted" word`), slog.Bool("ok", true)}
+	if len(attrs) != len(want) {
+		t.Fatalf("attrs %v", attrs)
+	}
+	for i := range want {
+		if !attrs[i].Equal(want[i]) {
+			t.Errorf("attr %d: %v, want %v", i, attrs[i], want[i])
+		}
+	}
+	if msg, attrs := splitLine("no fields here"); msg != "no fields here" || len(attrs) != 0 {
+		t.Errorf("%q %v", msg, attrs)
 	}
 }

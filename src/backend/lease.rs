@@ -68,11 +68,15 @@ impl Drop for Lease {
 async fn keep_alive(etcd: Etcd, id: i64, ttl: Duration, lost: Arc<AtomicBool>) {
     let period = ttl / 3;
     let mut attempt = 0u32;
+    let who = etcd.who().clone();
+    let (run, node) = (who.run.as_deref(), who.node.as_deref());
     loop {
         let opened = etcd.client().lease_keep_alive(id).await;
         let (mut keeper, mut responses) = match opened {
             Ok(pair) => pair,
-            Err(_) => {
+            Err(e) => {
+                tracing::debug!(run, node, lease = id, attempt = attempt + 1, error = %e,
+                    "cannot open the lease refresh stream; retrying");
                 backoff(&mut attempt, Instant::now() + period).await;
                 continue;
             }
@@ -83,6 +87,12 @@ async fn keep_alive(etcd: Etcd, id: i64, ttl: Duration, lost: Arc<AtomicBool>) {
             }
             match tokio::time::timeout(period, responses.message()).await {
                 Ok(Ok(Some(resp))) if resp.ttl() <= 0 => {
+                    tracing::warn!(
+                        run,
+                        node,
+                        lease = id,
+                        "lease lost: etcd expired it (cut off longer than lease_ttl)"
+                    );
                     lost.store(true, Ordering::Release);
                     return;
                 }

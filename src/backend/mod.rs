@@ -20,6 +20,10 @@ use tokio::time::Instant;
 /// etcd's default `--max-request-bytes` is 1.5 MiB; keep headroom for keys and framing.
 pub const RDZV_MAX_VALUE_BYTES: usize = 1024 * 1024 + 512 * 1024 - 4096;
 
+/// Retrying is routine (an etcd leader change, a restart); retrying for longer than this is
+/// logged as a warning.
+const RETRY_WARNING: Duration = Duration::from_secs(1);
+
 /// A connection to one etcd cluster, shared by every handle of this process that names the
 /// same endpoints and credentials (HTTP/2 multiplexes them), so a thousand nodes in one
 /// process do not open a thousand sockets.
@@ -27,11 +31,22 @@ pub const RDZV_MAX_VALUE_BYTES: usize = 1024 * 1024 + 512 * 1024 - 4096;
 pub struct Etcd {
     shared: Arc<Connection>,
     attempt_timeout: Duration,
+    who: Who,
+}
+
+/// Whom requests are made for: named in the log records of retries.
+#[derive(Clone, Default)]
+pub struct Who {
+    pub run: Option<Arc<str>>,
+    pub node: Option<Arc<str>>,
+    pub round: Option<u64>,
 }
 
 struct Connection {
     client: Client,
     endpoints: String,
+    /// The server's version, as its status call reported it when connecting.
+    version: String,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -64,6 +79,7 @@ impl Etcd {
             return Ok(Etcd {
                 shared,
                 attempt_timeout,
+                who: Who::default(),
             });
         }
         let endpoints = params.endpoints.join(",");
@@ -99,10 +115,24 @@ impl Etcd {
                 _ => return Err(to_error(&endpoints, "connect", &err)),
             }
         };
-        let shared = Arc::new(Connection { client, endpoints });
+        // Best effort and bounded: the version is for the log only.
+        let version = match tokio::time::timeout_at(deadline, client.clone().status()).await {
+            Ok(Ok(status)) => status.version().to_string(),
+            _ => "unknown".to_string(),
+        };
+        let shared = Arc::new(Connection {
+            client,
+            endpoints,
+            version,
+        });
+        // The node has no id yet; the run names whose connection this is in retry records.
         let etcd = Etcd {
             shared: shared.clone(),
             attempt_timeout,
+            who: Who {
+                run: Some(params.run_id.as_str().into()),
+                ..Who::default()
+            },
         };
         // Lazily-connecting channels report nothing until used: ask for a key to be sure. The
         // key is inside the run's namespace, so a user whose role covers only that prefix
@@ -126,13 +156,8 @@ impl Etcd {
                 None => err,
             });
         }
-        // For the log only: best effort, bounded.
-        let mut client = etcd.shared.client.clone();
-        let version = match tokio::time::timeout_at(deadline, client.status()).await {
-            Ok(Ok(status)) => status.version().to_string(),
-            _ => "unknown".to_string(),
-        };
-        tracing::info!(endpoints = %etcd.endpoints(), etcd_version = %version, "connected to etcd");
+        tracing::debug!(endpoints = %etcd.endpoints(), etcd_version = %etcd.server_version(),
+            "opened a connection to etcd");
         let mut connections = CONNECTIONS.lock().unwrap_or_else(|e| e.into_inner());
         connections.retain(|_, w| w.strong_count() > 0);
         connections.insert(key, Arc::downgrade(&shared));
@@ -141,6 +166,33 @@ impl Etcd {
 
     pub fn endpoints(&self) -> &str {
         &self.shared.endpoints
+    }
+
+    /// The etcd server's version ("3.5.17"), or "unknown" if its status call failed.
+    pub fn server_version(&self) -> &str {
+        &self.shared.version
+    }
+
+    /// This connection, with its requests' log records naming `run` and `node`.
+    pub fn for_node(&self, run: &str, node: &str) -> Etcd {
+        let mut etcd = self.clone();
+        etcd.who = Who {
+            run: Some(run.into()),
+            node: Some(node.into()),
+            round: None,
+        };
+        etcd
+    }
+
+    /// This connection, with its requests' log records naming `round` too.
+    pub fn in_round(&self, round: u64) -> Etcd {
+        let mut etcd = self.clone();
+        etcd.who.round = Some(round);
+        etcd
+    }
+
+    pub fn who(&self) -> &Who {
+        &self.who
     }
 
     pub fn client(&self) -> Client {
@@ -180,7 +232,15 @@ impl Etcd {
             let last = match tokio::time::timeout_at(attempt_deadline, op(self.client())).await {
                 Ok(Ok(value)) => {
                     if warned {
-                        tracing::warn!(what, attempts = attempt + 1, "etcd answered again");
+                        tracing::warn!(
+                            run = self.who.run.as_deref(),
+                            node = self.who.node.as_deref(),
+                            round = self.who.round,
+                            what,
+                            attempts = attempt + 1,
+                            failing_ms = started.elapsed().as_millis() as u64,
+                            "etcd answered again"
+                        );
                     }
                     return Ok(value);
                 }
@@ -197,11 +257,15 @@ impl Etcd {
                 return Err(last);
             }
             // Retries are routine (leader change, restart); one that lasts is worth a warning.
-            if !warned && started.elapsed() > std::time::Duration::from_secs(1) {
+            let who = &self.who;
+            if !warned && started.elapsed() > RETRY_WARNING {
                 warned = true;
-                tracing::warn!(what, attempts = attempt + 1, error = %last, "etcd keeps failing; still retrying");
+                tracing::warn!(run = who.run.as_deref(), node = who.node.as_deref(), round = who.round,
+                    what, attempts = attempt + 1, failing_ms = started.elapsed().as_millis() as u64,
+                    error = %last, "etcd keeps failing; still retrying");
             } else {
-                tracing::debug!(what, attempt = attempt + 1, error = %last, "etcd request failed; retrying");
+                tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = who.round,
+                    what, attempt = attempt + 1, error = %last, "etcd request failed; retrying");
             }
             match give_up.as_mut() {
                 Some(stop) => tokio::select! {

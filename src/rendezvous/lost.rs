@@ -81,10 +81,32 @@ async fn track(etcd: Etcd, prefix: String, members: Vec<String>, gone: Gone) {
                         if !members.contains(node) {
                             continue;
                         }
+                        let who = etcd.who();
+                        let (run, me, round) = (who.run.as_deref(), who.node.as_deref(), who.round);
                         match ev.event_type() {
-                            EventType::Delete => gone.insert(node.to_string()),
-                            EventType::Put => gone.remove(node),
-                        };
+                            EventType::Delete => {
+                                if gone.insert(node.to_string()) {
+                                    tracing::info!(
+                                        run,
+                                        node = me,
+                                        round,
+                                        lost = node,
+                                        "member of the round lost (its lease expired or it left)"
+                                    );
+                                }
+                            }
+                            EventType::Put => {
+                                if gone.remove(node) {
+                                    tracing::info!(
+                                        run,
+                                        node = me,
+                                        round,
+                                        member = node,
+                                        "member of the round alive again"
+                                    );
+                                }
+                            }
+                        }
                     }
                 }
                 set(None);

@@ -97,14 +97,19 @@ impl Rendezvous {
         params.validate()?;
         // One deadline for connecting and registering, as rdzv_new promises.
         let deadline = Instant::now() + params.connect_timeout;
-        let etcd = Etcd::connect(&params).await?;
+        let node = crate::util::new_node_id();
+        let etcd = Etcd::connect(&params)
+            .await?
+            .for_node(&params.run_id, &node);
+        tracing::info!(run = %params.run_id, node = %node, endpoints = %etcd.endpoints(),
+            etcd_version = %etcd.server_version(), "connected to etcd");
         let keys = Keys::new(&params.key_prefix, &params.run_id);
         let rdzv = Rendezvous {
             addr: params.advertised_addr(),
             params,
             etcd,
             keys,
-            node: crate::util::new_node_id(),
+            node,
             lease: tokio::sync::Mutex::new(None),
             state: Mutex::new(NodeState::default()),
             next_running: tokio::sync::Mutex::new(()),
@@ -171,13 +176,20 @@ impl Rendezvous {
             _ = shutdown.wait_for(|down| *down) => Err(Error::shutdown()),
             _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "next: cancelled by rdzv_cancel")),
         };
+        // The round a failed next was in, for the log (withdrawing forgets it). A join key of
+        // the round this node last completed is not this call's.
+        let tried = {
+            let state = self.state();
+            let last = state.last.as_ref().map(|(f, _)| f.round);
+            state.joined.filter(|&r| last.map_or(true, |last| r > last))
+        };
         let result = match result {
             Ok(done) => Ok(done),
-            Err(err) => match self.withdraw().await {
+            Err(err) => match self.withdraw(&err).await {
                 // Sealed with this node before it could withdraw: it must run in that round.
                 Some((sealed, rank)) if err.kind() != ErrorKind::Shutdown => {
                     tracing::info!(run = %self.params.run_id, node = %self.node, round = sealed.round,
-                        error = %err, "the round was sealed with this node before it could withdraw");
+                        error = %err, "the round was sealed with this node before it could withdraw: running in it");
                     Ok(self.member_of(sealed, rank))
                 }
                 _ => Err(err),
@@ -190,8 +202,8 @@ impl Rendezvous {
                 world_size = info.world_size, master = %format!("{}:{}", info.master_addr, info.master_port),
                 waited_ms, "round complete"),
             Err(err) => tracing::info!(
-                run = %self.params.run_id, node = %self.node, kind = ?err.kind(), waited_ms,
-                error = %err, "next failed"),
+                run = %self.params.run_id, node = %self.node, round = tried,
+                kind = ?err.kind(), waited_ms, error = %err, "next failed"),
         }
         result
     }
@@ -212,14 +224,15 @@ impl Rendezvous {
                 }
                 other => other?,
             };
-            let (round, snapshot) = match joined {
+            let (round, snapshot, first_join) = match joined {
                 Joined::Round(r, snapshot) => {
-                    let role = match snapshot.leader.as_deref() == Some(self.node.as_str()) {
-                        true => "leader",
-                        false => "follower",
-                    };
-                    tracing::info!(run = %self.params.run_id, node = %self.node, round = r, role, "joined round");
-                    (r, snapshot)
+                    // The leader key is claimed in the join only by the round's first joiner.
+                    let first = snapshot.leader.as_deref() == Some(self.node.as_str());
+                    let role = if first { "leader" } else { "follower" };
+                    let leader = snapshot.leader.as_deref().filter(|_| !first);
+                    tracing::info!(run = %self.params.run_id, node = %self.node, round = r, role,
+                        leader, "joined round");
+                    (r, snapshot, first.then(Instant::now))
                 }
                 Joined::Moved(current) => {
                     round_guess = current;
@@ -234,8 +247,13 @@ impl Rendezvous {
             // run closes while it waits, that is a graceful exit, not a failure.
             let last_round = self.state().last.as_ref().map(|(f, _)| f.round);
             let outside = left_out || (round > 0 && last_round != Some(round - 1));
-            let outcome = match round::wait_for_seal(self, round, snapshot, deadline, outside).await
-            {
+            let waiting = round::Waiting {
+                round,
+                deadline,
+                left_out: outside,
+                first_join,
+            };
+            let outcome = match round::wait_for_seal(self, waiting, snapshot).await {
                 Err(e) if e.kind() == ErrorKind::LeaseLost => {
                     tracing::warn!(run = %self.params.run_id, node = %self.node, round,
                         "lease lost (cut off longer than lease_ttl): taking a new one and joining again");
@@ -270,7 +288,7 @@ impl Rendezvous {
             members: sealed.members.clone(),
         };
         let store = Store::new(
-            self.etcd.clone(),
+            self.etcd.in_round(sealed.round),
             &self.keys,
             sealed.round,
             self.params.store_timeout,
@@ -398,7 +416,7 @@ impl Rendezvous {
         }
         // A lost lease is gone from etcd already: nothing to revoke (and no time to spend on it
         // inside next's deadline). Dropping it stops its refresh task.
-        slot.take();
+        let lost = slot.take().map(|old| old.id);
         let lease = Lease::grant(&self.etcd, self.params.lease_ttl, deadline).await?;
         let id = lease.id;
         let alive = self.keys.alive(&self.node);
@@ -412,7 +430,12 @@ impl Rendezvous {
                 }
             })
             .await?;
-        tracing::debug!(run = %self.params.run_id, node = %self.node, lease = id, "registered alive under a new lease");
+        match lost {
+            Some(old) => tracing::info!(run = %self.params.run_id, node = %self.node, lease = id,
+                lost_lease = old, "lease re-acquired: registered alive under a new lease"),
+            None => tracing::debug!(run = %self.params.run_id, node = %self.node, lease = id,
+                "registered alive under a lease"),
+        }
         *slot = Some(lease);
         // A new lease means the old join key is gone with the old lease.
         self.state().joined = None;
@@ -424,7 +447,7 @@ impl Rendezvous {
     /// sealed first. Returns the sealed round and this node's rank if it is a member, since it
     /// must then run in that round. If etcd cannot confirm the withdrawal, the node lets its
     /// lease lapse, so that within `lease_ttl` no round counts on it.
-    async fn withdraw(&self) -> Option<(FinalRecord, u32)> {
+    async fn withdraw(&self, why: &Error) -> Option<(FinalRecord, u32)> {
         self.give_up.send_replace(true);
         let gate = self.writes.lock().await;
         self.give_up.send_replace(false);
@@ -470,8 +493,8 @@ impl Rendezvous {
         let resp = match outcome {
             Ok(resp) => resp,
             Err(e) => {
-                tracing::warn!(run = %self.params.run_id, node = %self.node, round, error = %e,
-                    "could not withdraw the join request: letting the lease lapse so no round waits on this node");
+                tracing::warn!(run = %self.params.run_id, node = %self.node, round, reason = ?why.kind(),
+                    error = %e, "could not withdraw the join request: letting the lease lapse so no round waits on this node");
                 if let Some(lease) = self.lease.lock().await.take() {
                     drop(lease); // stops the refresh: etcd expires it within lease_ttl
                 }
@@ -480,7 +503,8 @@ impl Rendezvous {
             }
         };
         if resp.succeeded() {
-            tracing::info!(run = %self.params.run_id, node = %self.node, round, "withdrew the join request");
+            tracing::info!(run = %self.params.run_id, node = %self.node, round, reason = ?why.kind(),
+                sealed_first = false, "withdrew the join request");
             self.state().joined = None;
             return None;
         }
@@ -490,8 +514,10 @@ impl Rendezvous {
         }
         let kv = got.first()?.kvs().first()?;
         let sealed = FinalRecord::parse(kv.key(), kv.value()).ok()?;
-        let rank = sealed.rank_of(&self.node)?;
-        Some((sealed, rank))
+        let rank = sealed.rank_of(&self.node);
+        tracing::info!(run = %self.params.run_id, node = %self.node, round, reason = ?why.kind(),
+            sealed_first = true, member = rank.is_some(), "could not withdraw: the round was sealed first");
+        Some((sealed, rank?))
     }
 
     /// Marks the lease as gone, so the next `ensure_lease` grants a new one.
@@ -603,7 +629,7 @@ impl Rendezvous {
         let before = std::mem::replace(seen(&mut state), now);
         drop(state);
         if before != now {
-            tracing::info!(run = %self.params.run_id, node = %self.node, round = ?round, count = now, "{what}");
+            tracing::info!(run = %self.params.run_id, node = %self.node, round, count = now, "{what}");
         }
     }
 
@@ -659,7 +685,8 @@ impl Rendezvous {
             let members = sealed.members.clone();
             if state.lost.is_none() {
                 let prefix = self.keys.alive_prefix();
-                let tracker = lost::LostTracker::start(self.etcd.clone(), prefix, members.clone());
+                let etcd = self.etcd.in_round(sealed.round);
+                let tracker = lost::LostTracker::start(etcd, prefix, members.clone());
                 state.lost = Some(tracker);
             }
             members
@@ -727,8 +754,17 @@ impl Rendezvous {
             .etcd
             .txn(deadline, "clean up finished run", txn)
             .await?;
-        if resp.succeeded() {
-            tracing::info!(run = %self.params.run_id, node = %self.node,
+        // Logged by the node whose cleanup deleted something (two last nodes may both run it).
+        let deleted: i64 = resp
+            .op_responses()
+            .iter()
+            .map(|op| match op {
+                etcd_client::TxnOpResponse::Delete(d) => d.deleted(),
+                _ => 0,
+            })
+            .sum();
+        if resp.succeeded() && deleted > 0 {
+            tracing::info!(run = %self.params.run_id, node = %self.node, keys = deleted,
                 "no live node left: deleted the run's rounds, stores and round counter");
         }
         Ok(())

@@ -29,15 +29,34 @@ pub(crate) struct Snapshot {
     pub revision: i64,
 }
 
-/// Waits until round `round` is sealed (by this node or another), the run closes, or the
+/// A node's wait for one round.
+pub(crate) struct Waiting {
+    pub round: u64,
+    pub deadline: Instant,
+    /// The node is outside the running world (a closed run is a graceful exit for it).
+    pub left_out: bool,
+    /// When the node joined, if it was the round's first joiner (for the seal's log record).
+    pub first_join: Option<Instant>,
+}
+
+/// How long a leader waits between two log records saying why its round is still open.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits until the round is sealed (by this node or another), the run closes, or the
 /// deadline passes. `snap` is what the join transaction saw.
 pub(crate) async fn wait_for_seal(
     rdzv: &Rendezvous,
-    round: u64,
+    waiting: Waiting,
     mut snap: Snapshot,
-    deadline: Instant,
-    left_out: bool,
 ) -> Result<Outcome> {
+    let Waiting {
+        round,
+        deadline,
+        left_out,
+        first_join,
+    } = waiting;
+    // When this node started leading: its join if it was the first joiner, else its takeover.
+    let mut leading_since = first_join;
     let keys = rdzv.keys();
     let me = keys.join(round, rdzv.node());
     let leader_key = keys.leader(round);
@@ -62,7 +81,11 @@ pub(crate) async fn wait_for_seal(
                 continue;
             }
             Some(leader) if leader == rdzv.node() => {
-                match lead(rdzv, round, deadline, left_out, &mut last_call).await? {
+                let since = Since {
+                    at: *leading_since.get_or_insert_with(Instant::now),
+                    first_join: first_join.is_some(),
+                };
+                match lead(rdzv, round, deadline, left_out, &mut last_call, since).await? {
                     Some(outcome) => return Ok(outcome),
                     // No longer the leader, or the view went stale: start from a fresh read.
                     None => {
@@ -71,7 +94,10 @@ pub(crate) async fn wait_for_seal(
                     }
                 }
             }
-            Some(_) => {}
+            Some(leader) => {
+                tracing::debug!(run = %rdzv.params().run_id, node = %rdzv.node(), round, leader,
+                    "waiting for the leader to seal the round");
+            }
         }
         // A follower watches four single keys: the leader (to take over if it dies), final,
         // closed and its own join key. Arrivals of other nodes wake nobody but the leader.
@@ -208,8 +234,16 @@ struct RoundView {
     alive: HashSet<String>,
     /// Whether this node still holds the round's `leader` key.
     leading: bool,
-    /// When this node read the round as its leader (the seal log says how long it led).
-    leading_since: Instant,
+    /// Since when this node leads (the seal's log record says how long the round took).
+    since: Since,
+}
+
+/// When a leader started leading: at its join, when it was the round's first joiner, or when
+/// it took over from a leader that died.
+#[derive(Clone, Copy)]
+struct Since {
+    at: Instant,
+    first_join: bool,
 }
 
 impl RoundView {
@@ -274,6 +308,50 @@ impl RoundView {
                 .filter(|m| self.alive.contains(*m) && !self.has_joined(m))
                 .count()
         })
+    }
+
+    /// Logs why the round is still open: how many joined, whether it is activated, and which
+    /// live members of the previous round have not joined yet (the ones the round waits for
+    /// before sealing at max_nodes, and the first thing to look at in a hung round).
+    fn report_progress(
+        &self,
+        rdzv: &Rendezvous,
+        min: usize,
+        max: usize,
+        last_call: Option<Instant>,
+    ) {
+        const SHOWN: usize = 8;
+        let missing: Vec<&str> = self.previous.as_ref().map_or(Vec::new(), |prev| {
+            prev.iter()
+                .filter(|m| self.alive.contains(*m) && !self.has_joined(m))
+                .map(String::as_str)
+                .collect()
+        });
+        let mut named = missing
+            .iter()
+            .take(SHOWN)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(",");
+        if missing.len() > SHOWN {
+            named.push_str(",...");
+        }
+        let last_call_in_ms =
+            last_call.map(|t| t.saturating_duration_since(Instant::now()).as_millis() as u64);
+        let activated = self.activated();
+        macro_rules! report {
+            ($level:expr) => {
+                tracing::event!($level, run = %rdzv.params().run_id, node = %rdzv.node(),
+                    round = self.round, joined = self.count(), min, max, activated, last_call_in_ms,
+                    missing_members = missing.len(),
+                    missing = (!named.is_empty()).then_some(named.as_str()), "round still open")
+            };
+        }
+        // Nodes waiting while a round runs (late arrivals, spares) are normal: debug only.
+        match activated {
+            true => report!(tracing::Level::INFO),
+            false => report!(tracing::Level::DEBUG),
+        }
     }
 
     /// The sealed record: survivors of the previous round first, in their old order (so rank 0
@@ -346,6 +424,7 @@ async fn lead(
     deadline: Instant,
     left_out: bool,
     last_call: &mut Option<Instant>,
+    since: Since,
 ) -> Result<Option<Outcome>> {
     let keys = rdzv.keys();
     let params = rdzv.params();
@@ -418,7 +497,7 @@ async fn lead(
             .kvs()
             .first()
             .is_some_and(|kv| kv.value() == rdzv.node().as_bytes()),
-        leading_since: Instant::now(),
+        since,
     };
     for kv in got[0].kvs() {
         view.add_joiner(kv.create_revision(), kv.key(), kv.value())?;
@@ -429,6 +508,7 @@ async fn lead(
     if !view.revision_of.contains_key(rdzv.node()) {
         return Ok(Some(Outcome::Rejoin));
     }
+    let mut report_at = Instant::now() + PROGRESS_EVERY;
     loop {
         if !view.leading {
             return Ok(None);
@@ -442,16 +522,25 @@ async fn lead(
             return seal(rdzv, &view, max, deadline, left_out, trigger).await;
         }
         if activated && n >= min {
+            if last_call.is_none() {
+                tracing::debug!(run = %params.run_id, node = %rdzv.node(), round, joined = n, max,
+                    last_call_ms = params.last_call_timeout.as_millis() as u64,
+                    "min_nodes reached: last call for more nodes");
+            }
             last_call.get_or_insert_with(|| Instant::now() + params.last_call_timeout);
         } else {
             *last_call = None;
         }
-        let wake = last_call.unwrap_or(deadline).min(deadline);
+        let wake = last_call.unwrap_or(deadline).min(deadline).min(report_at);
         let events = tokio::select! {
             e = watch.events() => e,
             _ = tokio::time::sleep_until(wake) => {
                 if Instant::now() >= deadline {
                     return Err(timeout(rdzv, Some(n)));
+                }
+                if Instant::now() >= report_at {
+                    report_at = Instant::now() + PROGRESS_EVERY;
+                    view.report_progress(rdzv, min, max, *last_call);
                 }
                 continue;
             }
@@ -519,9 +608,13 @@ async fn seal(
         ]);
     let resp = rdzv.write(deadline, "seal round", txn).await?;
     if resp.succeeded() {
+        // Only a leader that joined first knows when the round's first join happened.
+        let ms = view.since.at.elapsed().as_millis() as u64;
+        let first = view.since.first_join;
         tracing::info!(run = %rdzv.params().run_id, node = %rdzv.node(), round,
             world_size = sealed.members.len(), joined = view.count(), trigger,
-            led_ms = view.leading_since.elapsed().as_millis() as u64, "round sealed");
+            since_first_join_ms = first.then_some(ms), since_takeover_ms = (!first).then_some(ms),
+            "round sealed");
         return Ok(Some(Outcome::Sealed(sealed)));
     }
     tracing::debug!(run = %rdzv.params().run_id, node = %rdzv.node(), round,

@@ -388,7 +388,9 @@ impl Store {
     ) -> Result<Vec<Vec<u8>>> {
         let started = Instant::now();
         let result = self.wait_for_keys(keys, deadline, timeout).await;
-        tracing::debug!(round = self.round, keys = ?keys, waited_ms = started.elapsed().as_millis() as u64,
+        let who = self.etcd.who();
+        tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
+            keys = %keys.join(","), waited_ms = started.elapsed().as_millis() as u64,
             outcome = %result.as_ref().map_or_else(|e| e.to_string(), |_| "found".into()), "store wait ended");
         result
     }

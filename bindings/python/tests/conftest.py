@@ -30,6 +30,15 @@ if "RDZV_LIBRARY" not in os.environ and _debug_library.is_file():
     os.environ["RDZV_LIBRARY"] = str(_debug_library)
 
 import rdzv  # noqa: E402
+from rdzv import _ffi as _rdzv_ffi  # noqa: E402
+
+# The library reads RDZV_LOG once, when first used: this process logs at info so that
+# test_logs sees records through caplog; child processes get the environment as it was.
+_rdzv_log = os.environ.get("RDZV_LOG")
+os.environ["RDZV_LOG"] = _rdzv_log or "info"
+_rdzv_ffi.lib()
+if _rdzv_log is None:
+    del os.environ["RDZV_LOG"]
 
 READY_TIMEOUT = 30.0
 

@@ -5,11 +5,15 @@ once per process, so each case runs in a fresh interpreter."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
+import rdzv
 from conftest import PKG_ROOT
+from rdzv import _log
 
 SCRIPT = """
 import json, logging, sys
@@ -57,3 +61,51 @@ def test_silent_by_default_apart_from_warnings(etcd, run_id):
     url = f"etcd://{etcd.endpoint}/{run_id}?min_nodes=1"
     got = run_node(url, None)
     assert [r for r in got["records"] if r["level"] not in ("WARNING", "ERROR")] == []
+
+
+def test_records_reach_caplog_with_levels_and_fields(etcd, run_id, caplog):
+    # conftest makes this process log at info.
+    caplog.set_level(logging.INFO, logger="rdzv")
+    url = f"etcd://{etcd.endpoint}/{run_id}?min_nodes=2&max_nodes=2&join_timeout=30"
+    handlers = [rdzv.EtcdV3RendezvousHandler.from_url(url) for _ in range(2)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            infos = list(pool.map(lambda h: h.next_rendezvous(), handlers))
+        for info in infos:
+            info.store.close()
+        nodes = {h.node_id for h in handlers}
+    finally:
+        for h in handlers:
+            h.shutdown()
+    ours = [r for r in caplog.records if r.name == "rdzv" and r.rdzv_fields.get("run") == run_id]
+
+    def named(msg):
+        return [r for r in ours if r.getMessage().startswith(msg)]
+
+    complete = named("round complete")
+    assert {r.rdzv_fields["node"] for r in complete} == nodes
+    for r in complete:
+        assert (r.levelno, r.rdzv_target) == (logging.INFO, "rdzv::rendezvous")
+        assert r.rdzv_fields["round"] == 0 and r.rdzv_fields["world_size"] == 2
+    joined = named("joined round")
+    assert sorted(r.rdzv_fields["role"] for r in joined) == ["follower", "leader"]
+    (sealed,) = named("round sealed")
+    assert sealed.rdzv_fields["trigger"] == "max_nodes"
+    assert isinstance(sealed.rdzv_fields["since_first_join_ms"], int)
+    assert all(r.rdzv_fields["etcd_version"].startswith("3.") for r in named("connected to etcd"))
+    # One node's records in the order it made them.
+    for node in nodes:
+        mine = [r.getMessage().split(" run=")[0] for r in ours if r.rdzv_fields["node"] == node]
+        steps = [m for m in mine if m in ("connected to etcd", "joined round", "round complete", "shut down")]
+        assert steps == ["connected to etcd", "joined round", "round complete", "shut down"], mine
+
+
+def test_levels_are_mapped_and_quoted_values_parsed(caplog):
+    caplog.set_level(logging.DEBUG, logger="rdzv")
+    for level in (1, 2, 3, 4, 5):
+        _log._forward(level, b"rdzv::test", f'level {level} what="store set" n=3'.encode(), None)
+    got = [(r.levelno, r.rdzv_fields) for r in caplog.records if r.rdzv_target == "rdzv::test"]
+    fields = {"what": "store set", "n": 3}
+    assert got == [(logging.ERROR, fields), (logging.WARNING, fields), (logging.INFO, fields),
+                   (logging.DEBUG, fields), (logging.DEBUG, fields)]
+    assert _log.fields(r'e="a \"b\" c" x=') == {"e": 'a "b" c', "x": ""}

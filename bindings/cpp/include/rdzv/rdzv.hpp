@@ -263,9 +263,12 @@ inline void log_trampoline(rdzv_log_level_t level, const char* target, const cha
 }
 }  // namespace detail
 
-/// Routes the library's log records to `handler` (called on the library's threads, possibly
-/// several at once; it may call rdzv but not set_log_handler). An empty function goes back to
-/// stderr. When this returns, the previous handler is no longer called.
+/// Routes the library's log records to `handler`. An empty function goes back to stderr. It is
+/// called on the thread that made the record (a library thread, or one inside an rdzv call),
+/// possibly on several at once, before that code goes on, so one node's records arrive in
+/// order. It may call rdzv, but not set_log_handler (which frees the function that is
+/// running); records made on its own thread while it runs are dropped, and so is an exception
+/// it throws. When this returns, the previous handler is no longer running and never called.
 inline void set_log_handler(LogHandler handler) {
   std::lock_guard<std::mutex> lock(detail::log_handler_mutex());
   auto next = handler ? std::make_unique<LogHandler>(std::move(handler)) : nullptr;
