@@ -265,6 +265,12 @@ fn classify(err: &etcd_client::Error) -> Failure {
             Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled => {
                 Failure::Transient
             }
+            // A learner (a member being added) refuses all but serializable reads, as
+            // Unavailable up to etcd 3.5 but FailedPrecondition from 3.6: another endpoint, or
+            // the member once promoted, can answer.
+            Code::FailedPrecondition if status.message().contains("not supported for learner") => {
+                Failure::Transient
+            }
             Code::Unknown | Code::Internal | Code::ResourceExhausted => {
                 let m = status.message();
                 if m.contains("leader")
