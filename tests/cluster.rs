@@ -1,12 +1,13 @@
 //! Faults of the etcd cluster and of the network, with real `rdzv-node` processes: the raft
 //! leader of a three-member etcd cluster dies while nodes are blocked in their join, and one
 //! node is cut off from etcd by a network partition (a network namespace whose veth link is
-//! taken down).
+//! taken down). And a member being added (a learner) among the endpoints nodes are given.
 
 mod common;
 
 use common::node::{joiners_of_round, run_of, Node, NODE_BIN};
-use common::{EtcdCluster, NetNs};
+use common::{on_threads, Etcd, EtcdCluster, NetNs};
+use rdzv::{BlockingRendezvous, Params};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -181,4 +182,43 @@ fn a_partitioned_node_is_dropped_and_gets_an_error() {
     for n in outside {
         assert_eq!(n.finish(15), 0);
     }
+}
+
+/// A learner refuses every request but serializable reads, with Unavailable up to etcd 3.5 and
+/// FailedPrecondition from 3.6. Nodes given the voting member and the learner must reach a
+/// round and use its store, every request that the learner refuses being retried (requests
+/// are spread over both endpoints, so each node sends some to the learner; a long
+/// connect_timeout gives a node's first requests room for the retries of a streak of bad luck).
+#[test]
+fn a_learner_among_the_endpoints_does_not_fail_requests() {
+    let etcd = Etcd::start();
+    let learner = etcd.add_learner();
+    let url = format!(
+        "etcd://{},{}/learner-{}?min_nodes=4&max_nodes=4&join_timeout=60&connect_timeout=30",
+        etcd.endpoint(),
+        learner.endpoint(),
+        std::process::id()
+    );
+    let results = on_threads(4, move |_| -> rdzv::Result<(Vec<Vec<u8>>, i64)> {
+        let node = BlockingRendezvous::new(Params::from_url(&url)?)?;
+        let (info, store) = node.next()?;
+        store.set(&format!("rank/{}", info.rank), b"here")?;
+        let ranks: Vec<String> = (0..info.world_size).map(|r| format!("rank/{r}")).collect();
+        let keys: Vec<&str> = ranks.iter().map(String::as_str).collect();
+        let values = store.multi_get(&keys, Some(Duration::from_secs(30)))?;
+        let added = store.add("count", 1)?;
+        node.shutdown()?;
+        Ok((values, added))
+    });
+    let mut adds = BTreeSet::new();
+    for (i, result) in results.into_iter().enumerate() {
+        let (values, added) = result.unwrap_or_else(|e| panic!("node {i}: {e}"));
+        assert_eq!(
+            values,
+            vec![b"here".to_vec(); 4],
+            "node {i} read every rank"
+        );
+        adds.insert(added);
+    }
+    assert_eq!(adds, (1..=4).collect(), "each add saw a distinct total");
 }

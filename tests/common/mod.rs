@@ -166,6 +166,67 @@ impl Drop for Etcd {
     }
 }
 
+impl Etcd {
+    /// Adds a learner member (a non-voting member being added, which refuses every client
+    /// request but serializable reads and Status) and starts it; ready when it says so.
+    pub fn add_learner(&self) -> Learner {
+        let client_port = free_port();
+        let peer = format!("http://127.0.0.1:{}", free_port());
+        let (rt, mut client) = etcd_client(self);
+        let add = etcd_client::MemberAddOptions::new().with_is_learner();
+        rt.block_on(client.member_add([peer.clone()], Some(add)))
+            .expect("adding a learner member");
+        let name = format!("{}-learner", self.name);
+        let data_dir = std::env::temp_dir().join(&name);
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let extra: Vec<std::ffi::OsString> = ["--initial-cluster-state", "existing"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        let (child, ready_rx) = spawn_etcd(EtcdCommand {
+            name: &name,
+            data_dir: &data_dir,
+            client_urls: &format!("http://127.0.0.1:{client_port}"),
+            peer_url: &peer,
+            initial_cluster: &format!(
+                "{}=http://127.0.0.1:{},{name}={peer}",
+                self.name, self.peer_port
+            ),
+            extra: &extra,
+        });
+        let learner = Learner {
+            child,
+            client_port,
+            data_dir,
+        };
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the learner did not report ready within 30 s");
+        learner
+    }
+}
+
+/// A learner member of a test's etcd (`Etcd::add_learner`), killed on drop.
+pub struct Learner {
+    child: Child,
+    client_port: u16,
+    data_dir: PathBuf,
+}
+
+impl Learner {
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+}
+
+impl Drop for Learner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
 /// Raw access to a test's etcd (for planting data and checking what a run left), with the
 /// runtime its calls block on.
 pub fn etcd_client(etcd: &Etcd) -> (tokio::runtime::Runtime, etcd_client::Client) {
