@@ -1,29 +1,58 @@
 #!/usr/bin/env bash
-# Builds the etcd server of each version in scripts/etcd-versions (or the versions given) from
-# its Go module, into a cache that later runs reuse: ${RDZV_CACHE:-~/.cache/rdzv}/etcd-vX.Y.Z/etcd.
-# Prints one "VERSION DIR" line per version. Debian's etcd (3.4) comes from apt-get instead.
+# Builds the etcd server of each version in scripts/etcd-versions (or of the versions given,
+# vX.Y.Z) from its Go module, into a cache that later runs reuse:
+# ${RDZV_CACHE:-${XDG_CACHE_HOME:-~/.cache}/rdzv}/etcd-vX.Y.Z/etcd. Prints one "VERSION DIR"
+# line per version on stdout; progress, build times and errors go to stderr. Debian's etcd
+# (3.4) comes from apt-get instead.
+#
+# Uses the local Go toolchain only (GOTOOLCHAIN=local): it must be as new as the etcd version's
+# go.mod asks, or the build fails saying so. A cached binary is used only if it reports its
+# version; a new one is verified, then renamed into place, so an interrupted build never
+# leaves a binary behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache=${RDZV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdzv}
-versions=("$@")
-[ ${#versions[@]} -gt 0 ] || mapfile -t versions < <(grep -v '^#' scripts/etcd-versions | grep .)
+if [ $# -gt 0 ]; then
+  versions=("$@")
+else
+  pinned=$(grep -v '^#' scripts/etcd-versions | grep .)
+  mapfile -t versions <<<"$pinned"
+fi
+
+work=""
+trap '[ -z "$work" ] || rm -rf "$work"' EXIT
+
+reports() { # BINARY VERSION: the binary runs and says it is that version
+  [ -x "$1" ] && "$1" --version 2>/dev/null | grep -qx "etcd Version: ${2#v}"
+}
+
 for v in "${versions[@]}"; do
+  [[ $v =~ ^v3\.[0-9]+\.[0-9]+$ ]] || { echo "not an etcd release (vX.Y.Z): '$v'" >&2; exit 1; }
   dir="$cache/etcd-$v"
-  if [ ! -x "$dir/etcd" ]; then
+  if ! reports "$dir/etcd" "$v"; then
     echo "building etcd $v from its Go module (once; cached in $dir)" >&2
-    work=$(mktemp -d)
-    (
-      cd "$work"
-      export GOTOOLCHAIN=local GOFLAGS=-mod=mod
-      go mod init etcd-build >/dev/null 2>&1
-      go get "go.etcd.io/etcd/server/v3@$v" >/dev/null 2>&1
-      go build -trimpath -o etcd.partial go.etcd.io/etcd/server/v3
-    )
-    "$work/etcd.partial" --version | grep -q "etcd Version: ${v#v}" \
-      || { echo "built etcd does not report version $v" >&2; exit 1; }
+    start=$SECONDS
+    work=$(mktemp -d -t rdzv-etcd-build.XXXXXX)
+    if ! (
+      # Chained: set -e does not apply inside an if condition. No -mod=mod, so that the build
+      # cannot pick another version of anything than the one go get resolved.
+      cd "$work" && export GOTOOLCHAIN=local GOFLAGS= GOWORK=off &&
+        go mod init etcd-build &&
+        go get "go.etcd.io/etcd/server/v3@$v" &&
+        go build -trimpath -o etcd go.etcd.io/etcd/server/v3
+    ) >"$work/build.log" 2>&1; then
+      cat "$work/build.log" >&2
+      echo "building etcd $v failed (with $(go version))" >&2
+      exit 1
+    fi
+    reports "$work/etcd" "$v" || { echo "the etcd built for $v does not report that version" >&2; exit 1; }
     mkdir -p "$dir"
-    mv "$work/etcd.partial" "$dir/etcd" # rename last: an interrupted build leaves no binary
+    # Copied next to its final name, then renamed: the rename is atomic, the copy is not.
+    cp "$work/etcd" "$dir/etcd.partial.$$"
+    mv -f "$dir/etcd.partial.$$" "$dir/etcd"
     rm -rf "$work"
+    work=""
+    echo "built etcd $v in $((SECONDS - start)) s" >&2
   fi
   echo "$v $dir"
 done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Starts a throwaway etcd on a free loopback port with a temporary data directory, prints
-# "PID ENDPOINT DATADIR" once etcd reports it is ready. Used by the demo and the benchmark.
+# Starts a throwaway etcd (the first on PATH) on a free loopback port with a temporary data
+# directory, prints "PID ENDPOINT DATADIR" once etcd reports it is ready, and its version on
+# stderr. Used by the demo and the benchmark.
 set -euo pipefail
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 client=$(free_port); peer=$(free_port)
@@ -17,4 +18,5 @@ if ! timeout 30 grep -q -m1 "ready to serve client requests" <(tail --pid="$pid"
   cat "$dir/etcd.log" >&2
   exit 1
 fi
+echo "etcd $(etcd --version | awk '/^etcd Version:/ {print $3}') ready at 127.0.0.1:$client" >&2
 echo "$pid 127.0.0.1:$client $dir"

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,18 +34,24 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer srv.stop()
+	fmt.Fprintf(os.Stderr, "etcd %s ready at %s\n", srv.version, srv.endpoint)
 	testEtcd = srv
 	return m.Run()
 }
 
-// etcdServer is a real etcd (v3.4, `etcd` on PATH) on free loopback ports with a temporary
-// data directory.
+// etcdServer is a real etcd (the first `etcd` on PATH: Debian's 3.4 or one built by
+// scripts/etcd-build.sh) on free loopback ports with a temporary data directory.
 type etcdServer struct {
 	cmd      *exec.Cmd
 	dataDir  string
 	endpoint string
+	version  string // as etcd logged it at startup; set before ready
 	drained  chan struct{}
 }
+
+// etcdVersionLog finds the server version in etcd's startup log: "etcd Version: 3.4.23" (3.4)
+// or "etcd-version":"3.7.3" (3.5 and later, JSON).
+var etcdVersionLog = regexp.MustCompile(`etcd Version: (\S+)|"etcd-version":"([^"]+)"`)
 
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -114,7 +121,13 @@ func startEtcd(readyTimeout time.Duration) (*etcdServer, error) {
 				tail = tail[1:]
 			}
 			mu.Unlock()
+			if m := etcdVersionLog.FindStringSubmatch(line); m != nil && !signalled && srv.version == "" {
+				srv.version = m[1] + m[2]
+			}
 			if !signalled && strings.Contains(line, "ready to serve client requests") {
+				if srv.version == "" {
+					srv.version = "(version not logged)"
+				}
 				signalled = true
 				close(ready)
 			}

@@ -37,8 +37,18 @@ pub struct EtcdCommand<'a> {
     pub extra: &'a [std::ffi::OsString],
 }
 
-/// Starts etcd and returns it with a channel that receives once etcd says it is ready to
-/// serve clients (its own log line, not a guessed delay).
+/// The server version in one of etcd's startup log lines: `etcd Version: 3.4.23` (3.4) or
+/// `"etcd-version":"3.7.3"` (3.5 and later, JSON).
+fn version_in_log(line: &str) -> Option<&str> {
+    let (_, rest) = line
+        .split_once("etcd Version: ")
+        .or_else(|| line.split_once("\"etcd-version\":\""))?;
+    rest.split(|c: char| c == '"' || c.is_whitespace()).next()
+}
+
+/// Starts etcd (the first `etcd` on PATH) and returns it with a channel that receives once etcd
+/// says it is ready to serve clients (its own log line, not a guessed delay). Says on stderr
+/// which etcd version became ready where (shown with a failing test's output).
 pub fn spawn_etcd(cmd: EtcdCommand<'_>) -> (Child, mpsc::Receiver<()>) {
     let mut child = Command::new("etcd")
         .args(["--name", cmd.name, "--data-dir"])
@@ -56,9 +66,18 @@ pub fn spawn_etcd(cmd: EtcdCommand<'_>) -> (Child, mpsc::Receiver<()>) {
         .expect("etcd must be installed (Debian package etcd-server)");
     let stderr = child.stderr.take().unwrap();
     let (ready_tx, ready_rx) = mpsc::channel();
+    let urls = cmd.client_urls.to_string();
     std::thread::spawn(move || {
+        let mut version = None;
+        let mut ready = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("ready to serve client requests") {
+            if version.is_none() {
+                version = version_in_log(&line).map(str::to_string);
+            }
+            if !ready && line.contains("ready to serve client requests") {
+                ready = true;
+                let version = version.as_deref().unwrap_or("(version not logged)");
+                eprintln!("etcd {version} ready at {urls}");
                 let _ = ready_tx.send(());
             }
         }

@@ -1,5 +1,5 @@
-// Test fixture: a real etcd (v3.4, `etcd` on PATH) on free loopback ports with a temporary data
-// directory. Ready when etcd logs "ready to serve client requests" (waited for with a timeout,
+// Test fixture: a real etcd (the first `etcd` on PATH: Debian's 3.4 or one built by
+// scripts/etcd-build.sh) on free loopback ports with a temporary data directory. Ready when etcd logs "ready to serve client requests" (waited for with a timeout,
 // never a fixed sleep); killed and its data removed on destruction.
 #ifndef RDZV_TESTS_ETCD_SERVER_HPP
 #define RDZV_TESTS_ETCD_SERVER_HPP
@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -98,6 +99,8 @@ class EtcdServer {
       stop();
       throw std::runtime_error(why + "; last output:\n" + log);
     }
+    std::fprintf(stderr, "etcd %s ready at %s\n",
+                 version_.empty() ? "(version not logged)" : version_.c_str(), endpoint().c_str());
   }
 
   EtcdServer(const EtcdServer&) = delete;
@@ -128,6 +131,7 @@ class EtcdServer {
         std::string line = pending.substr(0, nl);
         pending.erase(0, nl + 1);
         std::lock_guard<std::mutex> lock(mu_);
+        if (version_.empty() && !ready_) version_ = version_in_log(line);
         if (line.find("ready to serve client requests") != std::string::npos) ready_ = true;
         log_.push_back(std::move(line));
         if (log_.size() > 20) log_.pop_front();
@@ -138,6 +142,18 @@ class EtcdServer {
     std::lock_guard<std::mutex> lock(mu_);
     exited_ = true;
     cv_.notify_all();
+  }
+
+  // The server version in a startup log line: "etcd Version: 3.4.23" (3.4) or
+  // "etcd-version":"3.7.3" (3.5 and later, JSON); empty if the line has none.
+  static std::string version_in_log(const std::string& line) {
+    for (const std::string marker : {"etcd Version: ", "\"etcd-version\":\""}) {
+      const size_t at = line.find(marker);
+      if (at == std::string::npos) continue;
+      const size_t start = at + marker.size();
+      return line.substr(start, line.find_first_of("\" \t", start) - start);
+    }
+    return "";
   }
 
   std::string log_tail_locked() const {
@@ -169,6 +185,7 @@ class EtcdServer {
   std::condition_variable cv_;
   bool ready_ = false;
   bool exited_ = false;
+  std::string version_;  // written by the reader until ready, read after
   std::deque<std::string> log_;
 };
 

@@ -1,5 +1,6 @@
-"""Test fixtures: a real etcd (v3.4, binary on PATH) on free loopback ports, started once per
-session and ready when it says so; unique run ids; helpers that never wait without a deadline."""
+"""Test fixtures: a real etcd (the first on PATH: Debian's 3.4 or one built by
+scripts/etcd-build.sh) on free loopback ports, started once per session and ready when it says
+so; unique run ids; helpers that never wait without a deadline."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ if _rdzv_log is None:
     del os.environ["RDZV_LOG"]
 
 READY_TIMEOUT = 30.0
+# The server version in etcd's startup log: "etcd Version: 3.4.23" (3.4) or
+# "etcd-version":"3.7.3" (3.5 and later, JSON).
+VERSION_LOG = re.compile(r'etcd Version: (\S+)|"etcd-version":"([^"]+)"')
+STARTED: list[str] = []  # "etcd VERSION ready at ENDPOINT" of each server, for the summary
 
 
 def free_port() -> int:
@@ -53,13 +58,14 @@ class Etcd:
     def __init__(self, data_dir: Path):
         etcd = shutil.which("etcd")
         if etcd is None:
-            raise RuntimeError("etcd (v3.4) must be on PATH to run these tests")
+            raise RuntimeError("etcd must be on PATH to run these tests")
         self.client_port = free_port()
         self.peer_port = free_port()
         self.name = f"rdzv-py-{os.getpid()}"
         client = f"http://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         self.log: collections.deque[str] = collections.deque(maxlen=200)
+        self.version = "(version not logged)"
         ready = threading.Event()
         self.proc = subprocess.Popen(
             [
@@ -83,6 +89,9 @@ class Etcd:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
                 self.log.append(line.rstrip())
+                found = None if ready.is_set() else VERSION_LOG.search(line)
+                if found:
+                    self.version = found.group(1) or found.group(2)
                 if "ready to serve client requests" in line:
                     ready.set()
 
@@ -92,6 +101,7 @@ class Etcd:
             raise RuntimeError(
                 f"etcd did not report ready within {READY_TIMEOUT} s:\n" + "\n".join(self.log)
             )
+        STARTED.append(f"etcd {self.version} ready at {self.endpoint}")
 
     @property
     def endpoint(self) -> str:
@@ -134,6 +144,10 @@ class Etcd:
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Says which etcd the tests ran against (also with -q)."""
+    for line in STARTED:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
