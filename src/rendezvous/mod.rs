@@ -181,7 +181,7 @@ impl Rendezvous {
         let tried = {
             let state = self.state();
             let last = state.last.as_ref().map(|(f, _)| f.round);
-            state.joined.filter(|&r| last.map_or(true, |last| r > last))
+            state.joined.filter(|&r| last.is_none_or(|last| r > last))
         };
         let result = match result {
             Ok(done) => Ok(done),
