@@ -348,3 +348,29 @@ fn a_node_whose_lease_expired_reports_itself_lost_and_rejoins() {
     assert_eq!(second.round, first.round + 1);
     assert_eq!(me.num_lost().unwrap(), 0, "rejoined under a new lease");
 }
+
+/// num_lost stops watching at the first loss but keeps counting later ones (from reads).
+#[test]
+fn num_lost_counts_every_member_that_leaves() {
+    let etcd = Etcd::start();
+    let url = etcd.url("lost-count", "min_nodes=3&max_nodes=3");
+    let nodes = on_threads(3, move |_| {
+        let n = node(&url);
+        n.next().unwrap();
+        n
+    });
+    let stays = &nodes[0];
+    assert_eq!(stays.num_lost().unwrap(), 0);
+    for (gone, leaving) in nodes[1..].iter().enumerate() {
+        leaving.shutdown().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stays.num_lost().unwrap() != gone as u32 + 1 {
+            assert!(
+                Instant::now() < deadline,
+                "num_lost never reached {}",
+                gone + 1
+            );
+            std::thread::yield_now();
+        }
+    }
+}

@@ -91,3 +91,44 @@ fn a_burst_of_256_and_a_round_of_1024_nodes() {
         );
     }
 }
+
+/// Waits (at most 30 s) until etcd holds exactly `want` watchers.
+fn wait_for_watchers(etcd: &Etcd, want: i64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while etcd.metric("etcd_debugging_mvcc_watcher_total") != want {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::yield_now();
+    }
+}
+
+/// A job whose nodes finish one after another, each watching for lost members (supervisors
+/// poll num_lost), costs etcd about one watch event per node, not N²/2: a node's watch ends at
+/// the first member it sees lost.
+#[test]
+fn nodes_leaving_one_by_one_cost_one_watch_event_each() {
+    let n = 32;
+    let etcd = Etcd::start();
+    let url = etcd.url("leaving", &format!("min_nodes={n}&max_nodes={n}"));
+    let idle = etcd.metric("etcd_debugging_mvcc_watcher_total");
+    let nodes = common::on_threads(n, move |_| {
+        let node = rdzv::BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+        node.next().unwrap();
+        node
+    });
+    wait_for_watchers(&etcd, idle, "the round's watches were never cancelled");
+    for node in &nodes {
+        assert_eq!(node.num_lost().unwrap(), 0);
+    }
+    wait_for_watchers(&etcd, idle + n as i64, "num_lost never started its watches");
+    let before = etcd.metric("etcd_debugging_mvcc_events_total");
+    for node in &nodes {
+        node.shutdown().unwrap();
+    }
+    let events = etcd.metric("etcd_debugging_mvcc_events_total") - before;
+    println!("{n} nodes leaving one by one: {events} watch events");
+    // A watch kept to the end would see every later departure: n(n-1)/2 = 496 events.
+    assert!(
+        events <= 2 * n as i64,
+        "{events} watch events for {n} departures"
+    );
+}

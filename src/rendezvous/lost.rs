@@ -1,6 +1,11 @@
 //! Which members of this node's last round are gone, kept current by a watch on the run's
 //! `alive/` keys. Supervisors poll `num_lost` several times a second on every node; answered
 //! from memory, that costs etcd nothing instead of a read of every live node's key per poll.
+//!
+//! The watch ends at the first member lost. A loss means the round must be formed again
+//! anyway, and a watch kept open on every node while the others leave would make a job of N
+//! nodes that shuts down receive N²/2 events; stopped at the first, it is about N in all.
+//! After that, `num_lost` reads etcd, at most once per `REREAD_AFTER`.
 
 use crate::backend::keys::Keys;
 use crate::backend::{backoff, Etcd, Target};
@@ -11,26 +16,52 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// `None` while the tracker is not in sync with etcd (starting, or its watch broke).
-type Gone = Arc<Mutex<Option<HashSet<String>>>>;
+/// How long a count read from etcd (after the watch ended) is reused.
+const REREAD_AFTER: Duration = Duration::from_secs(1);
+
+enum View {
+    /// Starting, or the watch broke: the answer must be read from etcd.
+    Syncing,
+    /// In sync with etcd, no member lost yet.
+    Watching,
+    /// A member was lost and the watch ended: answers come from reads, reused briefly.
+    Settled { read: Option<(Instant, u32)> },
+}
 
 pub(crate) struct LostTracker {
-    gone: Gone,
+    view: Arc<Mutex<View>>,
     task: JoinHandle<()>,
 }
 
 impl LostTracker {
     /// Starts tracking `members` (must be called inside the runtime).
     pub fn start(etcd: Etcd, alive_prefix: String, members: Vec<String>) -> LostTracker {
-        let gone: Gone = Arc::new(Mutex::new(None));
-        let task = tokio::spawn(track(etcd, alive_prefix, members, gone.clone()));
-        LostTracker { gone, task }
+        let view = Arc::new(Mutex::new(View::Syncing));
+        let task = tokio::spawn(track(etcd, alive_prefix, members, view.clone()));
+        LostTracker { view, task }
+    }
+
+    fn view(&self) -> std::sync::MutexGuard<'_, View> {
+        self.view.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// How many members are gone, or `None` when the answer must be read from etcd.
     pub fn count(&self) -> Option<u32> {
-        let gone = self.gone.lock().unwrap_or_else(|e| e.into_inner());
-        gone.as_ref().map(|g| g.len() as u32)
+        match *self.view() {
+            View::Watching => Some(0),
+            View::Settled {
+                read: Some((at, n)),
+            } if at.elapsed() < REREAD_AFTER => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Keeps a count read from etcd, if the watch has ended (a read while syncing is not kept:
+    /// the watch will answer soon).
+    pub fn read(&self, n: u32) {
+        if let View::Settled { read } = &mut *self.view() {
+            *read = Some((Instant::now(), n));
+        }
     }
 }
 
@@ -40,10 +71,22 @@ impl Drop for LostTracker {
     }
 }
 
-async fn track(etcd: Etcd, prefix: String, members: Vec<String>, gone: Gone) {
+async fn track(etcd: Etcd, prefix: String, members: Vec<String>, view: Arc<Mutex<View>>) {
     let members: HashSet<String> = members.into_iter().collect();
-    let set = |value: Option<HashSet<String>>| {
-        *gone.lock().unwrap_or_else(|e| e.into_inner()) = value;
+    let set = |value: View| {
+        *view.lock().unwrap_or_else(|e| e.into_inner()) = value;
+    };
+    let settle = |lost: &str| {
+        let who = etcd.who();
+        let (run, me, round) = (who.run.as_deref(), who.node.as_deref(), who.round);
+        tracing::info!(
+            run,
+            node = me,
+            round,
+            lost,
+            "member of the round lost (its lease expired or it left)"
+        );
+        set(View::Settled { read: None });
     };
     let mut attempt = 0u32;
     loop {
@@ -63,53 +106,22 @@ async fn track(etcd: Etcd, prefix: String, members: Vec<String>, gone: Gone) {
                     .iter()
                     .filter_map(|kv| Keys::node_of(kv.key()))
                     .collect();
-                set(Some(
-                    members
-                        .iter()
-                        .filter(|m| !alive.contains(m.as_str()))
-                        .cloned()
-                        .collect(),
-                ));
+                if let Some(gone) = members.iter().find(|m| !alive.contains(m.as_str())) {
+                    return settle(gone);
+                }
+                set(View::Watching);
                 attempt = 0;
                 while let Some(events) = watch.events().await {
-                    let mut guard = gone.lock().unwrap_or_else(|e| e.into_inner());
-                    let Some(gone) = guard.as_mut() else { break };
-                    for ev in &events {
-                        let Some(node) = ev.kv().and_then(|kv| Keys::node_of(kv.key())) else {
-                            continue;
-                        };
-                        if !members.contains(node) {
-                            continue;
-                        }
-                        let who = etcd.who();
-                        let (run, me, round) = (who.run.as_deref(), who.node.as_deref(), who.round);
-                        match ev.event_type() {
-                            EventType::Delete => {
-                                if gone.insert(node.to_string()) {
-                                    tracing::info!(
-                                        run,
-                                        node = me,
-                                        round,
-                                        lost = node,
-                                        "member of the round lost (its lease expired or it left)"
-                                    );
-                                }
-                            }
-                            EventType::Put => {
-                                if gone.remove(node) {
-                                    tracing::info!(
-                                        run,
-                                        node = me,
-                                        round,
-                                        member = node,
-                                        "member of the round alive again"
-                                    );
-                                }
-                            }
-                        }
+                    let lost = events.iter().find_map(|ev| {
+                        let node = Keys::node_of(ev.kv()?.key())?;
+                        (ev.event_type() == EventType::Delete && members.contains(node))
+                            .then_some(node)
+                    });
+                    if let Some(node) = lost {
+                        return settle(node);
                     }
                 }
-                set(None);
+                set(View::Syncing);
             }
         }
         backoff(&mut attempt, Instant::now() + Duration::from_secs(1)).await;

@@ -691,7 +691,8 @@ impl Rendezvous {
             }
             members
         };
-        // The tracker is not in sync (just started, or its watch broke): read etcd.
+        // The tracker is not in sync (just started, or its watch broke), or a member is lost
+        // and its watch ended: read etcd.
         let prefix = self.keys.alive_prefix();
         let resp = self
             .etcd
@@ -707,10 +708,14 @@ impl Rendezvous {
             .iter()
             .filter_map(|kv| Keys::node_of(kv.key()))
             .collect();
-        Ok(members
+        let n = members
             .iter()
             .filter(|m| !alive.contains(m.as_str()))
-            .count() as u32)
+            .count() as u32;
+        if let Some(tracker) = self.state().lost.as_ref() {
+            tracker.read(n);
+        }
+        Ok(n)
     }
 
     /// Releases this node: wakes a blocked `next` on this handle (and store waits of its

@@ -111,6 +111,22 @@ impl Etcd {
         format!("127.0.0.1:{}", self.client_port)
     }
 
+    /// One value of etcd's Prometheus metrics (served on the client URL), e.g.
+    /// `etcd_debugging_mvcc_events_total` (watch events sent) or `..._watcher_total`.
+    pub fn metric(&self, name: &str) -> i64 {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(self.endpoint()).expect("etcd metrics");
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).expect("etcd metrics");
+        body.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("etcd reports no metric {name}")) as i64
+    }
+
     /// A rendezvous URL on this server with a run id unique to the calling test.
     pub fn url(&self, run: &str, query: &str) -> String {
         format!(
