@@ -26,11 +26,26 @@ async fn revision(client: &mut etcd_client::Client) -> i64 {
         .revision()
 }
 
+/// What one round of `n` nodes measured.
+struct Round {
+    /// From the last node's call of next to the last return.
+    took: Duration,
+    /// etcd writes for the round (change of its revision).
+    writes: i64,
+    /// Resident memory grown by creating the handles, and by forming the round, per node.
+    bytes_per_handle: i64,
+    bytes_per_member: i64,
+    /// Shutting the nodes down one after another, after each polled num_lost (as supervisors
+    /// do, so each has its watch on the live nodes): time, and watch events etcd sent meanwhile.
+    shutdown: Duration,
+    shutdown_events: i64,
+}
+
 /// One round of `n` nodes: handles are created first (not timed), then all call next at once.
-/// Returns (time from the last call of next to the last return, etcd writes for the round).
-async fn one_round(endpoint: &str, n: usize, run: &str) -> (Duration, i64) {
+async fn one_round(endpoint: &str, n: usize, run: &str) -> Round {
     let url = format!("etcd://{endpoint}/{run}?min_nodes={n}&max_nodes={n}&join_timeout=120");
     let params = Params::from_url(&url).unwrap();
+    let rss_before = resident_bytes();
     let mut nodes = Vec::with_capacity(n);
     for chunk in 0..n.div_ceil(64) {
         let batch =
@@ -39,10 +54,12 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> (Duration, i64) {
             nodes.push(Arc::new(node.unwrap()));
         }
     }
+    let rss_handles = resident_bytes();
     let mut client = etcd_client::Client::connect([endpoint], None)
         .await
         .unwrap();
     let before = revision(&mut client).await;
+    let watchers = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await;
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks: Vec<_> = nodes
         .iter()
@@ -58,10 +75,63 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> (Duration, i64) {
         .collect();
     let took = span(tasks).await;
     let writes = revision(&mut client).await - before;
+    let rss_round = resident_bytes();
+    // Every node polls num_lost once, which starts its watch on the live nodes. Wait until
+    // etcd has dropped the round's own watches and holds one per node before shutting down.
+    let watching = |want: i64, what: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while metric(endpoint, "etcd_debugging_mvcc_watcher_total").await != want {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    watching(watchers, "the round's watches were never cancelled").await;
+    for node in &nodes {
+        assert_eq!(node.num_lost().await.unwrap(), 0);
+    }
+    watching(watchers + n as i64, "num_lost watches never started").await;
+    let events = metric(endpoint, "etcd_debugging_mvcc_events_total").await;
+    // One after another, as the nodes of a job finish at slightly different times: every node
+    // still running sees each one leave.
+    let started = Instant::now();
     for node in &nodes {
         node.shutdown().await.unwrap();
     }
-    (took, writes)
+    let shutdown = started.elapsed();
+    let shutdown_events = metric(endpoint, "etcd_debugging_mvcc_events_total").await - events;
+    Round {
+        took,
+        writes,
+        bytes_per_handle: (rss_handles - rss_before) / n as i64,
+        bytes_per_member: (rss_round - rss_before) / n as i64,
+        shutdown,
+        shutdown_events,
+    }
+}
+
+/// This process's resident memory, from /proc/self/statm (Linux).
+fn resident_bytes() -> i64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: i64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// One value from etcd's Prometheus metrics (served on its client URL).
+async fn metric(endpoint: &str, name: &str) -> i64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(endpoint).await.unwrap();
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.unwrap();
+    body.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("etcd reports no metric {name}")) as i64
 }
 
 /// The floor for a round of `n` nodes: raw etcd-client doing the minimal etcd work of one
@@ -289,30 +359,58 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
+        // Run ids of their own, so that a second run against the same etcd starts afresh.
+        let tag = std::process::id();
         println!("rendezvous: time from the last node's call of next to the last return");
+        // Memory first, while the heap holds nothing freed by earlier rounds to reuse.
+        let largest = *sizes.iter().max().unwrap();
+        let fresh = one_round(&endpoint, largest, &format!("bench-memory-{tag}")).await;
+        println!(
+            "memory: N={largest}: {:.1} KiB per node handle, {:.1} KiB per node once the round formed",
+            fresh.bytes_per_handle as f64 / 1024.0,
+            fresh.bytes_per_member as f64 / 1024.0
+        );
+        let mut shutdowns = Vec::new();
         for &n in &sizes {
             let repeats = match n { 0..=64 => 7, 65..=256 => 3, _ => 3 };
-            let mut times = Vec::new();
-            let mut writes = 0;
+            let mut rounds = Vec::new();
             for r in 0..repeats {
-                let (t, w) = one_round(&endpoint, n, &format!("bench-{n}-{r}")).await;
-                times.push(t);
-                writes = w;
+                rounds.push(one_round(&endpoint, n, &format!("bench-{n}-{r}-{tag}")).await);
             }
+            let times: Vec<Duration> = rounds.iter().map(|r| r.took).collect();
             let min = *times.iter().min().unwrap();
             let max = *times.iter().max().unwrap();
             let mut floors = Vec::new();
             for r in 0..repeats {
-                floors.push(floor_round(&endpoint, n, &format!("floor-{n}-{r}")).await);
+                floors.push(floor_round(&endpoint, n, &format!("floor-{n}-{r}-{tag}")).await);
             }
             let (rdzv, floor) = (median(times), median(floors));
             println!(
-                "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {writes}  floor {:>10}  ratio {:.2}x",
+                "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {}  floor {:>10}  ratio {:.2}x",
                 ms(rdzv),
                 ms(min),
                 ms(max),
+                rounds[0].writes,
                 ms(floor),
                 rdzv.as_secs_f64() / floor.as_secs_f64()
+            );
+            let per = |f: fn(&Round) -> i64| {
+                let mut v: Vec<i64> = rounds.iter().map(f).collect();
+                v.sort();
+                v[v.len() / 2]
+            };
+            shutdowns.push((
+                n,
+                median(rounds.iter().map(|r| r.shutdown).collect()),
+                per(|r| r.shutdown_events),
+            ));
+        }
+        println!("shutdown of the N nodes one after another, after each polled num_lost");
+        for (n, took, events) in shutdowns {
+            println!(
+                "N={n:>5}  shutdown {:>10}  watch events sent {events:>9} ({:.1} per node)",
+                ms(took),
+                events as f64 / n as f64,
             );
         }
         store_bench(&endpoint).await;
