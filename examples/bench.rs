@@ -138,12 +138,43 @@ async fn metric(endpoint: &str, name: &str) -> i64 {
 /// round over one shared connection, as rdzv's in-process nodes do. Each node opens a watch on
 /// `final` and sends one join transaction; a leader, watching the join prefix, puts `final`
 /// (the same size as rdzv's: the member ids as JSON) once all have joined. Returns the time
-/// from the last join to the last watcher notified.
+/// from the last call to the last watcher notified.
 async fn floor_round(endpoint: &str, n: usize, run: &str) -> Duration {
+    floor_phases(endpoint, n, run).await.total()
+}
+
+/// Where a round's time goes, from the last call of next: until etcd reported the last join,
+/// then until it reported the seal, then until the last node returned.
+#[derive(Clone, Copy)]
+struct Phases {
+    last_call: Instant,
+    last_joined: Instant,
+    sealed: Instant,
+    last_return: Instant,
+}
+
+impl Phases {
+    fn total(&self) -> Duration {
+        self.last_return - self.last_call
+    }
+    fn print(&self, what: &str) {
+        let since = |a: Instant, b: Instant| ms(b.saturating_duration_since(a));
+        println!(
+            "{what:<6} every node joined {:>10}  then sealed {:>10}  then every node returned {:>10}  (total {})",
+            since(self.last_call, self.last_joined),
+            since(self.last_joined, self.sealed),
+            since(self.sealed, self.last_return),
+            ms(self.total())
+        );
+    }
+}
+
+async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
     let client = etcd_client::Client::connect([endpoint], None)
         .await
         .unwrap();
     let prefix = format!("/floor/{run}/");
+    let observer = observe(endpoint, prefix.clone()).await;
     let final_key = format!("{prefix}final");
     let mut leader = client.clone();
     let mut joins = leader
@@ -198,9 +229,80 @@ async fn floor_round(endpoint: &str, n: usize, run: &str) -> Duration {
             })
         })
         .collect();
-    let took = span(tasks).await;
+    let mut times = Vec::with_capacity(n);
+    for t in tasks {
+        times.push(t.await.unwrap());
+    }
     seal.await.unwrap();
-    took
+    let (last_joined, sealed) = observer.await.unwrap();
+    Phases {
+        last_call: times.iter().map(|t| t.0).max().unwrap(),
+        last_joined,
+        sealed,
+        last_return: times.iter().map(|t| t.1).max().unwrap(),
+    }
+}
+
+/// Watches a run's keys from a client of its own and notes when etcd reported the last join
+/// and the seal (a key ending in `final`): the same clock for rdzv and the floor, at the cost
+/// of one more watcher (the leader's share).
+async fn observe(endpoint: &str, prefix: String) -> tokio::task::JoinHandle<(Instant, Instant)> {
+    let mut client = etcd_client::Client::connect([endpoint], None)
+        .await
+        .unwrap();
+    let options = etcd_client::WatchOptions::new().with_prefix();
+    let mut watch = client.watch(prefix, Some(options)).await.unwrap();
+    tokio::spawn(async move {
+        let _client = client;
+        let mut last_join = None;
+        loop {
+            let resp = watch.message().await.unwrap().expect("watch ended");
+            let now = Instant::now();
+            for ev in resp.events() {
+                let key = ev.kv().unwrap().key();
+                if key.ends_with(b"final") {
+                    return (last_join.expect("sealed before any join"), now);
+                }
+                if key.windows(6).any(|w| w == b"/join/") {
+                    last_join = Some(now);
+                }
+            }
+        }
+    })
+}
+
+/// One rdzv round of `n` nodes, timed in phases by an observer's watch.
+async fn rdzv_phases(endpoint: &str, n: usize, run: &str) -> Phases {
+    let url = format!("etcd://{endpoint}/{run}?min_nodes={n}&max_nodes={n}&join_timeout=120");
+    let params = Params::from_url(&url).unwrap();
+    let handles = (0..n).map(|_| Rendezvous::new(params.clone()));
+    let nodes: Vec<_> = futures_lite(handles)
+        .await
+        .into_iter()
+        .map(|node| Arc::new(node.unwrap()))
+        .collect();
+    let observer = observe(endpoint, format!("/rdzv/{run}/r/")).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks = nodes.iter().map(|node| {
+        let (node, barrier) = (node.clone(), barrier.clone());
+        async move {
+            barrier.wait().await;
+            let called = Instant::now();
+            node.next().await.unwrap();
+            (called, Instant::now())
+        }
+    });
+    let times = futures_lite(tasks).await;
+    let (last_joined, sealed) = observer.await.unwrap();
+    for node in &nodes {
+        node.shutdown().await.unwrap();
+    }
+    Phases {
+        last_call: times.iter().map(|t| t.0).max().unwrap(),
+        last_joined,
+        sealed,
+        last_return: times.iter().map(|t| t.1).max().unwrap(),
+    }
 }
 
 /// The time from the last node's call to the last node's return, over nodes that report
@@ -340,10 +442,20 @@ async fn store_bench(endpoint: &str) {
 }
 
 fn main() {
+    let mut args = std::env::args().skip(1).peekable();
+    let endpoint = args
+        .next()
+        .expect("usage: bench HOST:PORT [N ...] | --phases N");
+    if args.peek().map(String::as_str) == Some("--phases") {
+        let n = args
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .expect("--phases N");
+        rdzv::log::install_default();
+        return phases(&endpoint, n);
+    }
     // Records as C ABI users get them (stderr, RDZV_LOG), so the cost of logging is measured.
     rdzv::log::install_default();
-    let mut args = std::env::args().skip(1);
-    let endpoint = args.next().expect("usage: bench HOST:PORT [N ...]");
     let sizes: Vec<usize> = {
         let given: Vec<usize> = args
             .map(|a| a.parse().expect("N must be a number"))
@@ -414,5 +526,27 @@ fn main() {
             );
         }
         store_bench(&endpoint).await;
+    });
+}
+
+/// Where the time of a round of `n` goes, for rdzv and the floor (median of 5 of each by total).
+fn phases(endpoint: &str, n: usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tag = std::process::id();
+        println!("phases of a round of N={n}, from the last call of next (median of 5 by total)");
+        let mut rdzv = Vec::new();
+        let mut floor = Vec::new();
+        for r in 0..5 {
+            rdzv.push(rdzv_phases(endpoint, n, &format!("phases-{n}-{r}-{tag}")).await);
+            floor.push(floor_phases(endpoint, n, &format!("floor-phases-{n}-{r}-{tag}")).await);
+        }
+        for (what, mut runs) in [("rdzv", rdzv), ("floor", floor)] {
+            runs.sort_by_key(Phases::total);
+            runs[runs.len() / 2].print(what);
+        }
     });
 }

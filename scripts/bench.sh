@@ -4,6 +4,8 @@
 #                                        floor in the same run, and the store
 #        scripts/bench.sh --processes    every node its own process: Rust (N = 8 64 256) and
 #                                        the Python binding (N = 2 8 32)
+#        scripts/bench.sh --phases [N]   where a round of N (default 1024) spends its time,
+#                                        next to the floor's: joins, seal, fan-out
 #        scripts/bench.sh --launcher [N ...]  rdzv run: launch to all workers started, and
 #                                        SIGKILL of a node to the survivors restarted (N = 2 4 8)
 set -euo pipefail
@@ -16,6 +18,9 @@ if [ "${1:-}" = "--launcher" ]; then
   shift
   cargo build --release --quiet --bin rdzv --example bench_launcher
   target/release/examples/bench_launcher "$endpoint" "$@"
+elif [ "${1:-}" = "--phases" ]; then
+  cargo build --release --example bench --quiet
+  target/release/examples/bench "$endpoint" --phases "${2:-1024}"
 elif [ "${1:-}" = "--processes" ]; then
   shift
   cargo build --release --quiet --lib --example bench_processes --example bench_node
