@@ -42,7 +42,7 @@ echo "etcd for every suite: $(etcd_version "$newest") ($newest)"
 cargo build --quiet
 suite "rustfmt" cargo fmt --check
 suite "clippy" cargo clippy --all-targets --quiet -- -D warnings
-suite "rust tests (unit, etcd integration, processes, C ABI, header, chaos) on etcd $(etcd_version "$newest")" cargo test
+suite "rust tests (unit, etcd integration, processes, C ABI, header, chaos) on etcd $(etcd_version "$newest")" cargo test --no-fail-fast
 if [ -d bindings/cpp ]; then
   suite "c++ binding (ctest)" bash -c 'cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug >/dev/null &&
     cmake --build bindings/cpp/build -j2 >/dev/null && ctest --test-dir bindings/cpp/build --output-on-failure'
@@ -68,7 +68,7 @@ older=("$debian_etcd")
 for entry in "${built[@]:0:${#built[@]}-1}"; do older+=("${entry#* }"); done
 for dir in "${older[@]}"; do
   suite "rust integration and fault suites on etcd $(etcd_version "$dir")" \
-    env PATH="$dir:$PATH" cargo test "${integration[@]}"
+    env PATH="$dir:$PATH" cargo test --no-fail-fast "${integration[@]}"
 done
 
 # The environment is made once (5.4 GB, 1.5 to 3 minutes), then reused in a fraction of a second.
