@@ -235,13 +235,13 @@ impl Admin {
             master_port: f.master_port,
             members: f
                 .members
-                .into_iter()
+                .iter()
                 .enumerate()
                 .map(|(rank, node)| Member {
                     rank: rank as u32,
-                    addr: alive.get(&node).cloned(),
-                    alive: alive.contains_key(&node),
-                    node,
+                    addr: alive.get(node).cloned(),
+                    alive: alive.contains_key(node),
+                    node: node.clone(),
                 })
                 .collect(),
         });

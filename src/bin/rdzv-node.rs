@@ -415,7 +415,7 @@ fn take_part(rdzv: &BlockingRendezvous, o: &Options, h: &Arc<History>) -> Result
                 "round": info.round,
                 "rank": info.rank,
                 "world_size": info.world_size,
-                "members": info.members,
+                "members": &*info.members,
                 "master": format!("{}:{}", info.master_addr, info.master_port),
             }),
         );

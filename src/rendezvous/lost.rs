@@ -35,7 +35,7 @@ pub(crate) struct LostTracker {
 
 impl LostTracker {
     /// Starts tracking `members` (must be called inside the runtime).
-    pub fn start(etcd: Etcd, alive_prefix: String, members: Vec<String>) -> LostTracker {
+    pub fn start(etcd: Etcd, alive_prefix: String, members: Arc<[String]>) -> LostTracker {
         let view = Arc::new(Mutex::new(View::Syncing));
         let task = tokio::spawn(track(etcd, alive_prefix, members, view.clone()));
         LostTracker { view, task }
@@ -71,8 +71,8 @@ impl Drop for LostTracker {
     }
 }
 
-async fn track(etcd: Etcd, prefix: String, members: Vec<String>, view: Arc<Mutex<View>>) {
-    let members: HashSet<String> = members.into_iter().collect();
+async fn track(etcd: Etcd, prefix: String, members: Arc<[String]>, view: Arc<Mutex<View>>) {
+    let members: HashSet<&str> = members.iter().map(String::as_str).collect();
     let set = |value: View| {
         *view.lock().unwrap_or_else(|e| e.into_inner()) = value;
     };
@@ -106,7 +106,7 @@ async fn track(etcd: Etcd, prefix: String, members: Vec<String>, view: Arc<Mutex
                     .iter()
                     .filter_map(|kv| Keys::node_of(kv.key()))
                     .collect();
-                if let Some(gone) = members.iter().find(|m| !alive.contains(m.as_str())) {
+                if let Some(gone) = members.iter().find(|m| !alive.contains(**m)) {
                     return settle(gone);
                 }
                 set(View::Watching);

@@ -38,8 +38,9 @@ pub struct RoundInfo {
     pub master_addr: String,
     /// MASTER_PORT: a port that was free on rank 0 when it joined.
     pub master_port: u16,
-    /// The members' node ids in rank order, as sealed (the same list for every member).
-    pub members: Vec<String>,
+    /// The members' node ids in rank order, as sealed (the same list for every member). Shared:
+    /// cloning the info does not copy the list.
+    pub members: std::sync::Arc<[String]>,
 }
 
 /// One node's handle on one run. All methods take `&self` and may run concurrently, except
@@ -743,6 +744,20 @@ impl Rendezvous {
     /// stays until its retention lease expires. Guarded by "no live node": a node that is
     /// still there (even one that is only waiting) keeps the run as it is.
     async fn delete_finished_run(&self, deadline: Instant) -> Result<()> {
+        // The transaction's guard reads every live node's key; one read that stops at the
+        // first of them is enough to know this is not the last node. Without it a job of N
+        // nodes leaving costs etcd N²/2 key reads (22 s of shutdowns at 4096 nodes).
+        let one_alive = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_limit(1);
+        let alive = self
+            .etcd
+            .get(deadline, "any live node", self.keys.alive_prefix(), one_alive)
+            .await?;
+        if !alive.kvs().is_empty() {
+            return Ok(());
+        }
         let txn = Txn::new()
             .when([
                 Compare::create_revision(self.keys.alive_prefix(), CompareOp::Equal, 0)

@@ -21,7 +21,8 @@ pub struct JoinRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinalRecord {
     pub round: u64,
-    pub members: Vec<String>,
+    /// Shared, not copied, by the round's info, the node's state and its lost-member tracker.
+    pub members: std::sync::Arc<[String]>,
     pub master_addr: String,
     pub master_port: u16,
 }
@@ -59,7 +60,7 @@ impl FinalRecord {
     pub fn to_json(&self) -> String {
         json!({
             "round": self.round,
-            "members": self.members,
+            "members": &*self.members,
             "master_addr": self.master_addr,
             "master_port": self.master_port,
         })
@@ -67,18 +68,23 @@ impl FinalRecord {
     }
 
     pub fn parse(key: &[u8], value: &[u8]) -> Result<FinalRecord> {
-        let v = parse_object(key, value)?;
+        let mut v = parse_object(key, value)?;
         let round = v
             .get("round")
             .and_then(Value::as_u64)
             .ok_or_else(|| corrupt(key, "round is missing or not a number"))?;
-        let members = v
-            .get("members")
-            .and_then(Value::as_array)
-            .ok_or_else(|| corrupt(key, "members is missing or not a list"))?
-            .iter()
-            .map(|m| m.as_str().map(str::to_string))
-            .collect::<Option<Vec<String>>>()
+        // Moved out of the parsed value, not copied: every member parses this list, whose
+        // length is the round's size.
+        let Some(Value::Array(items)) = v.get_mut("members").map(Value::take) else {
+            return Err(corrupt(key, "members is missing or not a list"));
+        };
+        let members = items
+            .into_iter()
+            .map(|m| match m {
+                Value::String(id) => Some(id),
+                _ => None,
+            })
+            .collect::<Option<std::sync::Arc<[String]>>>()
             .ok_or_else(|| corrupt(key, "members holds something other than node ids"))?;
         if members.is_empty() {
             return Err(corrupt(key, "a sealed round has no members"));
@@ -161,7 +167,7 @@ mod tests {
         assert_eq!(JoinRecord::parse(b"k", j.to_json().as_bytes()).unwrap(), j);
         let f = FinalRecord {
             round: 4,
-            members: vec!["a".into()],
+            members: vec!["a".into()].into(),
             master_addr: "h".into(),
             master_port: 1,
         };

@@ -229,7 +229,7 @@ struct RoundView {
     /// The newest withdrawal this view knows of; the seal is guarded by "none newer".
     newest_gone: i64,
     /// Members of the previous round, if it exists.
-    previous: Option<Vec<String>>,
+    previous: Option<std::sync::Arc<[String]>>,
     /// Nodes whose `alive` key exists.
     alive: HashSet<String>,
     /// Whether this node still holds the round's `leader` key.
