@@ -753,7 +753,12 @@ impl Rendezvous {
             .with_limit(1);
         let alive = self
             .etcd
-            .get(deadline, "any live node", self.keys.alive_prefix(), one_alive)
+            .get(
+                deadline,
+                "any live node",
+                self.keys.alive_prefix(),
+                one_alive,
+            )
             .await?;
         if !alive.kvs().is_empty() {
             return Ok(());
