@@ -6,6 +6,7 @@
 mod common;
 
 use common::Etcd;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -92,6 +93,123 @@ fn ddp_all_reduce_across_two_launchers() {
     ranks.sort();
     assert_eq!(ranks, [0, 1, 2, 3]);
     let _ = std::fs::remove_dir_all(&results);
+}
+
+/// The names of the worker environment the installed torch's agent always sets: the keys of
+/// the dict literal assigned to `worker_env` in `local_elastic_agent.py`, read with Python's
+/// own parser, plus LOCAL_RANK (set on both branches of `_set_local_rank_env`).
+fn torch_agent_env_names(python: &Path) -> BTreeSet<String> {
+    let script = r#"
+import ast, torch.distributed.elastic.agent.server.local_elastic_agent as m
+tree = ast.parse(open(m.__file__).read())
+for node in ast.walk(tree):
+    if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and any(
+            isinstance(t, ast.Name) and t.id == "worker_env" for t in node.targets):
+        for key in node.value.keys:
+            if isinstance(key, ast.Constant):
+                print(key.value)
+"#;
+    let out = Command::new(python).args(["-c", script]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names: BTreeSet<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(
+        names.len() >= 10,
+        "found only {names:?} in torch's agent: has its source changed shape?"
+    );
+    names.insert("LOCAL_RANK".into());
+    names
+}
+
+/// Each worker's environment, by RANK: what `launch` (torchrun or rdzv run, standalone, two
+/// workers) gave the workers beyond the test's own environment.
+fn worker_envs(launch: &mut Command, dir: &Path) -> Vec<BTreeMap<String, String>> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let dump = format!("env > {}/$RANK.env", dir.display());
+    let mut child = launch
+        .args([
+            "--standalone",
+            "--nproc-per-node=2",
+            "--no-python",
+            "sh",
+            "-c",
+        ])
+        .arg(&dump)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = drain(&mut child);
+    let status = wait_with_deadline(&mut child, Duration::from_secs(180));
+    let out = out.join().unwrap();
+    assert_eq!(status, Some(0), "launcher failed:\n{out}");
+    let parent: BTreeMap<String, String> = std::env::vars().collect();
+    (0..2)
+        .map(|rank| {
+            let text = std::fs::read_to_string(dir.join(format!("{rank}.env"))).unwrap();
+            text.lines()
+                .filter_map(|l| l.split_once('='))
+                .filter(|(k, v)| parent.get(*k).map(String::as_str) != Some(*v) && *k != "_")
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// `rdzv run` gives a worker what torchrun's agent gives it: every name the installed torch's
+/// agent sets, the same set of added variables as torchrun in the same run, and the same values
+/// wherever they do not differ by nature (ports, run ids, error file paths, and the agent store:
+/// rdzv run serves none, so rank 0's worker hosts the c10d store itself).
+#[test]
+fn workers_get_the_environment_torchrun_gives() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let agent_names = torch_agent_env_names(&python);
+    let dir = std::env::temp_dir().join(format!("rdzv-env-parity-{}", std::process::id()));
+    let torch = worker_envs(
+        Command::new(&python).args(["-m", "torch.distributed.run"]),
+        &dir.join("torchrun"),
+    );
+    let rdzv = worker_envs(Command::new(RDZV).arg("run"), &dir.join("rdzv"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let differ_by_nature = [
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_ERROR_FILE",
+        "TORCHELASTIC_USE_AGENT_STORE",
+    ];
+    for (t, r) in torch.iter().zip(&rdzv) {
+        let names = |env: &BTreeMap<String, String>| env.keys().cloned().collect::<BTreeSet<_>>();
+        let missing: Vec<_> = agent_names.iter().filter(|n| !r.contains_key(*n)).collect();
+        assert!(
+            missing.is_empty(),
+            "torch's agent sets {missing:?}, rdzv run does not"
+        );
+        assert_eq!(
+            names(t),
+            names(r),
+            "torchrun and rdzv run add different variables"
+        );
+        for (name, value) in t {
+            if !differ_by_nature.contains(&name.as_str()) {
+                assert_eq!(r.get(name), Some(value), "{name} differs");
+            }
+        }
+        assert_eq!(r["TORCHELASTIC_USE_AGENT_STORE"], "False");
+        assert!(r["MASTER_PORT"].parse::<u16>().is_ok(), "{r:?}");
+    }
+    assert_eq!(rdzv[1]["RANK"], "1");
 }
 
 /// Waits for `child` by pidfd until `left` passes; kills it then. Its exit code, if it exited.

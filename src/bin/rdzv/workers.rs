@@ -376,6 +376,11 @@ pub fn worker_env(
             std::env::var("TORCH_NCCL_ASYNC_ERROR_HANDLING").unwrap_or_else(|_| "1".into()),
         ),
         ("TORCHELASTIC_ERROR_FILE", error_file.display().to_string()),
+        // As torchrun says it: the signals the launcher forwards to its workers (agent.rs).
+        (
+            "TORCHELASTIC_SIGNALS_TO_HANDLE",
+            "SIGTERM,SIGINT,SIGHUP,SIGQUIT".to_string(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
