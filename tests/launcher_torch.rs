@@ -8,7 +8,7 @@ mod common;
 use common::Etcd;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const RDZV: &str = env!("CARGO_BIN_EXE_rdzv");
@@ -92,6 +92,139 @@ fn ddp_all_reduce_across_two_launchers() {
     }
     ranks.sort();
     assert_eq!(ranks, [0, 1, 2, 3]);
+    let _ = std::fs::remove_dir_all(&results);
+}
+
+/// Starts an `rdzv run` of one allreduce.py worker on `url` with `--nnodes=1:2`.
+fn torch_launcher(python: &Path, url: &str, results: &Path, wait_unless_world: u32) -> Child {
+    let worker = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("bindings/python/tests/torch_workers/allreduce.py");
+    Command::new(RDZV)
+        .args([
+            "run",
+            "--rdzv",
+            url,
+            "--nnodes=1:2",
+            "--nproc-per-node=1",
+            "--max-restarts=0",
+            "--monitor-interval=0.1",
+            "--local-addr=127.0.0.1",
+        ])
+        .arg(worker)
+        .env("PYTHON_EXEC", python)
+        .env("RESULT_DIR", results)
+        .env("WAIT_UNLESS_WORLD", wait_unless_world.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The records allreduce.py workers wrote for a world of `world`, waiting (polling the
+/// directory, at most until `deadline`) until there are `count` of them.
+fn records(results: &Path, world: u32, count: usize, deadline: Instant) -> Vec<serde_json::Value> {
+    loop {
+        let found: Vec<serde_json::Value> = std::fs::read_dir(results)
+            .unwrap()
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.starts_with(&format!("{world}-")).then_some(name)
+            })
+            .map(|name| {
+                let text = std::fs::read_to_string(results.join(name)).unwrap();
+                serde_json::from_str(&text).unwrap()
+            })
+            .collect();
+        if found.len() >= count {
+            for r in &found {
+                assert_eq!(r["ok"], true, "{r}");
+                assert_eq!(r["world"], world, "{r}");
+            }
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} workers of a world of {world} reported",
+            found.len()
+        );
+        std::thread::sleep(Duration::from_millis(50)); // polling files the workers write
+    }
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rdzv-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Elastic grow with real DDP workers: a job of one node runs; a second launcher arrives; the
+/// first node's worker is replaced and both all_reduce in a world of two, without spending the
+/// restart budget (`--max-restarts=0`).
+#[test]
+fn ddp_grows_from_one_node_to_two() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let etcd = Etcd::start();
+    let url = etcd.url("ddp-grow", "last_call_timeout=1&lease_ttl=3");
+    let results = fresh_dir("ddp-grow");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut first = torch_launcher(&python, &url, &results, 2);
+    let first_out = drain(&mut first);
+    let alone = records(&results, 1, 1, deadline);
+    assert_eq!(alone[0]["rank"], 0);
+    let mut second = torch_launcher(&python, &url, &results, 2);
+    let second_out = drain(&mut second);
+    let mut both = records(&results, 2, 2, deadline);
+    both.sort_by_key(|r| r["rank"].as_u64());
+    assert_eq!(both[0]["sum"], 3.0);
+    // The node that ran alone keeps rank 0 (stable ranks across rounds).
+    assert_eq!(both[0]["agent"], first.id());
+    for (launcher, out) in [(&mut first, first_out), (&mut second, second_out)] {
+        let status =
+            wait_with_deadline(launcher, deadline.saturating_duration_since(Instant::now()));
+        let out = out.join().unwrap();
+        assert_eq!(status, Some(0), "launcher failed:\n{out}");
+    }
+    let _ = std::fs::remove_dir_all(&results);
+}
+
+/// Node loss with real DDP workers: two nodes run; one launcher is SIGKILLed (its worker dies
+/// with it); the survivor re-forms alone within about the lease TTL and its new worker
+/// all_reduces in a world of one.
+#[test]
+fn ddp_survives_the_loss_of_a_node() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let etcd = Etcd::start();
+    let url = etcd.url("ddp-loss", "last_call_timeout=1&lease_ttl=3");
+    let results = fresh_dir("ddp-loss");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut a = torch_launcher(&python, &url, &results, 1);
+    let a_out = drain(&mut a);
+    let mut b = torch_launcher(&python, &url, &results, 1);
+    let b_out = drain(&mut b);
+    let pair = records(&results, 2, 2, deadline);
+    let survivor_agent = a.id();
+    assert!(pair.iter().any(|r| r["agent"] == survivor_agent));
+    let killed = Instant::now();
+    b.kill().unwrap();
+    b.wait().unwrap();
+    drop(b_out);
+    let alone = records(&results, 1, 1, deadline);
+    assert_eq!(alone[0]["agent"], survivor_agent, "{alone:?}");
+    eprintln!(
+        "survivor's DDP worker all_reduced alone {:.1} s after the SIGKILL",
+        killed.elapsed().as_secs_f64()
+    );
+    let status = wait_with_deadline(&mut a, deadline.saturating_duration_since(Instant::now()));
+    let out = a_out.join().unwrap();
+    assert_eq!(status, Some(0), "survivor failed:\n{out}");
     let _ = std::fs::remove_dir_all(&results);
 }
 
