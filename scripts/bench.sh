@@ -16,7 +16,7 @@ trap 'kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 echo "etcd $(etcd --version | head -1 | awk '{print $3}') at $endpoint, $(nproc) cores"
 if [ "${1:-}" = "--launcher" ]; then
   shift
-  cargo build --release --quiet --bin rdzv --example bench_launcher
+  cargo build --release --quiet --lib --bin rdzv --example bench_launcher
   target/release/examples/bench_launcher "$endpoint" "$@"
 elif [ "${1:-}" = "--phases" ]; then
   cargo build --release --example bench --quiet
