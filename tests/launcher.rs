@@ -87,7 +87,10 @@ impl Drop for Scratch {
 struct Launcher {
     child: Child,
     lines: mpsc::Receiver<String>,
+    /// Every line received, for failure messages.
     seen: Vec<String>,
+    /// Lines received while waiting for another one, not yet returned by a wait.
+    passed: std::collections::VecDeque<String>,
     /// The launcher's TMPDIR (where it keeps logs without --log-dir), removed on drop.
     tmp: PathBuf,
 }
@@ -138,12 +141,18 @@ impl Launcher {
             child,
             lines,
             seen: Vec::new(),
+            passed: std::collections::VecDeque::new(),
             tmp,
         }
     }
 
-    /// The next line matching `pred`, within `secs`.
+    /// The first line matching `pred` that no earlier wait returned, within `secs`. Lines
+    /// passed over by earlier waits count too: the launcher's own lines (stderr) and its
+    /// workers' (stdout) are read on two threads, so their order here is not the order written.
     fn wait_line(&mut self, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+        if let Some(i) = self.passed.iter().position(|l| pred(l)) {
+            return self.passed.remove(i).unwrap();
+        }
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -153,6 +162,7 @@ impl Launcher {
                     if pred(&line) {
                         return line;
                     }
+                    self.passed.push_back(line);
                 }
                 Err(e) => panic!(
                     "no matching line within {secs} s ({e}); the launcher said:\n{}",
@@ -173,7 +183,10 @@ impl Launcher {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    self.passed.push_back(line);
+                }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 Err(mpsc::RecvTimeoutError::Timeout) => panic!(
                     "launcher did not exit within {secs} s; it said:\n{}",
