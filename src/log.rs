@@ -185,13 +185,17 @@ fn deliver(record: &Record<'_>) {
         );
         return;
     };
-    INSIDE.with(|inside| inside.set(Arc::as_ptr(&slot)));
+    // Restored, not cleared, afterwards: the value is this thread's, whatever ran before.
+    let outer = INSIDE.with(|inside| inside.replace(Arc::as_ptr(&slot)));
     // A panicking handler (a bug in the host, or in a binding's glue) must not unwind through
     // rdzv's tasks: the record is dropped instead.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (slot.handler)(record)));
-    INSIDE.with(|inside| inside.set(std::ptr::null()));
-    if slot.running.fetch_sub(1, SeqCst) == 1 && slot.retired.load(SeqCst) {
-        // Taking the lock orders this wake-up after the waiter's check of the count.
+    INSIDE.with(|inside| inside.set(outer));
+    slot.running.fetch_sub(1, SeqCst);
+    if slot.retired.load(SeqCst) {
+        // Every thread leaving a replaced slot wakes the replacing one, not only the last: a
+        // set_handler called from inside the slot waits for the count to fall to one (itself),
+        // not to zero. Taking the lock orders this wake-up after the waiter's check.
         let _guard = DRAINED.0.lock().unwrap_or_else(|e| e.into_inner());
         DRAINED.1.notify_all();
     }

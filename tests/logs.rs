@@ -103,6 +103,7 @@ fn records_reach_the_host_handler_in_order_without_deadlock() {
         retries_are_logged_and_a_lasting_one_warns(&mut etcd);
         a_flood_while_the_handler_changes_keeps_order(&etcd, generation);
         handlers_that_reenter_or_panic_do_no_harm();
+        replacing_from_inside_returns_when_the_other_thread_leaves();
         rdzv_set_log_handler(None, std::ptr::null_mut());
         let _ = done.send(());
     });
@@ -414,4 +415,110 @@ fn handlers_that_reenter_or_panic_do_no_harm() {
     tracing::info!(target: "rdzv::panic", "boom");
     tracing::info!(target: "rdzv::panic", n = 2, "after");
     assert_eq!(*kept.lock().unwrap(), vec!["after n=2".to_string()]);
+}
+
+/// What `hold` has seen: which threads are inside it, and whether the one holding may leave.
+#[derive(Default)]
+struct Hold {
+    inside: Vec<&'static str>,
+    release: bool,
+    replaced_by_a: bool,
+}
+static HOLD: Mutex<Hold> = Mutex::new(Hold {
+    inside: Vec::new(),
+    release: false,
+    replaced_by_a: false,
+});
+static HOLD_CHANGED: Condvar = Condvar::new();
+static AFTER_HOLD: AtomicUsize = AtomicUsize::new(0);
+
+/// Thread "b" stays inside until released; thread "a", once "b" is inside, replaces the
+/// handler from inside it (and must then wait for "b" only).
+unsafe extern "C" fn hold(
+    _level: rdzv_log_level_t,
+    _target: *const c_char,
+    line: *const c_char,
+    _user_data: *mut c_void,
+) {
+    let who = match unsafe { CStr::from_ptr(line) }.to_str().unwrap() {
+        "hold b" => "b",
+        "hold a" => "a",
+        _ => return,
+    };
+    let mut hold = HOLD.lock().unwrap();
+    hold.inside.push(who);
+    HOLD_CHANGED.notify_all();
+    if who == "b" {
+        while !hold.release {
+            hold = HOLD_CHANGED.wait(hold).unwrap();
+        }
+        return;
+    }
+    while !hold.inside.contains(&"b") {
+        hold = HOLD_CHANGED.wait(hold).unwrap();
+    }
+    drop(hold);
+    rdzv_set_log_handler(Some(after_hold), std::ptr::null_mut());
+    HOLD.lock().unwrap().replaced_by_a = true;
+    HOLD_CHANGED.notify_all();
+}
+
+unsafe extern "C" fn after_hold(
+    _level: rdzv_log_level_t,
+    _target: *const c_char,
+    _line: *const c_char,
+    _user_data: *mut c_void,
+) {
+    AFTER_HOLD.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Linux's scheduler state of one of this process's threads ('R' running, 'S' asleep, ...).
+fn thread_state(tid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+    // The state follows the command name, which is in parentheses and may contain spaces.
+    stat.rsplit_once(") ").unwrap().1.chars().next().unwrap()
+}
+
+/// The interleaving that once hung: thread "a", inside the handler, replaces it while thread
+/// "b" is inside too; "a" waits, and "b" leaving must wake it (the wake-up used to come only
+/// when nobody was left inside, which "a" itself never is). Made deterministic by watching
+/// "a" fall asleep in that wait before "b" is let go.
+fn replacing_from_inside_returns_when_the_other_thread_leaves() {
+    rdzv_set_log_handler(Some(hold), std::ptr::null_mut());
+    let b = std::thread::spawn(|| tracing::info!(target: "rdzv::hold", "hold b"));
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let a = std::thread::spawn(move || {
+        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        tracing::info!(target: "rdzv::hold", "hold a");
+        let _ = done_tx.send(());
+    });
+    let a_tid = tid_rx.recv().unwrap();
+    // The new handler is in place once a record made here reaches it; "a" then waits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while AFTER_HOLD.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "'a' never replaced the handler"
+        );
+        tracing::info!(target: "rdzv::hold", "probe");
+        std::thread::yield_now();
+    }
+    while thread_state(a_tid) != 'S' {
+        assert!(std::time::Instant::now() < deadline, "'a' never waited");
+        std::thread::yield_now();
+    }
+    assert!(
+        !HOLD.lock().unwrap().replaced_by_a,
+        "'a' did not wait for 'b'"
+    );
+    HOLD.lock().unwrap().release = true;
+    HOLD_CHANGED.notify_all();
+    done_rx.recv_timeout(Duration::from_secs(30)).expect(
+        "rdzv_set_log_handler, called from inside the handler, still waits after the only \
+         other thread inside left: a lost wake-up",
+    );
+    a.join().unwrap();
+    b.join().unwrap();
+    assert!(HOLD.lock().unwrap().replaced_by_a);
 }
