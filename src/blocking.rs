@@ -58,7 +58,20 @@ impl Owned {
                 "handle: created in a parent process before fork(); create a new handle in the child",
             ));
         }
-        self.rt.block_on(fut)
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current().map(|h| h.runtime_flavor()) {
+            // A plain thread: the usual case.
+            Err(_) => self.rt.block_on(fut),
+            // A thread already driving async code: a log handler or a finalizer that calls
+            // rdzv while a record is delivered, on a runtime worker or inside another call's
+            // block_on. block_in_place hands this thread's other work to a new worker first,
+            // so blocking here stalls nothing and block_on is allowed.
+            Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| self.rt.block_on(fut)),
+            Ok(_) => Err(Error::invalid(
+                "blocking call made from inside a single-threaded async runtime, which it \
+                 would stall: use the async API (rdzv::Rendezvous) there",
+            )),
+        }
     }
 
     /// True when dropping the runtime here would be unsafe (a forked child).

@@ -104,6 +104,7 @@ fn records_reach_the_host_handler_in_order_without_deadlock() {
         a_flood_while_the_handler_changes_keeps_order(&etcd, generation);
         handlers_that_reenter_or_panic_do_no_harm();
         replacing_from_inside_returns_when_the_other_thread_leaves();
+        a_handler_may_make_blocking_calls(&etcd);
         rdzv_set_log_handler(None, std::ptr::null_mut());
         let _ = done.send(());
     });
@@ -521,4 +522,61 @@ fn replacing_from_inside_returns_when_the_other_thread_leaves() {
     a.join().unwrap();
     b.join().unwrap();
     assert!(HOLD.lock().unwrap().replaced_by_a);
+}
+
+/// Records are delivered on runtime threads and inside other calls' block_on: a handler's
+/// blocking call there once panicked ("Cannot start a runtime from within a runtime"), and a
+/// handle dropped there never shut down (its alive key stayed until its lease expired).
+fn a_handler_may_make_blocking_calls(etcd: &Etcd) {
+    let url = etcd.url("reenter-blocking", "min_nodes=1");
+    let observer = Arc::new(BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap());
+    let victim = Arc::new(Mutex::new(Some(
+        BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap(),
+    )));
+    let victim_id = victim
+        .lock()
+        .unwrap()
+        .as_ref()
+        .unwrap()
+        .node_id()
+        .to_string();
+    let results = Arc::new(Mutex::new(Vec::new()));
+    rdzv::log::set_handler(Some(Arc::new({
+        let (observer, victim, results) = (observer.clone(), victim.clone(), results.clone());
+        move |record: &rdzv::log::Record<'_>| {
+            results
+                .lock()
+                .unwrap()
+                .push(observer.is_closed().map_err(|e| e.to_string()));
+            if record.line.starts_with("round complete") {
+                drop(victim.lock().unwrap().take()); // shuts the node down, here
+            }
+        }
+    })));
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    node.next().unwrap();
+    node.shutdown().unwrap();
+    rdzv::log::set_handler(None);
+    let results = std::mem::take(&mut *results.lock().unwrap());
+    assert!(!results.is_empty());
+    let failed: Vec<_> = results.iter().filter(|r| **r != Ok(false)).collect();
+    assert!(
+        failed.is_empty(),
+        "blocking calls from the handler failed: {failed:?}"
+    );
+    assert!(
+        victim.lock().unwrap().is_none(),
+        "the handler never dropped the handle"
+    );
+    let (rt, mut client) = common::etcd_client(etcd);
+    let run = common::node::run_of(&url);
+    let alive = rt
+        .block_on(client.get(format!("/rdzv/{run}/alive/{victim_id}"), None))
+        .unwrap();
+    assert_eq!(
+        alive.kvs().len(),
+        0,
+        "the handle dropped in the handler did not shut down"
+    );
+    observer.shutdown().unwrap();
 }

@@ -109,3 +109,48 @@ def test_levels_are_mapped_and_quoted_values_parsed(caplog):
     assert got == [(logging.ERROR, fields), (logging.WARNING, fields), (logging.INFO, fields),
                    (logging.DEBUG, fields), (logging.DEBUG, fields)]
     assert _log.fields(r'e="a \"b\" c" x=') == {"e": 'a "b" c', "x": ""}
+
+
+REENTRANT = """
+import json, logging, sys
+sys.path.insert(0, sys.argv[2])
+import rdzv
+url = sys.argv[1]
+observer = rdzv.EtcdV3RendezvousHandler.from_url(url)
+victim = rdzv.EtcdV3RendezvousHandler.from_url(url)
+calls, errors, closed_inside = [], [], []
+class CallsRdzv(logging.Handler):
+    # Records arrive on library threads and on this thread inside rdzv calls: a blocking call
+    # from here must work, and so must a close (as a finalizer run by the GC would make).
+    def emit(self, record):
+        try:
+            calls.append(observer.is_closed())
+            if not closed_inside and record.getMessage().startswith("round complete"):
+                closed_inside.append(victim.node_id)
+                victim.close()
+        except Exception as e:
+            errors.append(repr(e))
+handler = CallsRdzv()
+logging.getLogger("rdzv").addHandler(handler)
+logging.getLogger("rdzv").setLevel(logging.INFO)
+with rdzv.EtcdV3RendezvousHandler.from_url(url) as h:
+    h.next_rendezvous().store.close()
+logging.getLogger("rdzv").removeHandler(handler)
+observer.close()
+print(json.dumps({"calls": calls, "errors": errors, "closed": closed_inside}))
+"""
+
+
+def test_a_handler_may_call_rdzv_and_close_a_handle(etcd, run_id):
+    url = f"etcd://{etcd.endpoint}/{run_id}?min_nodes=1"
+    env = dict(os.environ, RDZV_LOG="info")
+    out = subprocess.run([sys.executable, "-c", REENTRANT, url, str(PKG_ROOT)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["errors"] == [], got["errors"][:3]
+    assert got["calls"] and all(c is False for c in got["calls"]), got["calls"]
+    assert len(got["closed"]) == 1
+    # The close made inside the handler released the node: its alive key is gone at once,
+    # not when its lease expires.
+    assert etcd.keys(f"/rdzv/{run_id}/alive/{got['closed'][0]}") == []
