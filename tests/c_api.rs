@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Etcd;
+use common::{Etcd, SpawnTied};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -67,7 +67,7 @@ fn c_example_nodes_exchange_values() {
             Command::new(&exe)
                 .arg(&url)
                 .stdout(std::process::Stdio::piped())
-                .spawn()
+                .spawn_tied()
                 .unwrap()
         })
         .collect();

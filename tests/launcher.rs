@@ -122,7 +122,7 @@ impl Launcher {
                 cmd.env_remove(k);
             }
         }
-        let mut child = cmd.spawn().unwrap();
+        let mut child = common::spawn(cmd).unwrap();
         let (tx, lines) = mpsc::channel();
         let out = child.stdout.take().unwrap();
         let err = child.stderr.take().unwrap();

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::Etcd;
+use common::{Etcd, SpawnTied};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -61,7 +61,7 @@ fn ddp_all_reduce_across_two_launchers() {
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .spawn()
+                .spawn_tied()
                 .unwrap()
         })
         .collect();
@@ -117,7 +117,7 @@ fn torch_launcher(python: &Path, url: &str, results: &Path, wait_unless_world: u
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_tied()
         .unwrap()
 }
 
@@ -279,7 +279,7 @@ fn worker_envs(launch: &mut Command, dir: &Path) -> Vec<BTreeMap<String, String>
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_tied()
         .unwrap();
     let out = drain(&mut child);
     let status = wait_with_deadline(&mut child, Duration::from_secs(180));

@@ -9,7 +9,7 @@ use super::checker::{self, Report, Violation};
 use super::history::{self, now, parse_history, Fault, FaultKind, Process, Run, Time};
 use super::schedule::{self, Episode};
 use crate::common::node::NODE_BIN;
-use crate::common::{EtcdCluster, NetNs};
+use crate::common::{EtcdCluster, NetNs, SpawnTied};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -216,7 +216,7 @@ impl Runner {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
-            .spawn()
+            .spawn_tied()
             .expect("cannot start rdzv-node");
         s.child = Some(child);
         s.current = self.processes.len();

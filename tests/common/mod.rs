@@ -50,8 +50,8 @@ fn version_in_log(line: &str) -> Option<&str> {
 /// says it is ready to serve clients (its own log line, not a guessed delay). Says on stderr
 /// which etcd version became ready where (shown with a failing test's output).
 pub fn spawn_etcd(cmd: EtcdCommand<'_>) -> (Child, mpsc::Receiver<()>) {
-    let mut child = Command::new("etcd")
-        .args(["--name", cmd.name, "--data-dir"])
+    let mut etcd = Command::new("etcd");
+    etcd.args(["--name", cmd.name, "--data-dir"])
         .arg(cmd.data_dir)
         .args(["--listen-client-urls", cmd.client_urls])
         .args(["--advertise-client-urls", cmd.client_urls])
@@ -61,9 +61,8 @@ pub fn spawn_etcd(cmd: EtcdCommand<'_>) -> (Child, mpsc::Receiver<()>) {
         .args(cmd.extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("etcd must be installed (Debian package etcd-server)");
+        .stderr(Stdio::piped());
+    let mut child = spawn(etcd).expect("etcd must be installed (Debian package etcd-server)");
     let stderr = child.stderr.take().unwrap();
     let (ready_tx, ready_rx) = mpsc::channel();
     let urls = cmd.client_urls.to_string();
@@ -85,6 +84,68 @@ pub fn spawn_etcd(cmd: EtcdCommand<'_>) -> (Child, mpsc::Receiver<()>) {
     (child, ready_rx)
 }
 
+/// Starts `command` as a child that dies with this test process, however the process ends
+/// (a failed assertion, a watchdog, SIGKILL): no etcd or node outlives its test. And with
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT at their defaults, whatever the test runner inherited
+/// (a background job ignores SIGINT), so a test's signals do what it expects.
+///
+/// PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, and test threads end
+/// with their test: children are forked by one thread that lives as long as the process.
+pub fn spawn(mut command: Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    use std::sync::{Mutex, OnceLock};
+    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    let test_process = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec, only async-signal-safe calls (prctl, signal, getppid,
+    // _exit).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            // The test process died before prctl took effect: nothing would kill this child.
+            if libc::getppid() != test_process {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("child-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("a thread to spawn children from");
+        Mutex::new(tx)
+    });
+    let (reply, child) = mpsc::channel();
+    spawner
+        .lock()
+        .unwrap()
+        .send((command, reply))
+        .expect("the spawner thread lives as long as the process");
+    child.recv().expect("the spawner thread answers")
+}
+
+/// `spawn` at the end of a builder chain: `Command::new(x).arg(y).spawn_tied()`.
+pub trait SpawnTied {
+    fn spawn_tied(&mut self) -> std::io::Result<Child>;
+}
+
+impl SpawnTied for Command {
+    fn spawn_tied(&mut self) -> std::io::Result<Child> {
+        spawn(std::mem::replace(self, Command::new("")))
+    }
+}
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 impl Etcd {
@@ -103,12 +164,17 @@ impl Etcd {
             data_dir,
             name,
         };
-        etcd.launch();
+        etcd.launch_on_free_ports();
         etcd
     }
 
     pub fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// The etcd process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("etcd is running").id()
     }
 
     /// One value of etcd's Prometheus metrics (served on the client URL), e.g.
@@ -136,7 +202,30 @@ impl Etcd {
         )
     }
 
+    /// Starts etcd on fresh ports, again if it exits before it is ready: a port picked free can
+    /// be taken (by another test's server or an outgoing connection) before etcd binds it.
+    fn launch_on_free_ports(&mut self) {
+        for attempt in 1.. {
+            match self.try_launch() {
+                Ok(()) => return,
+                Err(why) if attempt < 3 => {
+                    eprintln!("{why}; starting it again on other ports");
+                    self.client_port = free_port();
+                    self.peer_port = free_port();
+                    let _ = std::fs::remove_dir_all(&self.data_dir);
+                }
+                Err(why) => panic!("{why} (3 times)"),
+            }
+        }
+    }
+
     fn launch(&mut self) {
+        if let Err(why) = self.try_launch() {
+            panic!("{why}");
+        }
+    }
+
+    fn try_launch(&mut self) -> Result<(), String> {
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let (child, ready_rx) = spawn_etcd(EtcdCommand {
@@ -147,10 +236,17 @@ impl Etcd {
             initial_cluster: &format!("{}={peer}", self.name),
             extra: &[],
         });
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("etcd did not report ready within 30 s");
         self.child = Some(child);
+        match ready_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(()) => Ok(()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                self.kill();
+                Err(format!("etcd exited before it was ready on {client}"))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("etcd did not report ready within 30 s")
+            }
+        }
     }
 
     /// SIGKILL, as a crash would.

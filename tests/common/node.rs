@@ -21,13 +21,12 @@ impl Node {
 
     /// Runs `command` (for example `ip netns exec NS rdzv-node`) with the node's arguments.
     pub fn spawn_command(mut command: Command, url: &str, args: &[&str]) -> Node {
-        let mut child = command
+        command
             .arg(url)
             .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stdout(Stdio::piped());
+        let mut child = super::spawn(command).unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
