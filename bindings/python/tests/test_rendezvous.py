@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -186,7 +187,17 @@ def test_cancel_wakes_a_blocked_next_and_handler_stays_usable(etcd, run_id):
         theirs.store.close()
 
 
-def test_ctrl_c_cancels_next_and_handler_stays_usable(etcd, run_id):
+@pytest.fixture
+def python_handles_sigint():
+    """SIGINT raises KeyboardInterrupt for the test's duration. interrupt_main() does nothing
+    unless Python handles SIGINT, and Python does not when the runner inherited it ignored (as
+    a background job of a non-interactive shell does)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def test_ctrl_c_cancels_next_and_handler_stays_usable(etcd, run_id, python_handles_sigint):
     with etcd.handler(run_id, 2, 2) as a, etcd.handler(run_id, 2, 2) as b:
         def interrupt_when_blocked():
             wait_for_next(a)
@@ -312,6 +323,10 @@ def test_lost_member_counts_as_waiting(etcd, run_id):
 
 
 INTERRUPTED_NODE = """
+import signal
+# SIGINT must raise KeyboardInterrupt whatever disposition this process inherited: Python
+# leaves an inherited SIG_IGN in place.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import sys, threading, time
 sys.path.insert(0, sys.argv[2])
 from rdzv import EtcdV3RendezvousHandler
@@ -338,8 +353,6 @@ h.close()
 
 
 def test_real_sigint_interrupts_next(etcd, run_id):
-    import signal
-
     url = etcd.url(run_id, min_nodes=2, max_nodes=2, join_timeout=T)
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_NODE, url, str(PKG_ROOT)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
