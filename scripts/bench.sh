@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 read -r pid endpoint dir < <(scripts/etcd-local.sh --quota-backend-bytes=4294967296)
 trap 'kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
-echo "etcd $(etcd --version | head -1 | awk '{print $3}') at $endpoint, $(nproc) cores"
+echo "etcd $(etcd --version | awk '/^etcd Version:/ {print $3}') at $endpoint, $(nproc) cores"
 if [ "${1:-}" = "--launcher" ]; then
   shift
   cargo build --release --quiet --lib --bin rdzv --example bench_launcher

@@ -32,6 +32,7 @@ if [ "$etcd" != debian ]; then
   dir=$(scripts/etcd-build.sh "$etcd" | cut -d' ' -f2)
   export PATH="$dir:$PATH"
 fi
-echo "etcd: $(etcd --version | head -1)"
+version=$(etcd --version) # whole: head -1 would leave etcd writing into a closed pipe
+echo "etcd: ${version%%$'\n'*}"
 export RDZV_CHAOS_DURATION=$duration RDZV_CHAOS_NODES=$nodes RDZV_CHAOS_SEED=$seed
 exec cargo test --release --test chaos -- --ignored --nocapture long_chaos_run

@@ -23,7 +23,12 @@ work=""
 trap '[ -z "$work" ] || rm -rf "$work"' EXIT
 
 reports() { # BINARY VERSION: the binary runs and says it is that version
-  [ -x "$1" ] && "$1" --version 2>/dev/null | grep -qx "etcd Version: ${2#v}"
+  local out
+  [ -x "$1" ] || return 1
+  # Captured, then matched: piped into grep -q, which exits at its match, etcd could die of
+  # SIGPIPE writing its next line and fail the check under pipefail.
+  out=$("$1" --version 2>/dev/null) || return 1
+  grep -qx "etcd Version: ${2#v}" <<<"$out"
 }
 
 for v in "${versions[@]}"; do

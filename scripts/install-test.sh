@@ -22,7 +22,10 @@ scripts/install.sh "$prefix"
 lib="$prefix/lib/librdzv.so.0.1.0"
 [ "$(readlink "$prefix/lib/librdzv.so.0")" = librdzv.so.0.1.0 ]
 [ "$(readlink "$prefix/lib/librdzv.so")" = librdzv.so.0 ]
-readelf -d "$lib" | grep -q 'SONAME.*\[librdzv.so.0\]'
+# readelf's output is captured, then matched: under pipefail a pipe into grep -q, which exits at
+# its match, fails whenever the writer gets SIGPIPE on a later line.
+dynamic=$(readelf -d "$lib")
+grep -q 'SONAME.*\[librdzv.so.0\]' <<<"$dynamic"
 [ -f "$prefix/lib/librdzv.a" ] && [ -f "$prefix/include/rdzv.h" ] && [ -f "$prefix/include/rdzv/rdzv.hpp" ]
 
 step "exports: every function of rdzv.h, nothing else"
@@ -35,7 +38,8 @@ export PKG_CONFIG_PATH="$prefix/lib/pkgconfig" LD_LIBRARY_PATH="$prefix/lib"
 step "C program built with pkg-config"
 cp examples/c/node.c "$work/node.c"
 (cd "$work" && cc -std=c11 node.c $(pkg-config --cflags --libs rdzv) -o c-node)
-readelf -d "$work/c-node" | grep -q 'NEEDED.*\[librdzv.so.0\]'
+dynamic=$(readelf -d "$work/c-node")
+grep -q 'NEEDED.*\[librdzv.so.0\]' <<<"$dynamic"
 (cd "$work" && ./c-node "$(url c)") | tee "$work/c.out"
 grep -q '"rank":0,"world_size":1' "$work/c.out"
 

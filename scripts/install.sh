@@ -12,4 +12,4 @@ trap 'rm -rf "$build"' EXIT
 cmake -S bindings/cpp -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_LIBDIR=lib \
   -DRDZV_BUILD_TESTS=OFF -DRDZV_BUILD_EXAMPLES=OFF -DRDZV_LIBRARY="$PWD/target/release/librdzv.so" >/dev/null
 cmake --install "$build" --prefix "$prefix" >/dev/null
-echo "installed rdzv $(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1) under $prefix"
+echo "installed rdzv $(sed -n '/^version = "/{s/^version = "\(.*\)"/\1/p;q;}' Cargo.toml) under $prefix"
