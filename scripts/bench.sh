@@ -13,20 +13,22 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 read -r pid endpoint dir < <(scripts/etcd-local.sh --quota-backend-bytes=4294967296)
 trap 'kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
+# Where cargo builds: CARGO_TARGET_DIR (or cargo's configuration) if set, else target/.
+target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 echo "etcd $(etcd --version | awk '/^etcd Version:/ {print $3}') at $endpoint, $(nproc) cores"
 if [ "${1:-}" = "--launcher" ]; then
   shift
   cargo build --release --quiet --lib --bin rdzv --example bench_launcher
-  target/release/examples/bench_launcher "$endpoint" "$@"
+  "$target/release/examples/bench_launcher" "$endpoint" "$@"
 elif [ "${1:-}" = "--phases" ]; then
   cargo build --release --example bench --quiet
-  target/release/examples/bench "$endpoint" --phases "${2:-1024}"
+  "$target/release/examples/bench" "$endpoint" --phases "${2:-1024}"
 elif [ "${1:-}" = "--processes" ]; then
   shift
   cargo build --release --quiet --lib --example bench_processes --example bench_node
-  target/release/examples/bench_processes "$endpoint" "$@"
-  RDZV_LIBRARY="$PWD/target/release/librdzv.so" target/release/examples/bench_processes "$endpoint" --python
+  "$target/release/examples/bench_processes" "$endpoint" "$@"
+  RDZV_LIBRARY="$target/release/librdzv.so" "$target/release/examples/bench_processes" "$endpoint" --python
 else
   cargo build --release --example bench --quiet
-  target/release/examples/bench "$endpoint" "$@"
+  "$target/release/examples/bench" "$endpoint" "$@"
 fi

@@ -7,23 +7,28 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 echo "building the library and the four nodes..."
 cargo build --quiet
-mkdir -p target/demo
-cc -std=c11 -Iinclude examples/c/node.c -Ltarget/debug -Wl,-rpath,"$PWD/target/debug" -lrdzv -o target/demo/c-node
-cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug >/dev/null
+# Where cargo built the library: CARGO_TARGET_DIR (or cargo's configuration) if set, else
+# target/. Every node is pointed at it; the Go binding's own flags name target/debug, and the
+# CGO_LDFLAGS given here come before them.
+target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+lib="$target/debug"
+mkdir -p "$target/demo"
+cc -std=c11 -Iinclude examples/c/node.c -L"$lib" -Wl,-rpath,"$lib" -lrdzv -o "$target/demo/c-node"
+cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug -DRDZV_LIBRARY="$lib/librdzv.so" >/dev/null
 cmake --build bindings/cpp/build --target rdzv_node -j2 >/dev/null
-(cd bindings/go && go build -tags rdzv_dev -o ../../target/demo/go-node ./cmd/node)
+(cd bindings/go && CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib" go build -tags rdzv_dev -o "$target/demo/go-node" ./cmd/node)
 
 read -r etcd_pid endpoint etcd_dir < <(scripts/etcd-local.sh)
 trap 'kill "$etcd_pid" 2>/dev/null; rm -rf "$etcd_dir"' EXIT
 url="etcd://$endpoint/demo-$$?min_nodes=4&max_nodes=4&join_timeout=60"
 echo "etcd at $endpoint; rendezvous $url"
 
-out=target/demo/out
+out="$target/demo/out"
 rm -rf "$out" && mkdir -p "$out"
-target/demo/c-node "$url" >"$out/c" &
+"$target/demo/c-node" "$url" >"$out/c" &
 bindings/cpp/build/rdzv_node "$url" >"$out/cpp" &
-target/demo/go-node "$url" >"$out/go" &
-python3 bindings/python/examples/node.py "$url" >"$out/python" &
+"$target/demo/go-node" "$url" >"$out/go" &
+RDZV_LIBRARY="$lib/librdzv.so" python3 bindings/python/examples/node.py "$url" >"$out/python" &
 wait
 
 python3 - "$out" <<'PY'

@@ -7,9 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${1:-/usr/local}
 cargo build --release --quiet --lib
+# Where cargo built it: CARGO_TARGET_DIR (or cargo's configuration) if set, else target/.
+target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
 cmake -S bindings/cpp -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_LIBDIR=lib \
-  -DRDZV_BUILD_TESTS=OFF -DRDZV_BUILD_EXAMPLES=OFF -DRDZV_LIBRARY="$PWD/target/release/librdzv.so" >/dev/null
+  -DRDZV_BUILD_TESTS=OFF -DRDZV_BUILD_EXAMPLES=OFF -DRDZV_LIBRARY="$target/release/librdzv.so" >/dev/null
 cmake --install "$build" --prefix "$prefix" >/dev/null
 echo "installed rdzv $(sed -n '/^version = "/{s/^version = "\(.*\)"/\1/p;q;}' Cargo.toml) under $prefix"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compiles and runs the README's C quick start exactly as printed (program and commands), with
-# only the etcd endpoint changed to a throwaway local etcd: two nodes must form one round, and
-# with etcd gone the program must fail with a message instead of printing a rank.
+# only the etcd endpoint changed to a throwaway local etcd (and target/ to cargo's target
+# directory where CARGO_TARGET_DIR or cargo's configuration moves it): two nodes must form one
+# round, and with etcd gone the program must fail with a message instead of printing a rank.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 section() { awk -v fence="$1" '/^## C quick start/{f=1} f&&$0=="```"fence{c=1;next} c&&/^```$/{exit} c{print}' README.md; }
@@ -15,6 +16,11 @@ trap 'kill "$etcd_pid" 2>/dev/null; rm -rf "$etcd_dir" "$work" app.c app' EXIT
 printf '%s\n' "$program" > app.c
 # Every command but the last builds; the last runs a node.
 build=$(printf '%s\n' "$commands" | sed '$d')
+target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+if [ "$target" != "$PWD/target" ]; then
+  # The README's "$PWD/target/..." and -Ltarget/...: where this cargo builds instead.
+  build=$(printf '%s\n' "$build" | sed "s#\"\$PWD/target/#\"$target/#g; s#\([ L]\)target/#\1$target/#g")
+fi
 run=$(printf '%s\n' "$commands" | tail -n 1 | sed "s/127.0.0.1:2379/$endpoint/; s/job-42/quickstart-$$/")
 eval "$build"
 eval "$run" >"$work/a" 2>&1 & a=$!

@@ -40,18 +40,23 @@ echo "etcd for every suite: $(etcd_version "$newest") ($newest)"
 
 # cargo test does not build the cdylib the C, C++, Go and Python tests load: build it first.
 cargo build --quiet
+# The bindings' suites are pointed at the library just built, in cargo's target directory
+# (CARGO_TARGET_DIR or cargo's configuration, else target/); the Go binding's own flags name
+# target/debug, and CGO_LDFLAGS come before them.
+target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+lib="$target/debug"
 suite "rustfmt" cargo fmt --check
 suite "clippy" cargo clippy --all-targets --quiet -- -D warnings
 suite "rust tests (unit, etcd integration, processes, C ABI, header, chaos) on etcd $(etcd_version "$newest")" cargo test --no-fail-fast
 if [ -d bindings/cpp ]; then
-  suite "c++ binding (ctest)" bash -c 'cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug >/dev/null &&
-    cmake --build bindings/cpp/build -j2 >/dev/null && ctest --test-dir bindings/cpp/build --output-on-failure'
+  suite "c++ binding (ctest)" bash -c 'cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug -DRDZV_LIBRARY="$1" >/dev/null &&
+    cmake --build bindings/cpp/build -j2 >/dev/null && ctest --test-dir bindings/cpp/build --output-on-failure' _ "$lib/librdzv.so"
 fi
 if [ -d bindings/go ]; then
-  suite "go binding (go vet, go test -race)" bash -c 'cd bindings/go && test -z "$(gofmt -l .)" && go vet -tags rdzv_dev ./... && go test -tags rdzv_dev -race -count=1 ./...'
+  suite "go binding (go vet, go test -race)" env CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib" bash -c 'cd bindings/go && test -z "$(gofmt -l .)" && go vet -tags rdzv_dev ./... && go test -tags rdzv_dev -race -count=1 ./...'
 fi
 if [ -d bindings/python ]; then
-  suite "python binding (pytest)" python3 -m pytest -q bindings/python/tests
+  suite "python binding (pytest)" env RDZV_LIBRARY="$lib/librdzv.so" python3 -m pytest -q bindings/python/tests
 fi
 suite "demo" scripts/demo.sh
 suite "README C quick start, as printed" scripts/readme-quickstart.sh
@@ -75,8 +80,8 @@ done
 if [ "${RDZV_SKIP_TORCH:-0}" != 1 ]; then
   suite "python binding with PyTorch (real torchrun), and DDP under rdzv run" bash -c \
     'python=$(scripts/torch-env.sh) && t=bindings/python/tests &&
-     "$python" -m pytest -q $t/test_torch.py $t/test_torchrun.py $t/test_torch_backend.py &&
-     RDZV_TORCH_PYTHON="$python" cargo test --quiet --test launcher_torch'
+     RDZV_LIBRARY="$1" "$python" -m pytest -q $t/test_torch.py $t/test_torchrun.py $t/test_torch_backend.py &&
+     RDZV_TORCH_PYTHON="$python" cargo test --quiet --test launcher_torch' _ "$lib/librdzv.so"
 else
   echo "=== python binding with PyTorch (real torchrun): skipped (RDZV_SKIP_TORCH=1)"
 fi
