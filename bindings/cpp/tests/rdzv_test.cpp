@@ -1,6 +1,7 @@
 // Tests of the C++ binding against a real etcd. Nodes are threads of this process, each with
 // its own Rendezvous handle. Every blocking call is bounded: rendezvous URLs carry a
 // join_timeout, futures are awaited with wait_for, store reads carry a timeout.
+#include <atomic>
 #include <rdzv/rdzv.hpp>
 
 #include <gtest/gtest.h>
@@ -451,6 +452,41 @@ TEST(Library, LogRecordsReachTheHandler) {
            l.find(" node=") != std::string::npos && l.find(" run=") != std::string::npos;
   });
   EXPECT_TRUE(complete) << lines.size() << " records";
+}
+
+TEST(Library, LogHandlerMayCallRdzv) {
+  // Records come on the library's runtime threads and inside other calls: a blocking call
+  // from the handler there once failed (a panic caught at the C boundary), and a node shut
+  // down there was never released.
+  ::setenv("RDZV_LOG", "info", 1);
+  const std::string url = run_url("logreenter", 1);
+  rdzv::Rendezvous observer(rdzv::Params::from_url(url));
+  rdzv::Rendezvous victim(rdzv::Params::from_url(url));
+  std::mutex m;
+  int calls = 0;
+  std::vector<std::string> failures;
+  std::atomic<bool> shut_down{false};
+  rdzv::set_log_handler([&](rdzv_log_level_t, std::string_view, std::string_view line) {
+    std::string failure;
+    try {
+      if (observer.is_closed()) failure = "is_closed() said true";
+      // No lock held here: other threads' records wait on `m`, and shutdown may wait on them.
+      if (line.rfind("round complete", 0) == 0 && !shut_down.exchange(true)) victim.shutdown();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    std::lock_guard<std::mutex> lock(m);
+    ++calls;
+    if (!failure.empty()) failures.push_back(failure);
+  });
+  {
+    rdzv::Rendezvous node(rdzv::Params::from_url(url));
+    EXPECT_EQ(node.next().info.world_size, 1u);
+  }
+  rdzv::set_log_handler(nullptr);
+  EXPECT_GT(calls, 0);
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures[0];
+  EXPECT_TRUE(shut_down);
 }
 
 TEST(Library, VersionIsMajorMinorPatch) {
