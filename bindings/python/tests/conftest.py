@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import base64
 import collections
+import ctypes
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -48,6 +50,39 @@ VERSION_LOG = re.compile(r'etcd Version: (\S+)|"etcd-version":"([^"]+)"')
 STARTED: list[str] = []  # "etcd VERSION ready at ENDPOINT" of each server, for the summary
 
 
+# libc's prctl and signal, set up here rather than in a forked child.
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+_libc_signal = _libc.signal
+_libc_signal.restype = ctypes.c_void_p
+_libc_signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+_PR_SET_PDEATHSIG = 1
+_SIG_DFL = 0
+
+
+def dies_with_this_process(*default_signals: signal.Signals):
+    """A ``preexec_fn`` that ties the child to this process's life: when it ends, even by
+    SIGKILL, the child gets SIGKILL (PR_SET_PDEATHSIG), so a killed test run leaves no etcd or
+    node behind. Linux sends it when the *thread* that forked exits, so children are started
+    from the main thread only (fixtures and tests run there), which lives as long as pytest.
+    The ``default_signals`` are set to SIG_DFL in the child, for children a test signals: an
+    ignored disposition inherited from whoever started the tests would survive the exec."""
+    assert threading.current_thread() is threading.main_thread(), \
+        "a child started from another thread would be killed when that thread exits"
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(127)
+        if os.getppid() != parent:  # the parent died before the prctl: nobody will signal us
+            os._exit(1)
+        for signum in default_signals:
+            _libc_signal(signum, _SIG_DFL)  # signal.signal() is for the main thread only
+
+    return preexec
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -83,6 +118,8 @@ class Etcd:
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
+            # Started by the session fixture, on the main thread: it lives as long as pytest.
+            preexec_fn=dies_with_this_process(),
         )
 
         def drain() -> None:  # keeps reading so etcd never blocks on a full pipe

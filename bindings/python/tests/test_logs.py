@@ -12,7 +12,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import rdzv
-from conftest import PKG_ROOT
+from conftest import PKG_ROOT, dies_with_this_process
 from rdzv import _log
 
 SCRIPT = """
@@ -40,7 +40,8 @@ def run_node(url: str, rdzv_log: str | None):
     if rdzv_log:
         env["RDZV_LOG"] = rdzv_log
     out = subprocess.run([sys.executable, "-c", SCRIPT, url, str(PKG_ROOT)], env=env,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60,
+                         preexec_fn=dies_with_this_process())
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -145,7 +146,8 @@ def test_a_handler_may_call_rdzv_and_close_a_handle(etcd, run_id):
     url = f"etcd://{etcd.endpoint}/{run_id}?min_nodes=1"
     env = dict(os.environ, RDZV_LOG="info")
     out = subprocess.run([sys.executable, "-c", REENTRANT, url, str(PKG_ROOT)], env=env,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60,
+                         preexec_fn=dies_with_this_process())
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["errors"] == [], got["errors"][:3]

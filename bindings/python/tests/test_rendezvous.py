@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import PKG_ROOT, find_thread, wait_until
+from conftest import PKG_ROOT, dies_with_this_process, find_thread, wait_until
 from rdzv import (
     EtcdV3RendezvousHandler,
     RendezvousCancelledError,
@@ -66,7 +66,7 @@ def test_from_url(etcd, run_id):
 def run_nodes(urls):
     procs = [
         subprocess.Popen([sys.executable, str(NODE), url], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=dies_with_this_process())
         for url in urls
     ]
     results = []
@@ -303,7 +303,8 @@ sys.stdin.read()  # hold the membership until killed
 def test_lost_member_counts_as_waiting(etcd, run_id):
     url = etcd.url(run_id, min_nodes=2, max_nodes=2, lease_ttl=2, join_timeout=T)
     peer = subprocess.Popen([sys.executable, "-c", JOIN_AND_HOLD, url, str(PKG_ROOT)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=dies_with_this_process())
     try:
         with etcd.handler(run_id, 2, 2, lease_ttl=2) as a, ThreadPoolExecutor(2) as pool:
             line = pool.submit(peer.stdout.readline)
@@ -355,7 +356,8 @@ h.close()
 def test_real_sigint_interrupts_next(etcd, run_id):
     url = etcd.url(run_id, min_nodes=2, max_nodes=2, join_timeout=T)
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_NODE, url, str(PKG_ROOT)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=dies_with_this_process(signal.SIGINT))
     try:
         with ThreadPoolExecutor(1) as pool:
             assert pool.submit(proc.stdout.readline).result(timeout=T).strip() == "blocked"

@@ -25,7 +25,7 @@ except ImportError:
         allow_module_level=True,
     )
 
-from conftest import PKG_ROOT, wait_until  # noqa: E402
+from conftest import PKG_ROOT, dies_with_this_process, wait_until  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "torch_workers" / "allreduce.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -74,7 +74,8 @@ class Nodes:
         log = self.results / f"node{len(self.procs)}.log"
         with open(log, "w") as out:
             proc = subprocess.Popen(args, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT)
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    preexec_fn=dies_with_this_process())
         proc.log = log
         self.procs.append(proc)
         return proc
@@ -221,7 +222,8 @@ def test_the_rdzv_store_initializes_a_process_group(etcd, run_id):
     procs = [
         subprocess.Popen([sys.executable, "-c", STORE_WORKER, etcd.endpoint, run_id, str(world)],
                          env=dict(os.environ, PYTHONPATH=str(PKG_ROOT)),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=dies_with_this_process())
         for _ in range(world)
     ]
     lines = []
