@@ -10,9 +10,11 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -24,6 +26,10 @@ func TestMain(m *testing.M) {
 	// Read once, at the first call into rdzv: the log test needs info records.
 	os.Setenv("RDZV_LOG", "info")
 	SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil))) // quiet unless a test listens
+	// etcd dies with this process (Pdeathsig), but Linux sends that signal when the OS thread
+	// that forked it exits, and a goroutine may run on any thread, one that the runtime later
+	// ends: etcd is started from this goroutine, locked to its thread until os.Exit.
+	runtime.LockOSThread()
 	os.Exit(runTests(m))
 }
 
@@ -94,6 +100,10 @@ func startEtcd(readyTimeout time.Duration) (*etcdServer, error) {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = w, w // etcd 3.4 logs on stderr
+	// SIGKILL when this test process dies, even by SIGKILL, so a killed run leaves no etcd. Go
+	// signals the child itself if the parent is already gone when the child sets it (getppid).
+	// Only from TestMain's locked thread: see TestMain.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		r.Close()
 		w.Close()
