@@ -1,6 +1,8 @@
 // Test fixture: a real etcd (the first `etcd` on PATH: Debian's 3.4 or one built by
-// scripts/etcd-build.sh) on free loopback ports with a temporary data directory. Ready when etcd logs "ready to serve client requests" (waited for with a timeout,
-// never a fixed sleep); killed and its data removed on destruction.
+// scripts/etcd-build.sh) on free loopback ports with a temporary data directory. Ready when etcd
+// logs "ready to serve client requests" (waited for with a timeout, never a fixed sleep);
+// killed and its data removed on destruction, and killed too when the test process dies, even
+// by SIGKILL (PR_SET_PDEATHSIG).
 #ifndef RDZV_TESTS_ETCD_SERVER_HPP
 #define RDZV_TESTS_ETCD_SERVER_HPP
 
@@ -8,16 +10,18 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <mutex>
@@ -47,6 +51,22 @@ inline uint16_t free_port() {
   return ntohs(addr.sin_port);
 }
 
+// The first executable `name` in a directory of PATH, or "" if there is none.
+inline std::string find_on_path(const std::string& name) {
+  const char* env = std::getenv("PATH");
+  const std::string dirs = env != nullptr ? env : "/usr/local/bin:/usr/bin:/bin";
+  for (size_t start = 0;;) {
+    const size_t end = dirs.find(':', start);
+    std::string dir = dirs.substr(start, end == std::string::npos ? end : end - start);
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+    if (end == std::string::npos) return "";
+    start = end + 1;
+  }
+}
+
 class EtcdServer {
  public:
   explicit EtcdServer(std::chrono::seconds ready_timeout = std::chrono::seconds(30)) {
@@ -68,28 +88,27 @@ class EtcdServer {
                                      "--listen-peer-urls", peer,
                                      "--initial-advertise-peer-urls", peer,
                                      "--initial-cluster", name_ + "=" + peer};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
+    const std::string path = find_on_path("etcd");
+    if (path.empty()) {
+      std::filesystem::remove_all(data_dir_);
+      throw std::runtime_error("could not start etcd: it is not on PATH");
+    }
 
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);  // etcd 3.4 logs on stderr; take both
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-    const int rc = ::posix_spawnp(&pid_, "etcd", &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(fds[1]);
-    if (rc != 0) {
-      ::close(fds[0]);
-      std::filesystem::remove_all(data_dir_);
-      throw std::runtime_error("could not start etcd (is it on PATH?): " + std::to_string(rc));
-    }
-
-    // Drain etcd's output for its whole life, so it never blocks on a full pipe.
-    reader_ = std::thread([this, fd = fds[0]] { read_output(fd); });
+    // One thread forks etcd, then drains its output for its whole life (so etcd never blocks on
+    // a full pipe), and so lives as long as etcd: PR_SET_PDEATHSIG fires when the thread that
+    // forked ends, not the process, and the first test to ask for the server may be running on
+    // a thread that ends before the test process does.
+    reader_ = std::thread([this, path, args = std::move(args), fds]() mutable {
+      const bool started = spawn(path, args, fds[1]);
+      ::close(fds[1]);
+      if (started) {
+        read_output(fds[0]);
+      } else {
+        ::close(fds[0]);
+      }
+    });
 
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, ready_timeout, [this] { return ready_ || exited_; }) || !ready_) {
@@ -118,6 +137,40 @@ class EtcdServer {
   }
 
  private:
+  // Forks and execs etcd with stdin from /dev/null and stdout and stderr into `out` (etcd 3.4
+  // logs on stderr). In the child of this threaded process only async-signal-safe calls are
+  // made until exec. Returns false if fork failed, with the reason in the log.
+  bool spawn(const std::string& path, std::vector<std::string>& args, int out) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      // SIGKILL when the forking thread (hence the test process) ends; if the parent died
+      // before this call, nobody would send it: exit instead.
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
+      const int null = ::open("/dev/null", O_RDONLY);
+      if (null < 0 || ::dup2(null, 0) < 0 || ::dup2(out, 1) < 0 || ::dup2(out, 2) < 0) ::_exit(127);
+      if (null > 2) ::close(null);
+      ::execve(path.c_str(), argv.data(), environ);
+      static const char failed[] = "exec of etcd failed\n";
+      ssize_t ignored = ::write(2, failed, sizeof failed - 1);
+      (void)ignored;
+      ::_exit(127);
+    }
+    const int fork_errno = errno;
+    std::lock_guard<std::mutex> lock(mu_);
+    pid_ = pid;
+    spawned_ = true;
+    if (pid < 0) {
+      log_.push_back(std::string("fork failed: ") + std::strerror(fork_errno));
+      exited_ = true;
+    }
+    cv_.notify_all();
+    return pid > 0;
+  }
+
   void read_output(int fd) {
     std::string pending;
     char buf[4096];
@@ -163,12 +216,18 @@ class EtcdServer {
   }
 
   void stop() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
+    pid_t pid;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return spawned_; });  // the reader has forked (or failed to)
+      pid = pid_;
       pid_ = -1;
+    }
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
     }
     if (reader_.joinable()) reader_.join();
     std::error_code ec;
@@ -179,10 +238,11 @@ class EtcdServer {
   std::filesystem::path data_dir_;
   uint16_t client_port_ = 0;
   uint16_t peer_port_ = 0;
-  pid_t pid_ = -1;
   std::thread reader_;
   std::mutex mu_;
   std::condition_variable cv_;
+  pid_t pid_ = -1;        // set by the reader when it has forked
+  bool spawned_ = false;  // the reader has forked, or failed to
   bool ready_ = false;
   bool exited_ = false;
   std::string version_;  // written by the reader until ready, read after
