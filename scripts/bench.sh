@@ -8,6 +8,9 @@
 #                                        next to the floor's: joins, seal, fan-out
 #        scripts/bench.sh --launcher [N ...]  rdzv run: launch to all workers started, and
 #                                        SIGKILL of a node to the survivors restarted (N = 2 4 8)
+#        scripts/bench.sh --quorum [ARGS]  rdzv against torchft's Lighthouse in the same run:
+#                                        quorum/round formation (N = 2 8 64 256) and recovery
+#                                        after a SIGKILL (torchft installed beside PyTorch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -20,6 +23,12 @@ if [ "${1:-}" = "--launcher" ]; then
   shift
   cargo build --release --quiet --lib --bin rdzv --example bench_launcher
   "$target/release/examples/bench_launcher" "$endpoint" "$@"
+elif [ "${1:-}" = "--quorum" ]; then
+  shift
+  cargo build --release --quiet --lib
+  python=$(scripts/quorum-env.sh)
+  RDZV_LIBRARY="$target/release/librdzv.so" PYTHONPATH="$PWD/bindings/python" \
+    "$python" examples/bench_quorum.py "$endpoint" "$@" 2> >(grep -v '\[torchft::' >&2)
 elif [ "${1:-}" = "--phases" ]; then
   cargo build --release --example bench --quiet
   "$target/release/examples/bench" "$endpoint" --phases "${2:-1024}"
