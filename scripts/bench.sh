@@ -8,14 +8,20 @@
 #                                        next to the floor's: joins, seal, fan-out
 #        scripts/bench.sh --launcher [N ...]  rdzv run: launch to all workers started, and
 #                                        SIGKILL of a node to the survivors restarted (N = 2 4 8)
+#        scripts/bench.sh --cluster [N ...]  the same against a 3-member etcd cluster (N = 8
+#                                        ... 4096), and a round while the raft leader is killed
 #        scripts/bench.sh --quorum [ARGS]  rdzv against torchft's Lighthouse in the same run:
 #                                        quorum/round formation (N = 2 8 64 256) and recovery
 #                                        after a SIGKILL (torchft installed beside PyTorch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-read -r pid endpoint dir < <(scripts/etcd-local.sh --quota-backend-bytes=4294967296)
-trap 'kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
+# --cluster: the same benchmark against a 3-member etcd cluster on loopback, as production runs.
+members=1
+[ "${1:-}" != "--cluster" ] || members=3
+read -r pids endpoint dir < <(scripts/etcd-local.sh --members "$members" --quota-backend-bytes=4294967296)
+# shellcheck disable=SC2064 # the pids are known now; a restarted member is the benchmark's
+trap "kill ${pids//,/ } 2>/dev/null; pkill -f -- '--data-dir $dir/' 2>/dev/null; rm -rf '$dir'" EXIT
 # Where cargo builds: CARGO_TARGET_DIR (or cargo's configuration) if set, else target/.
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 echo "etcd $(etcd --version | awk '/^etcd Version:/ {print $3}') at $endpoint, $(nproc) cores"
@@ -23,6 +29,13 @@ if [ "${1:-}" = "--launcher" ]; then
   shift
   cargo build --release --quiet --lib --bin rdzv --example bench_launcher
   "$target/release/examples/bench_launcher" "$endpoint" "$@"
+elif [ "${1:-}" = "--cluster" ]; then
+  shift
+  cargo build --release --example bench --quiet
+  echo "a 3-member cluster: rounds, store, then rounds while the raft leader is killed"
+  [ $# -gt 0 ] || set -- 8 64 256 1024 4096
+  "$target/release/examples/bench" "$endpoint" "$@"
+  "$target/release/examples/bench" "$endpoint" --leader-kill "$pids"
 elif [ "${1:-}" = "--quorum" ]; then
   shift
   cargo build --release --quiet --lib

@@ -3,6 +3,8 @@
 //! Run with `scripts/bench.sh` (starts a local etcd) or `cargo run --release --example bench
 //! -- HOST:PORT [N ...]`. Numbers are medians; the machine is shared, so compare ratios.
 
+mod cluster;
+
 use rdzv::{Params, Rendezvous};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,7 +57,7 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> Round {
         }
     }
     let rss_handles = resident_bytes();
-    let mut client = etcd_client::Client::connect([endpoint], None)
+    let mut client = etcd_client::Client::connect(endpoint.split(',').collect::<Vec<_>>(), None)
         .await
         .unwrap();
     let before = revision(&mut client).await;
@@ -120,8 +122,17 @@ fn resident_bytes() -> i64 {
     pages * 4096
 }
 
-/// One value from etcd's Prometheus metrics (served on its client URL).
-async fn metric(endpoint: &str, name: &str) -> i64 {
+/// One value of etcd's Prometheus metrics (served on its client URL), summed over the members
+/// when `endpoints` lists several (watchers and events are counted by the member serving them).
+async fn metric(endpoints: &str, name: &str) -> i64 {
+    let mut sum = 0;
+    for endpoint in endpoints.split(',') {
+        sum += member_metric(endpoint, name).await;
+    }
+    sum
+}
+
+async fn member_metric(endpoint: &str, name: &str) -> i64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn = tokio::net::TcpStream::connect(endpoint).await.unwrap();
     let request = format!("GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
@@ -170,7 +181,7 @@ impl Phases {
 }
 
 async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
-    let client = etcd_client::Client::connect([endpoint], None)
+    let client = etcd_client::Client::connect(endpoint.split(',').collect::<Vec<_>>(), None)
         .await
         .unwrap();
     let prefix = format!("/floor/{run}/");
@@ -247,7 +258,7 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
 /// and the seal (a key ending in `final`): the same clock for rdzv and the floor, at the cost
 /// of one more watcher (the leader's share).
 async fn observe(endpoint: &str, prefix: String) -> tokio::task::JoinHandle<(Instant, Instant)> {
-    let mut client = etcd_client::Client::connect([endpoint], None)
+    let mut client = etcd_client::Client::connect(endpoint.split(',').collect::<Vec<_>>(), None)
         .await
         .unwrap();
     let options = etcd_client::WatchOptions::new().with_prefix();
@@ -338,7 +349,7 @@ async fn store_bench(endpoint: &str) {
         .await
         .unwrap();
     let (_, store) = node.next().await.unwrap();
-    let mut raw = etcd_client::Client::connect([endpoint], None)
+    let mut raw = etcd_client::Client::connect(endpoint.split(',').collect::<Vec<_>>(), None)
         .await
         .unwrap();
     let ops = 500;
@@ -446,6 +457,19 @@ fn main() {
     let endpoint = args
         .next()
         .expect("usage: bench HOST:PORT [N ...] | --phases N");
+    if args.peek().map(String::as_str) == Some("--leader-kill") {
+        let pids = args.nth(1).expect("--leader-kill PID,PID,... [N ...]");
+        let sizes: Vec<usize> = args
+            .map(|a| a.parse().expect("N must be a number"))
+            .collect();
+        let sizes = if sizes.is_empty() {
+            vec![8, 64, 256]
+        } else {
+            sizes
+        };
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        return rt.block_on(cluster::leader_kill(&endpoint, &pids, &sizes));
+    }
     if args.peek().map(String::as_str) == Some("--phases") {
         let n = args
             .nth(1)
