@@ -374,3 +374,48 @@ fn num_lost_counts_every_member_that_leaves() {
         }
     }
 }
+
+/// Each of `nodes` calls next at once; returns their rounds.
+fn next_on_all(nodes: &[Arc<BlockingRendezvous>]) -> Vec<rdzv::RoundInfo> {
+    let nodes = nodes.to_vec();
+    on_threads(nodes.len(), move |i| nodes[i].next().unwrap().0)
+}
+
+/// A re-rendezvous waits for nobody once every live node of the run has joined: the survivors
+/// of a departure seal at once. Here the last call (60 s) is longer than their join_timeout
+/// (20 s), so waiting it out, as before, fails the call.
+#[test]
+fn survivors_seal_without_a_last_call_once_every_live_node_joined() {
+    let etcd = Etcd::start();
+    let url = etcd.url(
+        "everyone",
+        "min_nodes=2&max_nodes=3&last_call_timeout=60&join_timeout=20",
+    );
+    let nodes: Vec<Arc<BlockingRendezvous>> = (0..3).map(|_| Arc::new(node(&url))).collect();
+    let first = next_on_all(&nodes);
+    assert_one_world(&first);
+    nodes[2].shutdown().unwrap(); // leaves: its alive key goes at once
+    let again = next_on_all(&nodes[..2]);
+    assert_one_world(&again);
+    assert_eq!(again[0].round, 1);
+    // Survivors keep their order.
+    assert_eq!(again[0].rank < again[1].rank, first[0].rank < first[1].rank);
+}
+
+/// A live node that has not joined (it may be about to) keeps the last call.
+#[test]
+fn a_live_node_that_has_not_joined_keeps_the_last_call() {
+    let etcd = Etcd::start();
+    let url = etcd.url("bystander", "min_nodes=2&max_nodes=3&last_call_timeout=1.5");
+    let nodes: Vec<Arc<BlockingRendezvous>> = (0..3).map(|_| Arc::new(node(&url))).collect();
+    assert_one_world(&next_on_all(&nodes));
+    nodes[2].shutdown().unwrap();
+    let _bystander = node(&url); // alive, never joins
+    let started = Instant::now();
+    let again = next_on_all(&nodes[..2]);
+    assert_one_world(&again);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "sealed before the last call with a live node yet to join"
+    );
+}

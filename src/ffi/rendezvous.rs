@@ -67,7 +67,9 @@ pub extern "C" fn rdzv_new(
 }
 
 /// Joins the next round and blocks until this node is a member of a completed round: when
-/// `max_nodes` have joined, or `last_call_timeout` after `min_nodes` have. A node arriving
+/// `max_nodes` have joined, or `last_call_timeout` after `min_nodes` have (a round that
+/// re-forms a running world seals without the last call once every live node of the run,
+/// every live member included, has joined: nobody is left to wait for). A node arriving
 /// while a round is running waits (others see it in `rdzv_num_waiting`) until a member calls
 /// `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
 /// `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes

@@ -310,6 +310,18 @@ impl RoundView {
         })
     }
 
+    /// Nobody is left to wait for: the round re-forms a running world (there is a previous
+    /// round), every live member of it has joined, and so has every other live node of the run.
+    /// The last call exists for nodes that may still arrive; here only a process that has not
+    /// started yet could, and it would be counted in `num_waiting` and admitted by the next
+    /// round, as any late arrival is. So a re-rendezvous after a loss, a departure or an
+    /// arrival seals as soon as the survivors are in, not a last call later.
+    fn everyone_joined(&self) -> bool {
+        self.previous.is_some()
+            && self.pending_previous() == 0
+            && self.alive.iter().all(|node| self.has_joined(node))
+    }
+
     /// Logs why the round is still open: how many joined, whether it is activated, and which
     /// live members of the previous round have not joined yet (the ones the round waits for
     /// before sealing at max_nodes, and the first thing to look at in a hung round).
@@ -517,8 +529,13 @@ async fn lead(
         let activated = view.activated();
         let full = n >= max && view.pending_previous() == 0;
         let last_call_over = last_call.is_some_and(|t| Instant::now() >= t);
-        if activated && (full || (n >= min && last_call_over)) {
-            let trigger = if full { "max_nodes" } else { "last_call" };
+        let everyone = n >= min && view.everyone_joined();
+        if activated && (full || everyone || (n >= min && last_call_over)) {
+            let trigger = match (full, everyone) {
+                (true, _) => "max_nodes",
+                (false, true) => "everyone_joined",
+                (false, false) => "last_call",
+            };
             return seal(rdzv, &view, max, deadline, left_out, trigger).await;
         }
         if activated && n >= min {
