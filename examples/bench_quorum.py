@@ -12,8 +12,9 @@ Formation: N threads in this process, each with its own client (torchft) or hand
 min_nodes = max_nodes = N), released at once by a barrier; the time is from the release to the
 last participant's return. Loss: N participant processes form a quorum or round, one is
 SIGKILLed; the time is from the kill to the last survivor holding a quorum or round of N-1.
-Both sides detect the death the same way, by a missed heartbeat or an expired lease of the
-same length (LOSS_TTL), and both poll for it at the same interval (POLL)."""
+rdzv notices a death when the lease expires (LOSS_TTL); torchft when the heartbeat times out
+(the same LOSS_TTL), or sooner: once more than half of the heartbeating replicas ask for a
+quorum, one that does not ask within join_timeout is left out. Both poll at the same interval (POLL)."""
 
 from __future__ import annotations
 
@@ -229,8 +230,8 @@ def main() -> None:
         print(f"N={n:>4}  torchft {ms(t)}  rdzv {ms(r)}  rdzv/torchft {r / t:6.2f}x")
 
     print(f"loss: N participant processes, one SIGKILLed, time to the survivors' next quorum "
-          f"(median of 3); heartbeat timeout = lease_ttl = {LOSS_TTL:g} s, "
-          f"polled every {POLL:g} s; rdzv's last call {LAST_CALL:g} s")
+          f"(median of 3); heartbeat timeout = lease_ttl = {LOSS_TTL:g} s, polled every "
+          f"{POLL:g} s; join_timeout = last call = {LAST_CALL:g} s")
     me = [sys.executable, os.path.abspath(__file__), args.endpoint, "--participant"]
     for n in args.loss:
         t_runs, r_runs = [], []
@@ -244,7 +245,7 @@ def main() -> None:
             r_runs.append(recovery(lambda i: me + ["rdzv", url], n))
         t, r = statistics.median(t_runs), statistics.median(r_runs)
         print(f"N={n:>4}  torchft {ms(t)}  rdzv {ms(r)}  rdzv/torchft {r / t:6.2f}x  "
-              f"(floor: {LOSS_TTL:g} s to notice; rdzv adds its last call)")
+              f"(rdzv's floor: {LOSS_TTL:g} s until the lease expires)")
 
 
 if __name__ == "__main__":
