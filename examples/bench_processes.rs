@@ -27,14 +27,57 @@ fn spawn(command: &[String], url: &str) -> Proc {
     Proc { child, lines }
 }
 
-/// One round of `n` processes; returns the time from the last call to the last return.
-fn one_round(command: &[String], endpoint: &str, n: usize, run: &str) -> Duration {
-    let url = format!("etcd://{endpoint}/{run}?min_nodes={n}&max_nodes={n}&join_timeout=120");
+/// What one node process costs once connected: resident memory, threads, open sockets.
+#[derive(Clone, Copy, Default)]
+struct Cost {
+    rss_kib: u64,
+    threads: u64,
+    sockets: u64,
+}
+
+fn cost_of(pid: u32) -> Cost {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.filter_map(Result::ok)
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .filter(|target| target.to_string_lossy().starts_with("socket:"))
+                .count() as u64
+        })
+        .unwrap_or(0);
+    Cost {
+        rss_kib: field("VmRSS:"),
+        threads: field("Threads:"),
+        sockets,
+    }
+}
+
+/// One round of `n` processes: the time from the last call to the last return, the time from
+/// the first spawn to every node connected, and the median node's cost.
+fn one_round(
+    command: &[String],
+    endpoint: &str,
+    n: usize,
+    run: &str,
+) -> (Duration, Duration, Cost) {
+    let url = format!("etcd://{endpoint}/{run}?min_nodes={n}&max_nodes={n}&join_timeout=300");
+    let spawned = std::time::Instant::now();
     let mut procs: Vec<Proc> = (0..n).map(|_| spawn(command, &url)).collect();
     for p in &mut procs {
         let line = p.lines.next().expect("node exited before ready").unwrap();
         assert_eq!(line, "ready", "unexpected line from a node: {line}");
     }
+    let startup = spawned.elapsed();
+    let mut costs: Vec<Cost> = procs.iter().map(|p| cost_of(p.child.id())).collect();
+    costs.sort_by_key(|c| c.rss_kib);
+    let cost = costs[n / 2];
     for p in &mut procs {
         let stdin = p.child.stdin.as_mut().unwrap();
         stdin.write_all(b"go\n").unwrap();
@@ -54,7 +97,23 @@ fn one_round(command: &[String], endpoint: &str, n: usize, run: &str) -> Duratio
     for p in &mut procs {
         assert!(p.child.wait().unwrap().success());
     }
-    Duration::from_nanos((last_return - last_call) as u64)
+    let took = Duration::from_nanos((last_return - last_call) as u64);
+    (took, startup, cost)
+}
+
+/// Lifts the soft limit on open files to the hard one: two pipes per node process.
+fn raise_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 fn main() {
@@ -86,18 +145,34 @@ fn main() {
         vec![exe.with_file_name("bench_node").display().to_string()]
     };
     let kind = if python { "python" } else { "rust" };
+    raise_file_limit();
+    let tag = std::process::id();
     println!("processes ({kind}): time from the last node's call of next to the last return");
+    println!("  and per node process once connected: start-up (first spawn to all connected),");
+    println!("  resident memory, threads and sockets of the median node");
     for &n in &sizes {
         let repeats = if n <= 64 { 5 } else { 3 };
-        let mut times: Vec<Duration> = (0..repeats)
-            .map(|r| one_round(&command, &endpoint, n, &format!("procs-{kind}-{n}-{r}")))
+        let mut rounds: Vec<(Duration, Duration, Cost)> = (0..repeats)
+            .map(|r| {
+                one_round(
+                    &command,
+                    &endpoint,
+                    n,
+                    &format!("procs-{kind}-{n}-{r}-{tag}"),
+                )
+            })
             .collect();
-        times.sort();
+        rounds.sort_by_key(|r| r.0);
+        let (took, startup, cost) = rounds[repeats / 2];
         println!(
-            "N={n:>5}  median {:>9.2} ms  (min {:.2} ms, max {:.2} ms, {repeats} runs)",
-            times[repeats / 2].as_secs_f64() * 1e3,
-            times[0].as_secs_f64() * 1e3,
-            times[repeats - 1].as_secs_f64() * 1e3
+            "N={n:>5}  median {:>9.2} ms  (min {:.2} ms, max {:.2} ms, {repeats} runs)  start-up {:.2} s  {} KiB  {} threads  {} sockets",
+            took.as_secs_f64() * 1e3,
+            rounds[0].0.as_secs_f64() * 1e3,
+            rounds[repeats - 1].0.as_secs_f64() * 1e3,
+            startup.as_secs_f64(),
+            cost.rss_kib,
+            cost.threads,
+            cost.sockets
         );
     }
 }
