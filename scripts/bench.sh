@@ -21,7 +21,7 @@ members=1
 [ "${1:-}" != "--cluster" ] || members=3
 read -r pids endpoint dir < <(scripts/etcd-local.sh --members "$members" --quota-backend-bytes=4294967296)
 # shellcheck disable=SC2064 # the pids are known now; a restarted member is the benchmark's
-trap "kill ${pids//,/ } 2>/dev/null; pkill -f -- '--data-dir $dir/' 2>/dev/null; rm -rf '$dir'" EXIT
+trap "kill ${pids//,/ } 2>/dev/null || true; pkill -f -- '--data-dir $dir/' || true; rm -rf '$dir'" EXIT
 # Where cargo builds: CARGO_TARGET_DIR (or cargo's configuration) if set, else target/.
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 echo "etcd $(etcd --version | awk '/^etcd Version:/ {print $3}') at $endpoint, $(nproc) cores"
