@@ -280,24 +280,39 @@ impl Etcd {
 
 /// Fails at once, with a message that says what to check, when every endpoint refuses TCP
 /// connections: nothing listens there, and waiting out `connect_timeout` would only hide that.
-/// Anything else (a timeout, a name that does not resolve yet) is left to the normal retries.
+/// Anything else (an endpoint that accepts, a timeout, a name that does not resolve yet) is
+/// left to the normal retries. The endpoints are probed at once, each until `deadline`: a
+/// refusal comes back at once from the kernel, so no shorter timer is needed, and one that
+/// fired on a loaded machine before the refusal arrived turned it into a 10 s timeout.
 async fn refuse_fast(endpoints: &[String], deadline: Instant) -> Result<()> {
-    let mut refused = Vec::new();
-    for endpoint in endpoints {
+    let mut probes = tokio::task::JoinSet::new();
+    for (index, endpoint) in endpoints.iter().enumerate() {
         let host_port = endpoint
             .split_once("://")
             .map_or(endpoint.as_str(), |(_, rest)| rest)
-            .trim_end_matches('/');
-        let probe_deadline = deadline.min(Instant::now() + Duration::from_secs(1));
-        match tokio::time::timeout_at(probe_deadline, tokio::net::TcpStream::connect(host_port))
-            .await
-        {
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                refused.push(host_port.to_string())
-            }
+            .trim_end_matches('/')
+            .to_string();
+        probes.spawn(async move {
+            let refused = matches!(
+                tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(&host_port)).await,
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
+            );
+            (index, host_port, refused)
+        });
+    }
+    let mut refused = Vec::new();
+    while let Some(probe) = probes.join_next().await {
+        match probe {
+            Ok((index, host_port, true)) => refused.push((index, host_port)),
+            // One endpoint answered (or may yet): the normal path takes over.
             _ => return Ok(()),
         }
     }
+    refused.sort(); // in the order the endpoints were given
+    let refused: Vec<String> = refused
+        .into_iter()
+        .map(|(_, host_port)| host_port)
+        .collect();
     Err(Error::connection(format!(
         "connection refused at {}: is etcd running there? (check the endpoint's host and port)",
         refused.join(", ")
