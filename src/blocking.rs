@@ -2,7 +2,8 @@
 //! call. A process that forks gets a fresh runtime in the child (the parent's worker threads
 //! do not exist there); handles made before the fork refuse to work in the child.
 
-use crate::error::{Error, Result};
+use crate::admin::{Admin, Purge, RunStatus, StatusWatch};
+use crate::error::{Error, ErrorKind, Result};
 use crate::params::Params;
 use crate::rendezvous::{Rendezvous, RoundInfo};
 use crate::store::Store;
@@ -118,6 +119,12 @@ impl BlockingRendezvous {
     pub fn num_lost(&self) -> Result<u32> {
         self.owned.run(self.inner.num_lost())
     }
+    pub fn drain(&self, reason: &str) -> Result<()> {
+        self.owned.run(self.inner.drain(reason))
+    }
+    pub fn is_draining(&self) -> Result<bool> {
+        self.owned.run(self.inner.is_draining())
+    }
     pub fn cancel(&self) {
         self.inner.cancel()
     }
@@ -141,6 +148,78 @@ impl Drop for BlockingRendezvous {
             return;
         }
         let _ = self.shutdown();
+    }
+}
+
+/// A blocking operator handle on one run: never joins it. One `watch_next` runs at a time;
+/// `cancel` wakes it from another thread.
+pub struct BlockingAdmin {
+    owned: Owned,
+    inner: Admin,
+    watch: tokio::sync::Mutex<StatusWatch>,
+    /// Bumped by `cancel`; a running `watch_next` returns when it changes.
+    cancel: tokio::sync::watch::Sender<u64>,
+}
+
+impl BlockingAdmin {
+    pub fn new(params: Params) -> Result<BlockingAdmin> {
+        let owned = Owned::new()?;
+        let inner = owned.run(Admin::connect(params))?;
+        Ok(BlockingAdmin {
+            watch: tokio::sync::Mutex::new(inner.watch()),
+            owned,
+            inner,
+            cancel: tokio::sync::watch::channel(0).0,
+        })
+    }
+    pub fn status(&self) -> Result<RunStatus> {
+        self.owned.run(self.inner.status())
+    }
+    /// The current status on the first call, then each change, in order (see
+    /// `StatusWatch::next`). `Timeout` when nothing changed within `timeout`; the watch stays
+    /// open and the next call goes on from where this one stopped.
+    pub fn watch_next(&self, timeout: Duration) -> Result<RunStatus> {
+        // Subscribe before anything else, so a cancel made once the call is entered is seen.
+        let mut cancel = self.cancel.subscribe();
+        self.owned.run(async {
+            let mut watch = self.watch.try_lock().map_err(|_| {
+                Error::invalid("watch: another watch call is already running on this handle")
+            })?;
+            tokio::select! {
+                status = watch.next() => status,
+                _ = tokio::time::sleep(timeout) => Err(Error::timeout(format!(
+                    "watch: no change within {} ms",
+                    timeout.as_millis()
+                ))),
+                _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "watch: cancelled")),
+            }
+        })
+    }
+    /// Wakes a `watch_next` running on this handle (it returns `Cancelled`). Never blocks.
+    pub fn cancel(&self) {
+        self.cancel.send_modify(|generation| *generation += 1);
+    }
+    pub fn close(&self) -> Result<()> {
+        self.owned.run(self.inner.close())
+    }
+    pub fn purge(&self, force: bool) -> Result<Purge> {
+        self.owned.run(self.inner.purge(force))
+    }
+    pub fn drain(&self, node: &str, reason: &str) -> Result<()> {
+        self.owned.run(self.inner.drain(node, reason))
+    }
+    pub fn params(&self) -> &Params {
+        self.inner.params()
+    }
+}
+
+impl Drop for BlockingAdmin {
+    fn drop(&mut self) {
+        if self.owned.foreign() {
+            // Leak: the parent's runtime and connection must not be torn down in a child.
+            std::mem::forget(self.owned.rt.clone());
+            std::mem::forget(self.inner.clone());
+        }
     }
 }
 

@@ -17,7 +17,7 @@ pub mod rendezvous;
 pub mod store;
 mod util;
 
-pub use blocking::{BlockingRendezvous, BlockingStore};
+pub use blocking::{BlockingAdmin, BlockingRendezvous, BlockingStore};
 pub use error::{Error, ErrorKind, Result};
 pub use params::Params;
 pub use rendezvous::{Rendezvous, RoundInfo};

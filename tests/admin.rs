@@ -67,7 +67,7 @@ fn status_lists_members_in_rank_order_then_waiting_and_lost_nodes() {
         let result = node.next().map(|(info, _)| info.round);
         (node.node_id().to_string(), result)
     });
-    let mut watch = rt.block_on(a.watch()).unwrap();
+    let mut watch = a.watch();
     let waiting = rt.block_on(async {
         loop {
             let s = watch.next().await.unwrap();
@@ -97,7 +97,7 @@ fn the_watch_reports_a_seal_and_a_close_as_they_happen() {
     let rt = runtime();
     let url = etcd.url("watch", "min_nodes=2&max_nodes=2");
     let a = admin(&rt, &url);
-    let mut watch = rt.block_on(a.watch()).unwrap();
+    let mut watch = a.watch();
     let first = rt.block_on(watch.next()).unwrap();
     assert!(!first.exists);
     let join_url = url.clone();

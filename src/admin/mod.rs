@@ -1,5 +1,7 @@
 //! Operator access to a run, without joining it: what state it is in (`status`), every change
-//! as it happens (`watch`), closing it (`close`) and deleting what it left in etcd (`purge`).
+//! as it happens (`watch`), closing it (`close`), deleting what it left in etcd (`purge`), and
+//! announcing that a node will leave (`drain`). A scheduler reaches the same calls through
+//! the C ABI (`rdzv_admin_*`) and every binding.
 //!
 //! The key layout stays private to the library (`backend::keys`); this module is the one
 //! public way to read it, so tools such as `rdzv status` never parse etcd keys themselves.
@@ -60,6 +62,8 @@ pub struct Member {
     /// Its lease is live. A member that is not alive is *lost*: the survivors re-form without
     /// it.
     pub alive: bool,
+    /// It was drained (a planned departure): the survivors re-form without it, at once.
+    pub draining: bool,
 }
 
 /// A node that joined the open round.
@@ -69,6 +73,8 @@ pub struct Joiner {
     pub addr: String,
     /// Its rank in the sealed round, if it was a member (a re-rendezvous is under way).
     pub member_rank: Option<u32>,
+    /// It was drained: it will not be sealed into a round.
+    pub draining: bool,
 }
 
 /// What `purge` did.
@@ -81,6 +87,15 @@ pub enum Purge {
 }
 
 impl RunStatus {
+    /// Members of the sealed round that are alive but drained (leaving).
+    pub fn draining(&self) -> Vec<&Member> {
+        self.sealed
+            .iter()
+            .flat_map(|s| s.members.iter())
+            .filter(|m| m.alive && m.draining)
+            .collect()
+    }
+
     /// Members of the sealed round whose lease has expired.
     pub fn lost(&self) -> Vec<&Member> {
         self.sealed
@@ -99,6 +114,7 @@ impl RunStatus {
                 "master_port": s.master_port,
                 "members": s.members.iter().map(|m| json!({
                     "rank": m.rank, "node": m.node, "addr": m.addr, "alive": m.alive,
+                    "draining": m.draining,
                 })).collect::<Vec<_>>(),
             })
         });
@@ -110,8 +126,10 @@ impl RunStatus {
             "sealed": sealed,
             "waiting": self.waiting.iter().map(|j| json!({
                 "node": j.node, "addr": j.addr, "member_rank": j.member_rank,
+                "draining": j.draining,
             })).collect::<Vec<_>>(),
             "lost": self.lost().iter().map(|m| json!({"rank": m.rank, "node": m.node})).collect::<Vec<_>>(),
+            "draining": self.draining().iter().map(|m| json!({"rank": m.rank, "node": m.node})).collect::<Vec<_>>(),
             "alive": self.alive,
             "revision": self.revision,
         })
@@ -130,6 +148,8 @@ impl RunStatus {
 }
 
 /// An operator's connection to one run (named by the run id and key prefix of `params`).
+/// Cheap to clone: clones share the connection.
+#[derive(Clone)]
 pub struct Admin {
     params: Params,
     etcd: Etcd,
@@ -165,11 +185,20 @@ impl Admin {
             TxnOp::get(k.closed(), Some(GetOptions::new().with_count_only())),
             TxnOp::get(k.current(), None),
             TxnOp::get(k.alive_prefix(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(
+                k.drain_prefix(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            ),
         ]);
         let resp = self.etcd.txn(deadline, "status", first).await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         let got = ranges(&resp);
         let (all, closed, current, alive) = (&got[0], &got[1], &got[2], &got[3]);
+        let draining: std::collections::HashSet<&str> = got[4]
+            .kvs()
+            .iter()
+            .filter_map(|kv| Keys::node_of(kv.key()))
+            .collect();
         let open_round: u64 = match current.kvs().first() {
             Some(kv) => std::str::from_utf8(kv.value())
                 .ok()
@@ -223,6 +252,7 @@ impl Admin {
                 let node = Keys::node_of(kv.key()).unwrap_or_default().to_string();
                 let member_rank = sealed.as_ref().and_then(|s| s.rank_of(&node));
                 Ok(Joiner {
+                    draining: draining.contains(node.as_str()),
                     node,
                     addr: record.addr,
                     member_rank,
@@ -241,6 +271,7 @@ impl Admin {
                     rank: rank as u32,
                     addr: alive.get(node).cloned(),
                     alive: alive.contains_key(node),
+                    draining: draining.contains(node.as_str()),
                     node: node.clone(),
                 })
                 .collect(),
@@ -260,12 +291,26 @@ impl Admin {
     /// Watches the run: `StatusWatch::next` returns the current status first, then each
     /// status that differs from the one before, as etcd reports the change (by watch, not by
     /// polling). Writes to a round's store do not count as changes.
-    pub async fn watch(&self) -> Result<StatusWatch<'_>> {
-        Ok(StatusWatch {
-            admin: self,
+    pub fn watch(&self) -> StatusWatch {
+        StatusWatch {
+            admin: self.clone(),
             watch: None,
+            dirty: true,
             last: None,
-        })
+        }
+    }
+
+    /// Marks `node` as leaving the run (a planned departure: preemption notice, maintenance,
+    /// scale-down). The other members count it in `num_lost` at once and re-form without it;
+    /// its own `next` ends with a graceful exit. The mark lasts as long as the node's lease.
+    /// `reason` is shown to the node and in logs. Fails with an invalid argument if `node` is
+    /// not a live node of the run.
+    pub async fn drain(&self, node: &str, reason: &str) -> Result<()> {
+        let deadline = self.deadline();
+        crate::rendezvous::drain::mark(&self.etcd, &self.keys, node, reason, None, deadline)
+            .await?;
+        tracing::info!(run = %self.params.run_id, node, reason, "drained a node (operator)");
+        Ok(())
     }
 
     /// Closes the run for every node, as `Rendezvous::set_closed` does: blocked `next` calls
@@ -336,19 +381,25 @@ impl Admin {
 }
 
 /// A live view of one run; see `Admin::watch`.
-pub struct StatusWatch<'a> {
-    admin: &'a Admin,
+pub struct StatusWatch {
+    admin: Admin,
     watch: Option<crate::backend::Watch>,
+    /// A change was seen (or the watch was reopened) and not yet read: kept across a `next`
+    /// that is dropped midway (a timeout or a cancel), so no change is lost.
+    dirty: bool,
     last: Option<RunStatus>,
 }
 
-impl StatusWatch<'_> {
+impl StatusWatch {
     /// The current status on the first call; after that, waits for the next change an
     /// operator would see and returns the new status. Waits as long as nothing changes; a
-    /// broken watch (etcd restarted, history compacted) is reopened and the state read afresh.
+    /// broken watch (etcd restarted, history compacted) is reopened and the state read afresh
+    /// (an etcd that stays down ends the call with a connection error after
+    /// `connect_timeout`; the next call tries again). Cancel-safe: dropping the future (a
+    /// timeout) loses no change.
     pub async fn next(&mut self) -> Result<RunStatus> {
         loop {
-            let fresh = match self.watch.as_mut() {
+            match self.watch.as_mut() {
                 None => {
                     // Watch first, then read: a change between the two is not missed.
                     let target = Target::Prefix(self.admin.keys.namespace().to_string());
@@ -358,22 +409,23 @@ impl StatusWatch<'_> {
                             .watch(&[target], self.admin.deadline())
                             .await?,
                     );
-                    true
+                    self.dirty = true;
                 }
+                Some(_) if self.dirty => {}
                 Some(watch) => match watch.events().await {
-                    None => {
-                        self.watch = None;
-                        continue;
+                    None => self.watch = None,
+                    Some(events) => {
+                        self.dirty = events
+                            .iter()
+                            .any(|e| e.kv().is_some_and(|kv| !self.is_store_key(kv.key())))
                     }
-                    Some(events) => events
-                        .iter()
-                        .any(|e| e.kv().is_some_and(|kv| !self.is_store_key(kv.key()))),
                 },
-            };
-            if !fresh {
+            }
+            if !self.dirty || self.watch.is_none() {
                 continue;
             }
             let status = self.admin.status().await?;
+            self.dirty = false;
             if self.last.as_ref().is_some_and(|last| last.same_as(&status)) {
                 continue;
             }

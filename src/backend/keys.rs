@@ -5,6 +5,7 @@
 //! closed                       present once the run is closed (bound to a retention lease)
 //! current                      the number of the round open for joining; absent means 0
 //! alive/{node}                 one per live node, bound to the node's lease
+//! drain/{node}                 the node is leaving (planned): bound to the node's lease
 //! r/{round:020}/join/{node}    a node's request to join the round, bound to its lease
 //! r/{round:020}/gone/{node}    a node that withdrew its join request (cancel, timeout)
 //! r/{round:020}/leader         the node that seals the round, bound to its lease
@@ -60,6 +61,12 @@ impl Keys {
     pub fn alive(&self, node: &str) -> String {
         format!("{}alive/{node}", self.namespace)
     }
+    pub fn drain_prefix(&self) -> String {
+        format!("{}drain/", self.namespace)
+    }
+    pub fn drain(&self, node: &str) -> String {
+        format!("{}drain/{node}", self.namespace)
+    }
     pub fn rounds_prefix(&self) -> String {
         format!("{}r/", self.namespace)
     }
@@ -88,7 +95,7 @@ impl Keys {
         format!("{}store/", self.round_prefix(round))
     }
 
-    /// The node id at the end of a `join/`, `gone/` or `alive/` key.
+    /// The node id at the end of a `join/`, `gone/`, `alive/` or `drain/` key.
     pub fn node_of(key: &[u8]) -> Option<&str> {
         let key = std::str::from_utf8(key).ok()?;
         key.rsplit_once('/').map(|(_, node)| node)

@@ -1,5 +1,5 @@
-//! Which members of this node's last round are gone, kept current by a watch on the run's
-//! `alive/` keys. Supervisors poll `num_lost` several times a second on every node; answered
+//! Which members of this node's last round are gone or leaving, kept current by a watch on
+//! the run's `alive/` and `drain/` keys. Supervisors poll `num_lost` several times a second on every node; answered
 //! from memory, that costs etcd nothing instead of a read of every live node's key per poll.
 //!
 //! The watch ends at the first member lost. A loss means the round must be formed again
@@ -8,8 +8,9 @@
 //! After that, `num_lost` reads etcd, at most once per `REREAD_AFTER`.
 
 use crate::backend::keys::Keys;
-use crate::backend::{backoff, Etcd, Target};
-use etcd_client::{EventType, GetOptions};
+use crate::backend::{backoff, ranges, Etcd, Target};
+use crate::error::Result;
+use etcd_client::{EventType, GetOptions, Txn, TxnOp};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,9 +36,9 @@ pub(crate) struct LostTracker {
 
 impl LostTracker {
     /// Starts tracking `members` (must be called inside the runtime).
-    pub fn start(etcd: Etcd, alive_prefix: String, members: Arc<[String]>) -> LostTracker {
+    pub fn start(etcd: Etcd, keys: Keys, members: Arc<[String]>) -> LostTracker {
         let view = Arc::new(Mutex::new(View::Syncing));
-        let task = tokio::spawn(track(etcd, alive_prefix, members, view.clone()));
+        let task = tokio::spawn(track(etcd, keys, members, view.clone()));
         LostTracker { view, task }
     }
 
@@ -71,7 +72,33 @@ impl Drop for LostTracker {
     }
 }
 
-async fn track(etcd: Etcd, prefix: String, members: Arc<[String]>, view: Arc<Mutex<View>>) {
+/// The run's live nodes that are not leaving: `alive/` keys without a `drain/` key, read at one
+/// revision.
+pub(crate) async fn read_live(
+    etcd: &Etcd,
+    keys: &Keys,
+    deadline: Instant,
+    what: &str,
+) -> Result<HashSet<String>> {
+    let names = || Some(GetOptions::new().with_prefix().with_keys_only());
+    let txn = Txn::new().and_then([
+        TxnOp::get(keys.alive_prefix(), names()),
+        TxnOp::get(keys.drain_prefix(), names()),
+    ]);
+    let resp = etcd.txn(deadline, what, txn).await?;
+    let got = ranges(&resp);
+    let node_ids = |i: usize| {
+        got.get(i)
+            .map(|g| g.kvs())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|kv| Keys::node_of(kv.key()).map(str::to_string))
+    };
+    let draining: HashSet<String> = node_ids(1).collect();
+    Ok(node_ids(0).filter(|n| !draining.contains(n)).collect())
+}
+
+async fn track(etcd: Etcd, keys: Keys, members: Arc<[String]>, view: Arc<Mutex<View>>) {
     let members: HashSet<&str> = members.iter().map(String::as_str).collect();
     let set = |value: View| {
         *view.lock().unwrap_or_else(|e| e.into_inner()) = value;
@@ -84,7 +111,7 @@ async fn track(etcd: Etcd, prefix: String, members: Arc<[String]>, view: Arc<Mut
             node = me,
             round,
             lost,
-            "member of the round lost (its lease expired or it left)"
+            "member of the round lost (its lease expired, it left or it was drained)"
         );
         set(View::Settled { read: None });
     };
@@ -92,30 +119,27 @@ async fn track(etcd: Etcd, prefix: String, members: Arc<[String]>, view: Arc<Mut
     loop {
         let deadline = Instant::now() + Duration::from_secs(10);
         // Watch, then read: a change between the two is not missed.
-        if let Ok(mut watch) = etcd
-            .watch(&[Target::Prefix(prefix.clone())], deadline)
-            .await
-        {
-            let read = GetOptions::new().with_prefix().with_keys_only();
-            if let Ok(resp) = etcd
-                .get(deadline, "track alive", prefix.clone(), read)
-                .await
-            {
-                let alive: HashSet<&str> = resp
-                    .kvs()
-                    .iter()
-                    .filter_map(|kv| Keys::node_of(kv.key()))
-                    .collect();
-                if let Some(gone) = members.iter().find(|m| !alive.contains(**m)) {
+        let targets = [
+            Target::Prefix(keys.alive_prefix()),
+            Target::Prefix(keys.drain_prefix()),
+        ];
+        let drain_prefix = keys.drain_prefix();
+        if let Ok(mut watch) = etcd.watch(&targets, deadline).await {
+            if let Ok(live) = read_live(&etcd, &keys, deadline, "track alive").await {
+                if let Some(gone) = members.iter().find(|m| !live.contains(**m)) {
                     return settle(gone);
                 }
                 set(View::Watching);
                 attempt = 0;
                 while let Some(events) = watch.events().await {
+                    // A member is lost when its alive key goes, or leaving when a drain key
+                    // of it appears.
                     let lost = events.iter().find_map(|ev| {
-                        let node = Keys::node_of(ev.kv()?.key())?;
-                        (ev.event_type() == EventType::Delete && members.contains(node))
-                            .then_some(node)
+                        let key = ev.kv()?.key();
+                        let node = Keys::node_of(key)?;
+                        let drained = key.starts_with(drain_prefix.as_bytes());
+                        let gone = (ev.event_type() == EventType::Delete) != drained;
+                        (gone && members.contains(node)).then_some(node)
                     });
                     if let Some(node) = lost {
                         return settle(node);

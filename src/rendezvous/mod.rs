@@ -9,6 +9,7 @@
 //! So a round of N nodes costs N join writes plus one seal, and a sealed membership never
 //! changes. `docs/DESIGN.md` has the state machine and the argument for its correctness.
 
+pub(crate) mod drain;
 mod lost;
 mod records;
 mod round;
@@ -240,6 +241,7 @@ impl Rendezvous {
                     continue;
                 }
                 Joined::Closed => return Err(self.closed_error(left_out)),
+                Joined::Drained(reason) => return Err(self.drained_err(&reason)),
                 // Our earlier attempt at this join landed and the round was sealed with us
                 // before we heard back (a response lost in an etcd restart).
                 Joined::Sealed(sealed, rank) => return Ok(self.member_of(sealed, rank)),
@@ -345,16 +347,19 @@ impl Rendezvous {
                     Some(PutOptions::new().with_lease(lease)),
                 )]),
         ));
+        // A drained node never joins again: its departure is planned.
         let txn = Txn::new()
             .when([
                 round_is_open,
                 Compare::create_revision(self.keys.closed(), CompareOp::Equal, 0),
+                Compare::create_revision(self.keys.drain(&self.node), CompareOp::Equal, 0),
             ])
             .and_then(ops)
             .or_else([
                 TxnOp::get(current.clone(), None),
                 TxnOp::get(self.keys.closed(), None),
                 TxnOp::get(self.keys.final_(round), None),
+                TxnOp::get(self.keys.drain(&self.node), None),
             ]);
         let resp = self.write(deadline, "join", txn).await?;
         if resp.succeeded() {
@@ -378,6 +383,11 @@ impl Rendezvous {
                 self.state().joined = Some(round);
                 return Ok(Joined::Sealed(sealed, rank));
             }
+        }
+        if let Some(kv) = got.get(3).and_then(|g| g.kvs().first()) {
+            return Ok(Joined::Drained(
+                String::from_utf8_lossy(kv.value()).into_owned(),
+            ));
         }
         if got.get(1).is_some_and(|g| !g.kvs().is_empty()) {
             return Ok(Joined::Closed);
@@ -549,6 +559,57 @@ impl Rendezvous {
         }
     }
 
+    /// The error a drained node's `next` ends with: a graceful exit, since its departure was
+    /// planned (its agent stops its workers and leaves without failing the job).
+    pub(crate) fn drained_err(&self, reason: &str) -> Error {
+        let why = match reason.trim() {
+            "" => String::new(),
+            r => format!(": {r}"),
+        };
+        Error::new(
+            ErrorKind::GracefulExit,
+            format!(
+                "node {} was drained{why} (a planned departure): it leaves run {:?}, whose other \
+                 nodes form the next round without it",
+                self.node, self.params.run_id
+            ),
+        )
+    }
+
+    /// Marks this node as leaving (a planned departure, such as a preemption notice): the
+    /// other members count it in `num_lost` at once and re-form without it, and this node's
+    /// `next` ends with a graceful exit from now on. Lasts as long as the node's lease.
+    pub async fn drain(&self, reason: &str) -> Result<()> {
+        self.check_not_shut_down()?;
+        let lease = self.ensure_lease(self.quick_deadline()).await?;
+        drain::mark(
+            &self.etcd,
+            &self.keys,
+            &self.node,
+            reason,
+            Some(lease),
+            self.quick_deadline(),
+        )
+        .await?;
+        tracing::info!(run = %self.params.run_id, node = %self.node, reason, "drained this node");
+        Ok(())
+    }
+
+    /// True once this node was drained (by `drain`, an operator or a scheduler). One etcd read.
+    pub async fn is_draining(&self) -> Result<bool> {
+        self.check_not_shut_down()?;
+        let resp = self
+            .etcd
+            .get(
+                self.quick_deadline(),
+                "is_draining",
+                self.keys.drain(&self.node),
+                GetOptions::new().with_count_only(),
+            )
+            .await?;
+        Ok(resp.count() > 0)
+    }
+
     /// Makes a `next` running on this handle return `Cancelled` and withdraw its join request;
     /// the handle stays usable. No effect when no `next` is running.
     pub fn cancel(&self) {
@@ -614,9 +675,10 @@ impl Rendezvous {
         Ok(n)
     }
 
-    /// Members of this node's last round whose lease has expired (dead or cut off), counting
-    /// this node itself if its own lease is gone. Non-zero means the round is broken and the
-    /// survivors should call `next` to form a new one.
+    /// Members of this node's last round whose lease has expired (dead or cut off) or that are
+    /// leaving (drained), counting this node itself if its own lease is gone or it is drained.
+    /// Non-zero means the round is broken and the survivors should call `next` to form a new
+    /// one (a drained node's own `next` then ends with a graceful exit).
     pub async fn num_lost(&self) -> Result<u32> {
         let n = self.count_lost().await?;
         self.report_change(n, |s| &mut s.seen_lost, "members of the round lost");
@@ -685,33 +747,19 @@ impl Rendezvous {
             };
             let members = sealed.members.clone();
             if state.lost.is_none() {
-                let prefix = self.keys.alive_prefix();
                 let etcd = self.etcd.in_round(sealed.round);
-                let tracker = lost::LostTracker::start(etcd, prefix, members.clone());
+                let tracker = lost::LostTracker::start(etcd, self.keys.clone(), members.clone());
                 state.lost = Some(tracker);
             }
             members
         };
         // The tracker is not in sync (just started, or its watch broke), or a member is lost
         // and its watch ended: read etcd.
-        let prefix = self.keys.alive_prefix();
-        let resp = self
-            .etcd
-            .get(
-                self.quick_deadline(),
-                "num_lost",
-                prefix,
-                GetOptions::new().with_prefix().with_keys_only(),
-            )
-            .await?;
-        let alive: std::collections::HashSet<&str> = resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| Keys::node_of(kv.key()))
-            .collect();
+        let live =
+            lost::read_live(&self.etcd, &self.keys, self.quick_deadline(), "num_lost").await?;
         let n = members
             .iter()
-            .filter(|m| !alive.contains(m.as_str()))
+            .filter(|m| !live.contains(m.as_str()))
             .count() as u32;
         if let Some(tracker) = self.state().lost.as_ref() {
             tracker.read(n);
@@ -814,6 +862,8 @@ enum Joined {
     Round(u64, round::Snapshot),
     Moved(u64),
     Closed,
+    /// This node was drained (the reason): it may not join again.
+    Drained(String),
     /// The round was sealed with this node in it (an earlier attempt of this join landed).
     Sealed(FinalRecord, u32),
 }

@@ -25,6 +25,8 @@ pub(crate) struct Snapshot {
     pub closed: bool,
     /// Whether this node's join key still exists.
     pub joined: bool,
+    /// Why this node was drained (a planned departure), if it was.
+    pub drained: Option<String>,
     /// The etcd revision this snapshot was read at: watch events up to it are already in it.
     pub revision: i64,
 }
@@ -72,6 +74,9 @@ pub(crate) async fn wait_for_seal(
         if snap.closed {
             return Err(rdzv.closed_err(left_out));
         }
+        if let Some(reason) = snap.drained {
+            return Err(rdzv.drained_err(&reason));
+        }
         if !snap.joined {
             return Ok(Outcome::Rejoin);
         }
@@ -99,19 +104,27 @@ pub(crate) async fn wait_for_seal(
                     "waiting for the leader to seal the round");
             }
         }
-        // A follower watches four single keys: the leader (to take over if it dies), final,
-        // closed and its own join key. Arrivals of other nodes wake nobody but the leader.
+        // A follower watches five single keys: the leader (to take over if it dies), final,
+        // closed, its own join key and its own drain key. Arrivals of other nodes wake nobody
+        // but the leader.
+        let my_drain = keys.drain(rdzv.node());
         let targets = [
             Target::Key(leader_key.clone()),
             Target::Key(keys.final_(round)),
             Target::Key(keys.closed()),
             Target::Key(me.clone()),
+            Target::Key(my_drain.clone()),
         ];
         let mut watch = rdzv.etcd().watch(&targets, deadline).await?;
         // Read after the watch exists, so nothing between the two is missed.
         let fresh = read_snapshot(rdzv, round, deadline).await?;
         let other_leader = fresh.leader.is_some() && fresh.leader != Some(rdzv.node().to_string());
-        if fresh.closed || fresh.sealed.is_some() || !fresh.joined || !other_leader {
+        if fresh.closed
+            || fresh.sealed.is_some()
+            || fresh.drained.is_some()
+            || !fresh.joined
+            || !other_leader
+        {
             snap = fresh;
             continue;
         }
@@ -139,6 +152,8 @@ pub(crate) async fn wait_for_seal(
                     closed = true;
                 } else if key == me.as_bytes() && deleted {
                     return Ok(Outcome::Rejoin);
+                } else if key == my_drain.as_bytes() && !deleted {
+                    return Err(rdzv.drained_err(&String::from_utf8_lossy(kv.value())));
                 } else if key == leader_key.as_bytes() && deleted {
                     break 'watching claim_leadership(rdzv, round, deadline).await?;
                 }
@@ -151,8 +166,12 @@ pub(crate) async fn wait_for_seal(
     }
 }
 
-/// The reads every snapshot carries, in this order: leader, final, closed, own join key.
-pub(crate) fn snapshot_reads(rdzv: &Rendezvous, round: u64) -> [TxnOp; 4] {
+/// How many reads a snapshot takes (`snapshot_reads`).
+const SNAPSHOT_READS: usize = 5;
+
+/// The reads every snapshot carries, in this order: leader, final, closed, own join key, own
+/// drain key.
+pub(crate) fn snapshot_reads(rdzv: &Rendezvous, round: u64) -> [TxnOp; SNAPSHOT_READS] {
     let keys = rdzv.keys();
     [
         TxnOp::get(keys.leader(round), None),
@@ -162,18 +181,19 @@ pub(crate) fn snapshot_reads(rdzv: &Rendezvous, round: u64) -> [TxnOp; 4] {
             keys.join(round, rdzv.node()),
             Some(GetOptions::new().with_count_only()),
         ),
+        TxnOp::get(keys.drain(rdzv.node()), None),
     ]
 }
 
 pub(crate) fn parse_snapshot(resp: &etcd_client::TxnResponse) -> Result<Snapshot> {
     let got = ranges(resp);
-    if got.len() < 4 {
+    if got.len() < SNAPSHOT_READS {
         return Err(Error::internal(format!(
-            "snapshot: expected 4 reads, got {:?}",
+            "snapshot: expected {SNAPSHOT_READS} reads, got {:?}",
             resp.op_responses()
         )));
     }
-    let got = &got[got.len() - 4..];
+    let got = &got[got.len() - SNAPSHOT_READS..];
     Ok(Snapshot {
         leader: got[0]
             .kvs()
@@ -185,6 +205,10 @@ pub(crate) fn parse_snapshot(resp: &etcd_client::TxnResponse) -> Result<Snapshot
         },
         closed: got[2].count() > 0,
         joined: got[3].count() > 0,
+        drained: got[4]
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
         revision: resp.header().map_or(0, |h| h.revision()),
     })
 }
@@ -232,6 +256,10 @@ struct RoundView {
     previous: Option<std::sync::Arc<[String]>>,
     /// Nodes whose `alive` key exists.
     alive: HashSet<String>,
+    /// Nodes that are leaving (drained): alive, but never sealed in and never waited for.
+    draining: HashSet<String>,
+    /// The newest drain this view knows of; the seal is guarded by "none newer".
+    newest_drain: i64,
     /// Whether this node still holds the round's `leader` key.
     leading: bool,
     /// Since when this node leads (the seal's log record says how long the round took).
@@ -271,11 +299,20 @@ impl RoundView {
 
     /// Joiners that still stand: a withdrawal after a node's join key was written removes it
     /// even if the deletion of the join key has not reached this view yet (events of several
-    /// watchers are not ordered with each other).
+    /// watchers are not ordered with each other); a drained node never stands.
     fn standing(&self) -> impl Iterator<Item = (&i64, &(String, JoinRecord))> {
         self.joiners
             .iter()
-            .filter(|(rev, (node, _))| self.gone.get(node).is_none_or(|gone| gone < *rev))
+            .filter(|(rev, (node, _))| self.stands(node, **rev))
+    }
+
+    fn stands(&self, node: &str, joined_at: i64) -> bool {
+        self.gone.get(node).is_none_or(|gone| *gone < joined_at) && !self.draining.contains(node)
+    }
+
+    /// Alive and not leaving: a node the round may wait for.
+    fn live(&self, node: &str) -> bool {
+        self.alive.contains(node) && !self.draining.contains(node)
     }
 
     fn count(&self) -> usize {
@@ -285,18 +322,17 @@ impl RoundView {
     fn has_joined(&self, node: &str) -> bool {
         self.revision_of
             .get(node)
-            .is_some_and(|rev| self.gone.get(node).is_none_or(|gone| gone < rev))
+            .is_some_and(|rev| self.stands(node, *rev))
     }
 
     /// A round may seal only once the previous round is being abandoned: one of its members
-    /// has joined this round, or one has died, or there is no previous round. Otherwise the
+    /// has joined this round, or one has died or is leaving (drained), or there is no previous
+    /// round. Otherwise the
     /// joiners are *waiting* nodes and must not form a second world beside a running one.
     fn activated(&self) -> bool {
         match &self.previous {
             None => true,
-            Some(prev) => prev
-                .iter()
-                .any(|m| self.has_joined(m) || !self.alive.contains(m)),
+            Some(prev) => prev.iter().any(|m| self.has_joined(m) || !self.live(m)),
         }
     }
 
@@ -305,7 +341,7 @@ impl RoundView {
     fn pending_previous(&self) -> usize {
         self.previous.as_ref().map_or(0, |prev| {
             prev.iter()
-                .filter(|m| self.alive.contains(*m) && !self.has_joined(m))
+                .filter(|m| self.live(m) && !self.has_joined(m))
                 .count()
         })
     }
@@ -319,7 +355,10 @@ impl RoundView {
     fn everyone_joined(&self) -> bool {
         self.previous.is_some()
             && self.pending_previous() == 0
-            && self.alive.iter().all(|node| self.has_joined(node))
+            && self
+                .alive
+                .iter()
+                .all(|node| self.has_joined(node) || self.draining.contains(node))
     }
 
     /// Logs why the round is still open: how many joined, whether it is activated, and which
@@ -335,7 +374,7 @@ impl RoundView {
         const SHOWN: usize = 8;
         let missing: Vec<&str> = self.previous.as_ref().map_or(Vec::new(), |prev| {
             prev.iter()
-                .filter(|m| self.alive.contains(*m) && !self.has_joined(m))
+                .filter(|m| self.live(m) && !self.has_joined(m))
                 .map(String::as_str)
                 .collect()
         });
@@ -402,6 +441,18 @@ impl RoundView {
             self.add_gone(key, kv.mod_revision());
         } else if key == keys.leader(round).as_bytes() {
             self.leading = !deleted && kv.value() == me.as_bytes();
+        } else if key.starts_with(keys.drain_prefix().as_bytes()) {
+            let node = Keys::node_of(key).unwrap_or_default();
+            if deleted {
+                self.draining.remove(node);
+            } else if node == me {
+                return Ok(Some(Step::Drained(
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                )));
+            } else {
+                self.draining.insert(node.to_string());
+                self.newest_drain = self.newest_drain.max(kv.mod_revision());
+            }
         } else if key.starts_with(keys.alive_prefix().as_bytes()) {
             let node = Keys::node_of(key).unwrap_or_default().to_string();
             if deleted {
@@ -425,6 +476,8 @@ enum Step {
     /// Something that needs a fresh read of the whole round (the run was closed: it may have
     /// been sealed just before).
     Reread,
+    /// This node was drained (the reason): it leaves instead of sealing.
+    Drained(String),
 }
 
 /// Leads round `round` until it is sealed. `Ok(None)` means this node no longer leads or its
@@ -446,6 +499,7 @@ async fn lead(
     let targets = [
         Target::Prefix(keys.round_prefix(round)),
         Target::Prefix(keys.alive_prefix()),
+        Target::Prefix(keys.drain_prefix()),
         Target::Key(keys.closed()),
     ];
     let mut watch = rdzv.etcd().watch(&targets, deadline).await?;
@@ -469,6 +523,7 @@ async fn lead(
             keys.gone_prefix(round),
             Some(GetOptions::new().with_prefix().with_keys_only()),
         ),
+        TxnOp::get(keys.drain_prefix(), Some(GetOptions::new().with_prefix())),
     ];
     if round > 0 {
         reads.push(TxnOp::get(keys.final_(round - 1), None));
@@ -488,10 +543,17 @@ async fn lead(
     if got[2].count() > 0 {
         return Err(rdzv.closed_err(left_out));
     }
-    let previous = match got.get(6).and_then(|g| g.kvs().first()) {
+    let previous = match got.get(7).and_then(|g| g.kvs().first()) {
         Some(kv) => Some(FinalRecord::parse(kv.key(), kv.value())?.members),
         None => None,
     };
+    if let Some(kv) = got[6]
+        .kvs()
+        .iter()
+        .find(|kv| Keys::node_of(kv.key()) == Some(rdzv.node()))
+    {
+        return Err(rdzv.drained_err(&String::from_utf8_lossy(kv.value())));
+    }
     let mut view = RoundView {
         round,
         joiners: BTreeMap::new(),
@@ -505,6 +567,18 @@ async fn lead(
             .filter_map(|kv| Keys::node_of(kv.key()))
             .map(str::to_string)
             .collect(),
+        draining: got[6]
+            .kvs()
+            .iter()
+            .filter_map(|kv| Keys::node_of(kv.key()))
+            .map(str::to_string)
+            .collect(),
+        newest_drain: got[6]
+            .kvs()
+            .iter()
+            .map(|kv| kv.mod_revision())
+            .max()
+            .unwrap_or(0),
         leading: got[4]
             .kvs()
             .first()
@@ -573,6 +647,7 @@ async fn lead(
             match view.apply(keys, rdzv.node(), ev)? {
                 Some(Step::Done(outcome)) => return Ok(Some(outcome)),
                 Some(Step::Reread) => return Ok(None),
+                Some(Step::Drained(reason)) => return Err(rdzv.drained_err(&reason)),
                 None => {}
             }
         }
@@ -581,8 +656,9 @@ async fn lead(
 
 /// Writes the round's membership once: guarded by "no final yet", "not closed", "the leader's
 /// own join key still exists and it still holds `leader`" (a leader whose lease expired must
-/// not seal), and "no withdrawal newer than the view" (a node that withdrew after the view was
-/// taken must not be sealed in). `Ok(None)`: the view was stale; read the round again.
+/// not seal), and "no withdrawal or drain newer than the view" (a node that withdrew or was
+/// drained after the view was taken must not be sealed in). `Ok(None)`: the view was stale;
+/// read the round again.
 async fn seal(
     rdzv: &Rendezvous,
     view: &RoundView,
@@ -617,6 +693,8 @@ async fn seal(
                 view.newest_gone + 1,
             )
             .with_prefix(),
+            Compare::mod_revision(keys.drain_prefix(), CompareOp::Less, view.newest_drain + 1)
+                .with_prefix(),
         ])
         .and_then(writes)
         .or_else([

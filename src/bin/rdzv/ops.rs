@@ -40,13 +40,7 @@ pub async fn status(a: StatusArgs) -> Code {
             }
         };
     }
-    let mut watch = match admin.watch().await {
-        Ok(w) => w,
-        Err(e) => {
-            error(e.message());
-            return 1;
-        }
-    };
+    let mut watch = admin.watch();
     let mut before: Option<RunStatus> = None;
     loop {
         let now = match watch.next().await {
