@@ -95,6 +95,20 @@ typedef enum {
 } rdzv_log_level_t;
 
 /**
+ * An operator's handle on one run (the run id and key prefix of its params): reads its
+ * status, watches it change, closes, purges and drains it, and never joins it (it holds no
+ * lease, so it is never counted, waited for or sealed into a round). Thread-safe: every
+ * function may be called on the same handle from several threads at once, except that only
+ * one `rdzv_admin_watch` runs at a time per handle (a second one fails with
+ * `RDZV_ERR_INVALID_ARGUMENT`); `rdzv_admin_cancel` from another thread wakes it. Status and
+ * watch need read access to the run's prefix in etcd; close, purge and drain need write
+ * access (without it they fail with `RDZV_ERR_CONNECTION`, naming the operation etcd
+ * refused). A handle belongs to the process that created it (after `fork()`, create a new
+ * one in the child).
+ */
+typedef struct rdzv_admin_t rdzv_admin_t;
+
+/**
  * An error: its status and a readable message. Created by a failing call when the caller
  * passes a non-NULL `rdzv_error_t **`; owned by the caller, freed with `rdzv_error_free`.
  * Immutable, so it may be read from any thread.
@@ -137,6 +151,125 @@ typedef struct rdzv_store_t rdzv_store_t;
 typedef struct rdzv_t rdzv_t;
 
 /**
+ * One member of a sealed round, as `rdzv_run_status_t` lists them.
+ */
+typedef struct {
+  /**
+   * Its rank in the round.
+   */
+  uint32_t rank;
+  /**
+   * Its node id, NUL-terminated.
+   */
+  const char *node_id;
+  /**
+   * The address it registered, NUL-terminated; "" when it is not alive.
+   */
+  const char *addr;
+  /**
+   * Its lease is live. A member that is not alive is lost: the survivors re-form without it.
+   */
+  bool alive;
+  /**
+   * It was drained (a planned departure): the survivors re-form without it at once.
+   */
+  bool draining;
+} rdzv_member_t;
+
+/**
+ * A node that joined the round open for joining, as `rdzv_run_status_t` lists them.
+ */
+typedef struct {
+  /**
+   * Its node id, NUL-terminated.
+   */
+  const char *node_id;
+  /**
+   * The address it registered, NUL-terminated.
+   */
+  const char *addr;
+  /**
+   * Its rank in the sealed round if it was a member (a re-rendezvous is under way), else -1
+   * (a newcomer waiting to be admitted).
+   */
+  int64_t member_rank;
+  /**
+   * It was drained: it will not be sealed into a round.
+   */
+  bool draining;
+} rdzv_joiner_t;
+
+/**
+ * A run as an operator sees it, read at one etcd revision (a consistent snapshot even while
+ * rounds form). Made by `rdzv_admin_status` or `rdzv_admin_watch`; every pointer in it
+ * (strings and arrays) is owned by the status and valid until `rdzv_run_status_free`.
+ * Immutable, so it may be read from any thread.
+ */
+typedef struct {
+  /**
+   * The run id, NUL-terminated.
+   */
+  const char *run_id;
+  /**
+   * False when etcd holds nothing for the run: never started, finished and cleaned up, or
+   * purged. A run that does not exist is not an error: its status is empty.
+   */
+  bool exists;
+  /**
+   * The run was closed (the marker lasts `retention`).
+   */
+  bool closed;
+  /**
+   * The round open for joining.
+   */
+  uint64_t open_round;
+  /**
+   * Whether a sealed round is recorded; the `sealed_*`, `master_*` and `members` fields
+   * describe it when true (and are 0, "" and empty otherwise).
+   */
+  bool has_sealed;
+  /**
+   * The last sealed round: the one the members are running.
+   */
+  uint64_t sealed_round;
+  /**
+   * Rank 0's bootstrap address (MASTER_ADDR), NUL-terminated.
+   */
+  const char *master_addr;
+  /**
+   * Rank 0's bootstrap port (MASTER_PORT).
+   */
+  uint16_t master_port;
+  /**
+   * The sealed round's members in rank order (`num_members` of them).
+   */
+  const rdzv_member_t *members;
+  size_t num_members;
+  /**
+   * Nodes that joined the open round, in arrival order (`num_waiting` of them): newcomers
+   * waiting to be admitted, and members already re-joining during a re-rendezvous.
+   */
+  const rdzv_joiner_t *waiting;
+  size_t num_waiting;
+  /**
+   * Members of the sealed round that are not alive (lost).
+   */
+  size_t num_lost;
+  /**
+   * Members of the sealed round that are alive but drained (leaving).
+   */
+  size_t num_draining;
+  /**
+   * Live nodes of the run: members, waiting nodes and spares alike.
+   */
+  size_t num_alive;
+  /**
+   * The etcd revision the status was read at; a watch returns increasing revisions.
+   */
+  int64_t revision;
+} rdzv_run_status_t;
+
+/**
  * Receives one log record: its level, its target (the library module that made it, e.g.
  * `"rdzv::rendezvous"`) and its line (the message, then `name=value` fields such as
  * `run=`, `node=`, `round=`), both NUL-terminated UTF-8 valid only during the call, and the
@@ -177,6 +310,107 @@ typedef struct {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Creates an operator handle: connects to etcd within `connect_timeout`
+ * (`RDZV_ERR_CONNECTION`, naming the endpoints, if etcd does not answer) and registers
+ * nothing. Does not consume `params`. On success `*out` owns the new handle (free with
+ * `rdzv_admin_free`).
+ */
+rdzv_status_t rdzv_admin_new(const rdzv_params_t *params, rdzv_admin_t **out, rdzv_error_t **error);
+
+/**
+ * Frees an operator handle. NULL is a no-op. No other thread may be using it: cancel and
+ * join a thread blocked in `rdzv_admin_watch` first.
+ */
+void rdzv_admin_free(rdzv_admin_t *admin);
+
+/**
+ * Reads the run's status at one etcd revision: two or three etcd reads, at most
+ * `connect_timeout`. A run that does not exist gives an empty status (`exists` false), not
+ * an error. On success `*out` owns the status (free with `rdzv_run_status_free`).
+ */
+rdzv_status_t rdzv_admin_status(const rdzv_admin_t *admin,
+                                rdzv_run_status_t **out,
+                                rdzv_error_t **error);
+
+/**
+ * Watches the run: the first call returns its current status; each later call blocks until
+ * the run changes as an operator sees it (a join, a seal, a loss, a drain, a close; not the
+ * workers' store traffic) and returns the new status, so successive calls return every
+ * change in order. It waits by etcd watch, never by polling. Returns `RDZV_ERR_TIMEOUT` when
+ * nothing changed within `timeout_ms` (0 or more; negative is an invalid argument): the
+ * watch stays open and the next call goes on from there, losing nothing. `RDZV_ERR_CANCELLED` when
+ * `rdzv_admin_cancel` wakes it. If etcd restarts the watch is reopened and the state read
+ * again; an etcd that stays unreachable ends the call with `RDZV_ERR_CONNECTION` after
+ * `connect_timeout` (call again to resume). On success `*out` owns the status (free with
+ * `rdzv_run_status_free`).
+ */
+rdzv_status_t rdzv_admin_watch(const rdzv_admin_t *admin,
+                               int64_t timeout_ms,
+                               rdzv_run_status_t **out,
+                               rdzv_error_t **error);
+
+/**
+ * Wakes a `rdzv_admin_watch` blocked on this handle in another thread: it returns
+ * `RDZV_ERR_CANCELLED`, and the handle stays usable. No effect when none is running. Never
+ * blocks; safe from any thread.
+ */
+rdzv_status_t rdzv_admin_cancel(const rdzv_admin_t *admin, rdzv_error_t **error);
+
+/**
+ * Closes the run for every node, as `rdzv_set_closed` does: blocked `rdzv_next` calls
+ * return `RDZV_ERR_CLOSED` and later ones fail at once. At most `close_timeout`.
+ */
+rdzv_status_t rdzv_admin_close(const rdzv_admin_t *admin, rdzv_error_t **error);
+
+/**
+ * Deletes every key of the run (rounds, stores, round counter, closed marker), so its id can
+ * be used again at once. Refuses while any node of the run is alive, deleting nothing,
+ * unless `force` (which leaves running nodes without their keys: they fail). The check and
+ * the delete are one transaction. On success sets `*deleted` to the number of keys deleted
+ * (0 when refused or when there was nothing) and `*alive` to the number of live nodes that
+ * made it refuse (0 when it purged). Either output may be NULL.
+ */
+rdzv_status_t rdzv_admin_purge(const rdzv_admin_t *admin,
+                               bool force,
+                               int64_t *deleted,
+                               uint32_t *alive,
+                               rdzv_error_t **error);
+
+/**
+ * Marks node `node_id` (as `rdzv_node_id` or the status names it) as leaving the run: a
+ * planned departure (a preemption notice, maintenance, a scale-down). The other members count
+ * it in `rdzv_num_lost` at once, so their agents re-rendezvous without waiting for a lease to
+ * expire and without spending restarts, and the next round forms without it; its own
+ * `rdzv_next` ends with `RDZV_ERR_GRACEFUL_EXIT` and `rdzv_is_draining` turns true, so its
+ * agent stops its workers and leaves. Does not close the run. The mark lasts as long as the
+ * node's lease. `reason` (may be NULL) is shown to the node and in logs. Fails with
+ * `RDZV_ERR_INVALID_ARGUMENT` naming the node if it is not a live node of the run. At most
+ * `connect_timeout`.
+ */
+rdzv_status_t rdzv_admin_drain(const rdzv_admin_t *admin,
+                               const char *node_id,
+                               const char *reason,
+                               rdzv_error_t **error);
+
+/**
+ * Marks this node as leaving the run, as `rdzv_admin_drain` does for any node: for a node
+ * that learns first that it will go away (a preemption notice). `reason` may be NULL.
+ */
+rdzv_status_t rdzv_drain(const rdzv_t *rdzv, const char *reason, rdzv_error_t **error);
+
+/**
+ * Sets `*draining` to whether this node was drained (by `rdzv_drain`, an operator or a
+ * scheduler): its agent should stop its workers and leave. One etcd read, at most
+ * `connect_timeout`.
+ */
+rdzv_status_t rdzv_is_draining(const rdzv_t *rdzv, bool *draining, rdzv_error_t **error);
+
+/**
+ * Frees a status and everything it points to. NULL is a no-op.
+ */
+void rdzv_run_status_free(rdzv_run_status_t *status);
 
 /**
  * The name of a status code, e.g. `"RDZV_ERR_TIMEOUT"`; `"RDZV_ERR_UNKNOWN"` for a value

@@ -18,6 +18,7 @@
 // documented contract is what makes the dereference sound. C signatures also run long.
 #![allow(clippy::not_unsafe_ptr_arg_deref, clippy::too_many_arguments)]
 
+mod admin;
 mod boundary;
 mod log;
 mod params;
@@ -25,6 +26,7 @@ mod rendezvous;
 mod store;
 mod version;
 
+pub use admin::*;
 pub use boundary::*;
 pub use log::*;
 pub use params::*;

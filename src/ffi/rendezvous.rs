@@ -22,6 +22,12 @@ pub struct rdzv_t {
     node_id: CString,
 }
 
+impl rdzv_t {
+    pub(crate) fn inner(&self) -> &BlockingRendezvous {
+        &self.inner
+    }
+}
+
 /// This node's place in a completed round, filled by `rdzv_next`.
 #[repr(C)]
 pub struct rdzv_round_t {
