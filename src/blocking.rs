@@ -29,6 +29,7 @@ fn runtime() -> Result<Arc<Runtime>> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("rdzv")
+        .on_thread_start(block_sigpipe)
         .enable_all()
         .build()
         .map_err(|e| Error::internal(format!("cannot start the I/O runtime: {e}")))?;
@@ -37,6 +38,22 @@ fn runtime() -> Result<Arc<Runtime>> {
         std::mem::forget(old);
     }
     Ok(slot.as_ref().map(|(_, rt)| rt.clone()).expect("just set"))
+}
+
+/// Blocks SIGPIPE on the runtime's threads. A write to a connection etcd dropped (a vectored
+/// write, which cannot ask for MSG_NOSIGNAL) raises SIGPIPE on the writing thread; a host
+/// process that does not ignore it (a C program by default, a Go program for any thread Go
+/// did not create) would die of it, instead of the write failing with EPIPE and the call
+/// reporting a connection error. Blocked, the signal stays pending on the thread and is
+/// never delivered. Threads of the host process are left alone.
+fn block_sigpipe() {
+    // SAFETY: plain libc calls on a local set; pthread_sigmask changes this thread's mask only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 /// Something bound to the process and runtime that created it.
