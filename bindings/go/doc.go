@@ -6,4 +6,7 @@
 // idempotent Close (a finalizer is only a safety net) and is safe for concurrent use: Close
 // waits for calls in flight (it wakes a blocked Next first). Failed calls return an *Error
 // matching one of the sentinel errors (ErrClosed, ErrTimeout, ...) under errors.Is.
+//
+// NewAdmin makes an operator's handle on a run that never joins it: Status and Watch read
+// the run's RunStatus, CloseRun, Purge and Drain change it.
 package rdzv

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // RoundInfo is this node's place in a completed round.
@@ -161,14 +162,36 @@ func (r *Rendezvous) NumWaiting() (uint32, error) {
 	return uint32(n), err
 }
 
-// NumLost is the number of members of this node's last round whose lease expired; non-zero
-// means the round is broken and the survivors should call Next.
+// NumLost is the number of members of this node's last round whose lease expired or that
+// were drained; non-zero means the round is broken and the survivors should call Next.
 func (r *Rendezvous) NumLost() (uint32, error) {
 	var n C.uint32_t
 	err := r.with(func(ptr *C.rdzv_t) error {
 		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_num_lost(ptr, &n, e) })
 	})
 	return uint32(n), err
+}
+
+// Drain marks this node as leaving the run, as Admin.Drain does for any node: for a node
+// that learns first that it will go away (a preemption notice). The other members count it
+// in NumLost at once and re-form without it; this node's Next ends with ErrGracefulExit.
+// reason may be "".
+func (r *Rendezvous) Drain(reason string) error {
+	cr := C.CString(reason)
+	defer C.free(unsafe.Pointer(cr))
+	return r.with(func(ptr *C.rdzv_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_drain(ptr, cr, e) })
+	})
+}
+
+// IsDraining reports whether this node was drained (by Drain, an operator or a scheduler):
+// it should stop its work and leave. One etcd read, at most connect_timeout.
+func (r *Rendezvous) IsDraining() (bool, error) {
+	var draining C.bool
+	err := r.with(func(ptr *C.rdzv_t) error {
+		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_is_draining(ptr, &draining, e) })
+	})
+	return bool(draining), err
 }
 
 // Cancel wakes a Next blocked in another goroutine (it returns ErrCancelled); the handle
