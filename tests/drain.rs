@@ -112,10 +112,11 @@ fn a_drained_joiner_is_never_sealed_in_and_its_next_exits_gracefully() {
     let etcd = Etcd::start();
     let url = etcd.url(
         "drain-joiner",
-        "min_nodes=2&max_nodes=3&last_call_timeout=3&join_timeout=30",
+        "min_nodes=2&max_nodes=4&last_call_timeout=5&join_timeout=30",
     );
-    // Three nodes join round 0; it waits out its last call, since max_nodes is 3 and only
-    // once three joined would it seal early. Drain one as soon as all three are in.
+    // Three nodes join round 0, which waits out its 5 s last call (max_nodes is 4, and a
+    // first round keeps its last call). Drain one meanwhile: whether the drain lands before or
+    // after its join, its next ends gracefully and the round seals without it.
     let (tx, rx) = std::sync::mpsc::channel();
     let joiners: Vec<_> = (0..3)
         .map(|_| {
