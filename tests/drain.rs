@@ -235,3 +235,27 @@ fn a_watch_blocked_in_another_thread_is_cancelled() {
         ErrorKind::Cancelled
     );
 }
+
+#[test]
+fn a_watch_whose_etcd_dies_ends_with_an_error_and_resumes_after_the_restart() {
+    let mut etcd = Etcd::start();
+    let url = etcd.url("drain-watch-restart", "min_nodes=1&connect_timeout=2");
+    let op = operator(&url);
+    assert!(!op.watch_next(Duration::from_secs(10)).unwrap().exists);
+    etcd.kill();
+    // The broken watch is reopened, which fails after connect_timeout: an error well before
+    // the call's own 60 s limit, not a hang and not a timeout.
+    let err = op.watch_next(Duration::from_secs(60)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Connection, "{}", err.message());
+    etcd.restart();
+    let n = node(&url);
+    let (info, _store) = n.next().unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = op.watch_next(Duration::from_secs(30)).unwrap();
+        if s.sealed.as_ref().is_some_and(|r| r.round == info.round) {
+            break;
+        }
+        assert!(Instant::now() < until, "the watch never showed the round");
+    }
+}
