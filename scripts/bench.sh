@@ -10,6 +10,9 @@
 #                                        SIGKILL of a node to the survivors restarted (N = 2 4 8)
 #        scripts/bench.sh --cluster [N ...]  the same against a 3-member etcd cluster (N = 8
 #                                        ... 4096), and a round while the raft leader is killed
+#        scripts/bench.sh --gloo [RUNS]  the C++ Gloo example, 4 processes (default 5 runs):
+#                                        start to the first allreduce, and SIGKILL of rank 0
+#                                        to the survivors' allreduce in a new round
 #        scripts/bench.sh --quorum [ARGS]  rdzv against torchft's Lighthouse in the same run:
 #                                        quorum/round formation (N = 2 8 64 256) and recovery
 #                                        after a SIGKILL (torchft installed beside PyTorch)
@@ -36,6 +39,13 @@ elif [ "${1:-}" = "--cluster" ]; then
   [ $# -gt 0 ] || set -- 8 64 256 1024 4096
   "$target/release/examples/bench" "$endpoint" "$@"
   "$target/release/examples/bench" "$endpoint" --leader-kill "$pids"
+elif [ "${1:-}" = "--gloo" ]; then
+  shift
+  cargo build --release --quiet --lib
+  cmake -S bindings/cpp -B "$target/gloo-bench" -DCMAKE_BUILD_TYPE=Release -DRDZV_BUILD_TESTS=OFF \
+    -DRDZV_LIBRARY="$target/release/librdzv.so" >/dev/null
+  cmake --build "$target/gloo-bench" --target rdzv_gloo_bench -j2 >/dev/null
+  "$target/gloo-bench/cpp-gloo/rdzv_gloo_bench" "$endpoint" "$@"
 elif [ "${1:-}" = "--quorum" ]; then
   shift
   cargo build --release --quiet --lib

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing rdzv needs, from Debian's packages, when it is missing:
-# etcd (the server the tests start), protoc (etcd-client's build), cmake/g++/GoogleTest (C++).
+# etcd (the server the tests start), protoc (etcd-client's build), cmake/g++/GoogleTest (C++),
+# Gloo (the C++ binding's Gloo adapter, its example and test).
 set -euo pipefail
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
@@ -8,6 +9,7 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v cmake >/dev/null || need+=(cmake)
 command -v c++ >/dev/null || need+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+[ -f /usr/include/gloo/rendezvous/store.h ] || need+=(libgloo-dev)
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)

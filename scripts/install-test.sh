@@ -26,7 +26,7 @@ lib="$prefix/lib/librdzv.so.0.1.0"
 # its match, fails whenever the writer gets SIGPIPE on a later line.
 dynamic=$(readelf -d "$lib")
 grep -q 'SONAME.*\[librdzv.so.0\]' <<<"$dynamic"
-[ -f "$prefix/lib/librdzv.a" ] && [ -f "$prefix/include/rdzv.h" ] && [ -f "$prefix/include/rdzv/rdzv.hpp" ]
+[ -f "$prefix/lib/librdzv.a" ] && [ -f "$prefix/include/rdzv.h" ] && [ -f "$prefix/include/rdzv/rdzv.hpp" ] && [ -f "$prefix/include/rdzv/gloo.hpp" ]
 
 step "exports: every function of rdzv.h, nothing else"
 grep -vE '^\s*(\*|/\*)' include/rdzv.h | grep -oE '\brdzv_[a-z0-9_]+\(' | tr -d '(' | sort -u >"$work/declared"

@@ -112,10 +112,11 @@ fn a_drained_joiner_is_never_sealed_in_and_its_next_exits_gracefully() {
     let etcd = Etcd::start();
     let url = etcd.url(
         "drain-joiner",
-        "min_nodes=2&max_nodes=3&last_call_timeout=3&join_timeout=30",
+        "min_nodes=2&max_nodes=4&last_call_timeout=5&join_timeout=30",
     );
-    // Three nodes join round 0; it waits out its last call, since max_nodes is 3 and only
-    // once three joined would it seal early. Drain one as soon as all three are in.
+    // Three nodes join round 0, which waits out its 5 s last call (max_nodes is 4, and a
+    // first round keeps its last call). Drain one meanwhile: whether the drain lands before or
+    // after its join, its next ends gracefully and the round seals without it.
     let (tx, rx) = std::sync::mpsc::channel();
     let joiners: Vec<_> = (0..3)
         .map(|_| {
@@ -233,4 +234,28 @@ fn a_watch_blocked_in_another_thread_is_cancelled() {
         blocked.join().unwrap().unwrap_err().kind(),
         ErrorKind::Cancelled
     );
+}
+
+#[test]
+fn a_watch_whose_etcd_dies_ends_with_an_error_and_resumes_after_the_restart() {
+    let mut etcd = Etcd::start();
+    let url = etcd.url("drain-watch-restart", "min_nodes=1&connect_timeout=2");
+    let op = operator(&url);
+    assert!(!op.watch_next(Duration::from_secs(10)).unwrap().exists);
+    etcd.kill();
+    // The broken watch is reopened, which fails after connect_timeout: an error well before
+    // the call's own 60 s limit, not a hang and not a timeout.
+    let err = op.watch_next(Duration::from_secs(60)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Connection, "{}", err.message());
+    etcd.restart();
+    let n = node(&url);
+    let (info, _store) = n.next().unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = op.watch_next(Duration::from_secs(30)).unwrap();
+        if s.sealed.as_ref().is_some_and(|r| r.round == info.round) {
+            break;
+        }
+        assert!(Instant::now() < until, "the watch never showed the round");
+    }
 }

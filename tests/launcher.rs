@@ -463,6 +463,77 @@ fn survivors_re_form_within_about_the_lease_ttl_after_a_node_is_killed() {
 }
 
 #[test]
+fn rdzv_drain_stops_one_node_which_exits_0_and_the_others_re_form_without_spending_restarts() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    // A lease and a last call far beyond the waits below: the survivors can re-form in time
+    // only because the drain is seen at once and nobody waits for the drained node.
+    let url = etcd.url(
+        "drain",
+        "min_nodes=2&max_nodes=3&last_call_timeout=60&lease_ttl=60",
+    );
+    let mut nodes: Vec<Launcher> = (0..3)
+        .map(|_| {
+            Launcher::spawn(&[
+                "run",
+                "--rdzv",
+                &url,
+                "--max-restarts=0",
+                &s.worker(),
+                "hold",
+            ])
+        })
+        .collect();
+    let mut ranks = Vec::new();
+    for n in nodes.iter_mut() {
+        let f = n.start(90);
+        assert_eq!(num(&f, "world"), 3);
+        ranks.push(num(&f, "rank"));
+    }
+    // The node running rank 1, by the id its launcher printed when it joined.
+    let victim = ranks.iter().position(|r| *r == 1).unwrap();
+    let joined = nodes[victim].wait_line(5, |l| l.contains("as node "));
+    let node_id = joined
+        .split("as node ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let (c, out, err) = op(&["drain", "--reason", "scale down", &url, &node_id]);
+    assert_eq!(c, 0, "{err}");
+    assert!(out.contains("drained"), "{out}");
+    let mut drained = nodes.remove(victim);
+    assert_eq!(code(drained.exit(30)), 0, "{}", drained.output());
+    assert!(
+        drained.said("GOT TERM"),
+        "its workers were stopped gracefully"
+    );
+    assert!(drained.said("drained"), "{}", drained.output());
+    for n in nodes.iter_mut() {
+        let f = n.start(30);
+        assert_eq!(num(&f, "world"), 2, "{}", n.output());
+        assert_eq!(num(&f, "restart"), 0, "a drain spends no restart");
+    }
+    let members = status_json(&url)["sealed"]["members"].clone();
+    assert!(
+        members
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["node"] != node_id.as_str()),
+        "{members}"
+    );
+    // Draining what is not a node of the run is a usage error naming it.
+    let (c, _, err) = op(&["drain", &url, "0000000000000000"]);
+    assert_eq!(c, 2, "{err}");
+    assert!(err.contains("0000000000000000"), "{err}");
+    for mut n in nodes {
+        n.signal(libc::SIGTERM);
+        assert_eq!(code(n.exit(30)), 128 + libc::SIGTERM);
+    }
+}
+
+#[test]
 fn a_worker_that_always_fails_spends_the_budget_and_closes_the_run() {
     let etcd = Etcd::start();
     let s = Scratch::new();

@@ -119,7 +119,12 @@ fn nodes_leaving_one_by_one_cost_one_watch_event_each() {
     for node in &nodes {
         assert_eq!(node.num_lost().unwrap(), 0);
     }
-    wait_for_watchers(&etcd, idle + n as i64, "num_lost never started its watches");
+    // Each node's tracker watches two prefixes: `alive/` (losses) and `drain/` (departures).
+    wait_for_watchers(
+        &etcd,
+        idle + 2 * n as i64,
+        "num_lost never started its watches",
+    );
     let before = etcd.metric("etcd_debugging_mvcc_events_total");
     for node in &nodes {
         node.shutdown().unwrap();

@@ -244,9 +244,11 @@ fn tls_key_contents_never_appear_in_errors() {
 const ROOT_PASSWORD: &str = "root-Secret-41c7";
 const ALICE_PASSWORD: &str = "alice-Secret-9d2e";
 const BOB_PASSWORD: &str = "bob-Secret-5a80";
+const CAROL_PASSWORD: &str = "carol-Secret-77b1";
 
 /// A plain etcd with auth enabled: `root`, `alice` (role `job-a`: read/write on
-/// `/rdzv/job-a/`) and `bob` (role `job-b`: read/write on `/rdzv/job-b/`).
+/// `/rdzv/job-a/`), `bob` (role `job-b`: read/write on `/rdzv/job-b/`) and `carol` (role
+/// `watch-a`: read only on `/rdzv/job-a/`, as a dashboard or a scheduler's observer).
 fn etcd_with_users() -> Etcd {
     let etcd = Etcd::start();
     let endpoint = etcd.endpoint();
@@ -268,6 +270,12 @@ fn etcd_with_users() -> Etcd {
             c.user_add(user, password, None).await.unwrap();
             c.user_grant_role(user, job).await.unwrap();
         }
+        c.role_add("watch-a").await.unwrap();
+        c.role_grant_permission("watch-a", Permission::read("/rdzv/job-a/").with_prefix())
+            .await
+            .unwrap();
+        c.user_add("carol", CAROL_PASSWORD, None).await.unwrap();
+        c.user_grant_role("carol", "watch-a").await.unwrap();
         c.auth_enable().await.unwrap();
     });
     etcd
@@ -422,4 +430,47 @@ fn auth_other_jobs_user_cannot_touch_this_run() {
         b"alice's"
     );
     alice.shutdown().unwrap();
+}
+
+#[test]
+fn an_observer_needs_only_read_access_and_close_purge_drain_need_write_access() {
+    let etcd = etcd_with_users();
+    let run = |user: &str, password: &str| {
+        format!(
+            "etcd://{}/job-a?username={user}&password={password}&min_nodes=2&max_nodes=2&connect_timeout=3&join_timeout=20",
+            etcd.endpoint()
+        )
+    };
+    let alice = run("alice", ALICE_PASSWORD);
+    let nodes = common::on_threads(2, move |_| {
+        let node = BlockingRendezvous::new(Params::from_url(&alice).unwrap()).unwrap();
+        node.next().map(|(info, _)| info).unwrap();
+        node
+    });
+    let carol = rdzv::BlockingAdmin::new(Params::from_url(&run("carol", CAROL_PASSWORD)).unwrap())
+        .expect("read access is enough to connect an observer");
+    let status = carol.status().unwrap();
+    assert_eq!(status.sealed.as_ref().unwrap().members.len(), 2);
+    assert_eq!(carol.watch_next(Duration::from_secs(10)).unwrap(), status);
+    let node = nodes[0].node_id().to_string();
+    for (operation, result) in [
+        ("close", carol.close()),
+        ("purge", carol.purge(true).map(|_| ())),
+        ("drain", carol.drain(&node, "")),
+    ] {
+        let err = result.expect_err(operation);
+        assert_eq!(err.kind(), ErrorKind::Connection, "{operation}: {err}");
+        assert!(
+            err.message().contains("permission")
+                && err.message().contains(&format!("refused {operation}")),
+            "{operation}: {err}"
+        );
+        assert!(
+            !err.message().contains(CAROL_PASSWORD),
+            "password leaked: {err}"
+        );
+    }
+    // Nothing was changed: the run is open, its keys are there, nobody drains.
+    let after = carol.status().unwrap();
+    assert!(!after.closed && after.exists && after.draining().is_empty());
 }

@@ -1,6 +1,8 @@
 # ctest script: installs this build into a scratch prefix, then configures, builds and runs a
-# consumer project that finds it with find_package(rdzv) alone.
-# Inputs: BUILD_DIR, CONSUMER_DIR, WORK_DIR, CXX.
+# consumer project that finds it with find_package(rdzv) alone; with GLOO_EXAMPLE_DIR (set when
+# Gloo is installed), also builds the Gloo example on its own against the installed rdzv, which
+# needs the installed rdzv/gloo.hpp.
+# Inputs: BUILD_DIR, CONSUMER_DIR, WORK_DIR, CXX, optional GLOO_EXAMPLE_DIR.
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 
@@ -21,3 +23,10 @@ if(NOT last_output MATCHES "consumer ok")
   message(FATAL_ERROR "unexpected consumer output: ${last_output}")
 endif()
 message(STATUS "${last_output}")
+
+if(GLOO_EXAMPLE_DIR)
+  run("${CMAKE_COMMAND}" -S "${GLOO_EXAMPLE_DIR}" -B "${WORK_DIR}/gloo"
+      "-DCMAKE_PREFIX_PATH=${prefix}" "-DCMAKE_CXX_COMPILER=${CXX}")
+  run("${CMAKE_COMMAND}" --build "${WORK_DIR}/gloo" --target rdzv_gloo_allreduce)
+  message(STATUS "the Gloo example builds against the installed rdzv")
+endif()

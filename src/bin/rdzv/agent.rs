@@ -94,6 +94,8 @@ enum Stop {
     Closed,
     /// Members were lost or nodes wait: form a new round.
     Changed(String),
+    /// This node was drained (a planned departure): stop the workers and leave, exit 0.
+    Drained,
     Error(String),
 }
 
@@ -306,6 +308,13 @@ impl Agent {
                     self.stop(&mut group, sig, signals).await;
                     return 128 + sig;
                 }
+                Outcome::Stop(Stop::Drained) => {
+                    say("this node was drained (a planned departure): stopping the workers");
+                    if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
+                        return 128 + sig;
+                    }
+                    return self.stopped(Stop::Drained, None);
+                }
                 Outcome::Stop(Stop::Closed) => {
                     say("the run was closed: stopping the workers");
                     if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
@@ -359,6 +368,10 @@ impl Agent {
                     0
                 }
             },
+            Stop::Drained => {
+                say("this node was drained: leaving the run, which goes on without it");
+                0
+            }
             Stop::Changed(why) => {
                 crate::output::error(why);
                 1
@@ -386,9 +399,10 @@ impl Agent {
         };
         let p = rdzv.params();
         say(format_args!(
-            "joining run {:?} on {} ({}..{} nodes)",
+            "joining run {:?} on {} as node {} ({}..{} nodes)",
             p.run_id,
             p.endpoints.join(","),
+            rdzv.node_id(),
             p.min_nodes,
             p.max_nodes
         ));
@@ -425,6 +439,13 @@ impl Agent {
             // ended: an error, not the end of this job.
             Err(e) if e.kind() == ErrorKind::Closed && !self.took_part => {
                 Err(Stop::Error(format!("rendezvous: {}", e.message())))
+            }
+            // A graceful exit ends a drained node's join, or a late node's in a closed run.
+            Err(e)
+                if e.kind() == ErrorKind::GracefulExit
+                    && rdzv.is_draining().await.unwrap_or(false) =>
+            {
+                Err(Stop::Drained)
             }
             Err(e) if matches!(e.kind(), ErrorKind::Closed | ErrorKind::GracefulExit) => {
                 Err(Stop::Closed)
@@ -508,9 +529,15 @@ impl Agent {
             };
             match counts.await {
                 Ok((_, _, true)) => return Stop::Closed,
-                Ok((lost, _, _)) if lost > 0 => {
-                    return Stop::Changed(format!("{lost} member(s) of the round lost"))
-                }
+                // A drained node counts itself lost: it leaves instead of re-forming.
+                Ok((lost, _, _)) if lost > 0 => match rdzv.is_draining().await {
+                    Ok(true) => return Stop::Drained,
+                    _ => {
+                        return Stop::Changed(format!(
+                            "{lost} member(s) of the round lost or leaving"
+                        ))
+                    }
+                },
                 Ok((_, waiting, _)) if waiting > 0 => {
                     return Stop::Changed(format!("{waiting} node(s) waiting to join"))
                 }

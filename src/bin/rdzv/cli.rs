@@ -45,6 +45,9 @@ pub enum Command {
     Close(UrlArg),
     /// Delete what a run left in etcd (refused while any of its nodes is alive).
     Purge(PurgeArgs),
+    /// Announce that a node will leave (preemption, maintenance, scale-down): the others re-form
+    /// without it at once, and its launcher stops its workers and exits 0.
+    Drain(DrainArgs),
 }
 
 #[derive(Args, Debug)]
@@ -236,6 +239,17 @@ pub struct PurgeArgs {
     pub force: bool,
     #[command(flatten)]
     pub run: UrlArg,
+}
+
+#[derive(Args, Debug)]
+pub struct DrainArgs {
+    /// Why the node leaves: shown to the node and in logs.
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    #[command(flatten)]
+    pub run: UrlArg,
+    /// The node's id, as `rdzv status` lists it (and its launcher prints when it joins).
+    pub node_id: String,
 }
 
 /// Which of a worker's streams a `--redirects`/`--tee` spec selects.

@@ -29,6 +29,7 @@ fn main() {
         Command::Status(args) => block_on(ops::status(args)),
         Command::Close(args) => block_on(ops::close(args)),
         Command::Purge(args) => block_on(ops::purge(args)),
+        Command::Drain(args) => block_on(ops::drain(args)),
     };
     std::process::exit(code);
 }

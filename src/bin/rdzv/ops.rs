@@ -1,7 +1,8 @@
-//! The operator commands: `status` (a table, `--json`, `--watch`), `close` and `purge`, all on
-//! the library's `admin` module, so they never read etcd keys themselves.
+//! The operator commands: `status` (a table, `--json`, `--watch`), `close`, `purge` and
+//! `drain`, all on the library's `admin` module (the calls the C ABI's `rdzv_admin_*` make),
+//! so they never read etcd keys themselves.
 
-use crate::cli::{PurgeArgs, StatusArgs, UrlArg};
+use crate::cli::{DrainArgs, PurgeArgs, StatusArgs, UrlArg};
 use crate::output::{error, result};
 use rdzv::admin::{Admin, Purge, RunStatus};
 use rdzv::Params;
@@ -110,6 +111,30 @@ pub async fn purge(a: PurgeArgs) -> Code {
     }
 }
 
+pub async fn drain(a: DrainArgs) -> Code {
+    let admin = match connect(&a.run.url).await {
+        Ok(admin) => admin,
+        Err(code) => return code,
+    };
+    match admin.drain(&a.node_id, &a.reason).await {
+        Ok(()) => {
+            result(format_args!(
+                "node {} of run {:?} drained: the others re-form without it, its launcher stops its workers and exits",
+                a.node_id,
+                admin.params().run_id
+            ));
+            0
+        }
+        Err(e) => {
+            error(e.message());
+            match e.kind() {
+                rdzv::ErrorKind::InvalidArgument => 2,
+                _ => 1,
+            }
+        }
+    }
+}
+
 /// The status as aligned text, one line per item.
 fn table(s: &RunStatus) -> Vec<String> {
     let mut lines = vec![format!("run      {}", s.run_id)];
@@ -152,7 +177,11 @@ fn table(s: &RunStatus) -> Vec<String> {
                     m.rank,
                     m.node,
                     m.addr.as_deref().unwrap_or("-"),
-                    if m.alive { "yes" } else { "no (lost)" }
+                    match (m.alive, m.draining) {
+                        (true, false) => "yes",
+                        (true, true) => "yes (draining)",
+                        (false, _) => "no (lost)",
+                    }
                 ));
             }
         }
@@ -258,6 +287,8 @@ fn changes(before: Option<&RunStatus>, now: &RunStatus) -> String {
         for (o, n) in old.members.iter().zip(&new.members) {
             if o.alive && !n.alive {
                 said.push(format!("rank {} ({}) lost", n.rank, n.node));
+            } else if !o.draining && n.draining {
+                said.push(format!("rank {} ({}) draining", n.rank, n.node));
             }
         }
     }
