@@ -2,11 +2,12 @@
 # Runs every test of rdzv: installs what is missing, checks formatting and lints, then, against
 # the newest etcd (built from its Go module, cached), the Rust unit and integration tests (real
 # etcd, real processes, the C program and header drift, and two minutes of random faults
-# against a running job: tests/chaos), the C++, Go and Python bindings'
-# suites, the demo and the README's quick start; the Rust integration and fault suites again
-# against every other etcd version (Debian's 3.4, 3.5, 3.6); and real PyTorch (torchrun with
-# the etcd-v3 backend) in a cached environment. RDZV_SKIP_TORCH=1 skips the PyTorch suite
-# (its first run downloads about 5 GB). Prints one "N passed, N failed" line at the end.
+# against a running job: tests/chaos), the C++, Go and Python bindings' suites, the demo, the
+# README's quick start, the installed library used from outside the repository and the Go
+# scheduler example on it (launchers added, drained, killed); the Rust integration and fault
+# suites again against every other etcd version (Debian's 3.4, 3.5, 3.6); and real PyTorch
+# (torchrun with the etcd-v3 backend) in a cached environment. RDZV_SKIP_TORCH=1 skips the
+# PyTorch suite (its first run downloads about 5 GB). Prints one "N passed, N failed" line at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -61,6 +62,7 @@ fi
 suite "demo" scripts/demo.sh
 suite "README C quick start, as printed" scripts/readme-quickstart.sh
 suite "installed: prefix, pkg-config, find_package, Go module, Python wheel" scripts/install-test.sh
+suite "go scheduler example on the installed library: rdzv run launchers added, drained, killed, closed, purged" scripts/go-scheduler-test.sh
 
 # The protocol against every other etcd version people run: each Rust test target that starts
 # etcd (those using tests/common); unit and doc tests need no etcd.
