@@ -267,7 +267,8 @@ const watchProbeAfter = 10 * time.Second
 //   - another Watch is running on this Admin: ErrInvalidArgument.
 //
 // A Watch ended by its context may be followed by another on the same Admin, which starts
-// again from the current status.
+// again from the current status. While the run stays quiet, a Watch reads its status once
+// every 10 s, only to notice an etcd that stopped answering (see watchProbeAfter).
 func (a *Admin) Watch(ctx context.Context) (<-chan *RunStatus, <-chan error) {
 	statuses := make(chan *RunStatus)
 	errs := make(chan error, 1)
