@@ -27,6 +27,9 @@ lib="$prefix/lib/librdzv.so.0.1.0"
 dynamic=$(readelf -d "$lib")
 grep -q 'SONAME.*\[librdzv.so.0\]' <<<"$dynamic"
 [ -f "$prefix/lib/librdzv.a" ] && [ -f "$prefix/include/rdzv.h" ] && [ -f "$prefix/include/rdzv/rdzv.hpp" ]
+cmp LICENSE "$prefix/share/doc/rdzv/LICENSE"
+pc=$(cat "$prefix/lib/pkgconfig/rdzv.pc")
+grep -qx "License: Apache-2.0" <<<"$pc"
 
 step "exports: every function of rdzv.h, nothing else"
 grep -vE '^\s*(\*|/\*)' include/rdzv.h | grep -oE '\brdzv_[a-z0-9_]+\(' | tr -d '(' | sort -u >"$work/declared"
