@@ -59,6 +59,11 @@ if os.environ.get("RDZV_PYTHON_ONLY") != "1":
             path=str(CARGO_TOML),
             binding=Binding.NoBinding,
             strip=Strip.Debug,  # the release profile keeps line tables for profiling
+            # Cargo.toml's crate types ([lib] crate-type), not setuptools-rust's default of
+            # cdylib alone: the library is then the same build as the one the command below
+            # and scripts/install.sh use, so a build compiles the crate once. With cdylib
+            # alone each of those recompiled it (about a minute each).
+            args=["--crate-type", "rlib", "--crate-type", "cdylib", "--crate-type", "staticlib"],
         ),
         # The launcher (src/bin/rdzv), installed as a script: `rdzv run ...` on PATH.
         RustBin("rdzv", path=str(CARGO_TOML), args=["--bin", "rdzv"], strip=Strip.Debug),
