@@ -2,7 +2,8 @@
 # Installs rdzv the way a user would and uses it from outside the repository, against a
 # throwaway etcd: the C library under a prefix (a C program built with pkg-config, the C++
 # find_package consumer, a Go module that requires the binding), exactly the rdzv_* functions
-# of rdzv.h exported, and the Python wheel in a fresh virtual environment.
+# of rdzv.h exported, and the Python wheel (scripts/wheel.sh) in a fresh virtual environment:
+# its tags and contents, the package, and the rdzv command it installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -27,6 +28,9 @@ lib="$prefix/lib/librdzv.so.0.1.0"
 dynamic=$(readelf -d "$lib")
 grep -q 'SONAME.*\[librdzv.so.0\]' <<<"$dynamic"
 [ -f "$prefix/lib/librdzv.a" ] && [ -f "$prefix/include/rdzv.h" ] && [ -f "$prefix/include/rdzv/rdzv.hpp" ] && [ -f "$prefix/include/rdzv/gloo.hpp" ]
+cmp LICENSE "$prefix/share/doc/rdzv/LICENSE"
+pc=$(cat "$prefix/lib/pkgconfig/rdzv.pc")
+grep -qx "License: Apache-2.0" <<<"$pc"
 
 step "exports: every function of rdzv.h, nothing else"
 grep -vE '^\s*(\*|/\*)' include/rdzv.h | grep -oE '\brdzv_[a-z0-9_]+\(' | tr -d '(' | sort -u >"$work/declared"
@@ -95,9 +99,31 @@ cd "$repo"
 
 step "Python wheel in a fresh virtual environment, used from outside the repository"
 unset LD_LIBRARY_PATH
-python3 -m pip wheel -q --no-deps -w "$work/wheel" ./bindings/python
+wheel=$(scripts/wheel.sh "$work/wheel")
+# One wheel for every Python 3 (a native library and command, no CPython extension), with a
+# manylinux platform tag.
+[[ $(basename "$wheel") =~ ^rdzv-[0-9.]+-py3-none-manylinux_[0-9]+_[0-9]+_$(uname -m)\.whl$ ]] \
+  || { echo "wheel tags: $wheel is not py3-none-manylinux_X_Y_$(uname -m)" >&2; exit 1; }
+# What it carries: the library under its own name, the command as a script, the license.
+python3 - "$wheel" LICENSE <<'PY'
+import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+names = wheel.namelist()
+dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+data = dist_info.replace(".dist-info", ".data")
+for name in ["rdzv/librdzv.so", f"{data}/scripts/rdzv", f"{dist_info}/licenses/LICENSE"]:
+    assert name in names, f"{name} missing from the wheel: {names}"
+assert not [n for n in names if ".cpython-" in n], names
+assert wheel.read(f"{dist_info}/licenses/LICENSE") == open(sys.argv[2], "rb").read()
+metadata = wheel.read(f"{dist_info}/METADATA").decode().splitlines()
+for line in ["License-Expression: Apache-2.0", "License-File: LICENSE"]:
+    assert line in metadata, f"{line!r} not in METADATA"
+mode = wheel.getinfo(f"{data}/scripts/rdzv").external_attr >> 16
+assert mode & 0o111, f"the rdzv command is not executable in the wheel: {oct(mode)}"
+print(f"{sys.argv[1].rsplit('/', 1)[-1]}: {len(names)} files, the command, the library, LICENSE")
+PY
 python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install -q "$work"/wheel/rdzv-*.whl
+"$work/venv/bin/pip" install -q "$wheel"
 cd "$work"
 "$work/venv/bin/python" - "$(url py)" <<'PY'
 import sys
@@ -112,5 +138,29 @@ with rdzv.EtcdV3RendezvousHandler.from_url(sys.argv[1]) as h:
     info.store.close()
 print(f"python wheel: library {rdzv.version()} from {ffi.library_path()}, entry point {eps[0].value}")
 PY
+
+step "the rdzv command from the wheel, on the environment's PATH"
+export PATH="$work/venv/bin:$PATH"
+[ "$(command -v rdzv)" = "$work/venv/bin/rdzv" ]
+[ "$(rdzv --version)" = "rdzv $(sed -n '/^version = "/{s/^version = "\(.*\)"/\1/p;q;}' "$repo/Cargo.toml")" ]
+help=$(rdzv --help)
+grep -q '^Usage: rdzv <COMMAND>' <<<"$help"
+# A real job against the throwaway etcd: one node, two workers, each printing its rank.
+worker=(--no-python sh -c 'echo "rank=$RANK of $WORLD_SIZE"')
+both_ranks() {  # in separate commands: set -e ignores a failure on the left of &&
+  grep -q '^\[rank0\]:rank=0 of 2$' <<<"$1" || { echo "rank 0 missing from: $1" >&2; return 1; }
+  grep -q '^\[rank1\]:rank=1 of 2$' <<<"$1" || { echo "rank 1 missing from: $1" >&2; return 1; }
+}
+job=$(rdzv run --nnodes=1 --nproc-per-node=2 --rdzv-endpoint="$endpoint" --rdzv-id="install-cmd-$$" \
+  --local-addr=127.0.0.1 "${worker[@]}" 2>&1)
+echo "$job"
+both_ranks "$job"
+# python -m rdzv is the same command: the very file the wheel installed, the same help, a job.
+py="$work/venv/bin/python"
+[ "$("$py" -c 'import rdzv.__main__ as m; print(m.find_command())')" = "$work/venv/bin/rdzv" ]
+[ "$("$py" -m rdzv --help)" = "$help" ]
+job=$("$py" -m rdzv run --standalone --nproc-per-node=2 "${worker[@]}" 2>&1)
+both_ranks "$job"
+echo "rdzv command ok: rdzv and python -m rdzv from $work/venv/bin/rdzv"
 cd "$repo"
 echo "install test ok"

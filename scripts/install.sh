@@ -2,7 +2,7 @@
 # Builds rdzv in release mode and installs the C library and the C++ binding under a prefix:
 #   lib/librdzv.so.0.1.0, lib/librdzv.so.0 (the SONAME) and lib/librdzv.so -> it, lib/librdzv.a,
 #   include/rdzv.h, include/rdzv/rdzv.hpp (and gloo.hpp, for programs that use Gloo),
-#   lib/pkgconfig/rdzv.pc, lib/cmake/rdzv/ (find_package).
+#   lib/pkgconfig/rdzv.pc, lib/cmake/rdzv/ (find_package), share/doc/rdzv/LICENSE.
 # Usage: scripts/install.sh [PREFIX]   (default /usr/local; the pkg-config file is relocatable)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -183,8 +183,8 @@ ENV_VAR = "RDZV_LIBRARY"
 def candidate_paths() -> list[Path]:
     """Where the library is looked for when ``RDZV_LIBRARY`` is not set, in order."""
     here = Path(__file__).resolve().parent
-    # A wheel ships the library next to this file (the build names it like an extension).
-    paths = [here / LIBRARY_FILE, *sorted(here.glob("librdzv.*.so"))]
+    # A wheel ships the library next to this file.
+    paths = [here / LIBRARY_FILE]
     for parent in here.parents:
         if (parent / "Cargo.toml").is_file():
             paths.append(parent / "target" / "release" / LIBRARY_FILE)
