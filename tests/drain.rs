@@ -252,7 +252,10 @@ fn a_watch_whose_etcd_dies_ends_with_an_error_and_resumes_after_the_restart() {
         if err.kind() != ErrorKind::Timeout {
             break err;
         }
-        assert!(Instant::now() < until, "only timeouts for 30 s with etcd down");
+        assert!(
+            Instant::now() < until,
+            "only timeouts for 30 s with etcd down"
+        );
     };
     assert_eq!(err.kind(), ErrorKind::Connection, "{}", err.message());
     etcd.restart();

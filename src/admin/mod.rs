@@ -296,6 +296,7 @@ impl Admin {
             admin: self.clone(),
             watch: None,
             dirty: true,
+            broken_since: None,
             last: None,
         }
     }
@@ -387,6 +388,9 @@ pub struct StatusWatch {
     /// A change was seen (or the watch was reopened) and not yet read: kept across a `next`
     /// that is dropped midway (a timeout or a cancel), so no change is lost.
     dirty: bool,
+    /// Since when the watch has been down: reopening it is bounded by `connect_timeout` from
+    /// then, across calls, so a caller that waits in short slices still gets the error.
+    broken_since: Option<Instant>,
     last: Option<RunStatus>,
 }
 
@@ -403,12 +407,14 @@ impl StatusWatch {
                 None => {
                     // Watch first, then read: a change between the two is not missed.
                     let target = Target::Prefix(self.admin.keys.namespace().to_string());
-                    self.watch = Some(
-                        self.admin
-                            .etcd
-                            .watch(&[target], self.admin.deadline())
-                            .await?,
-                    );
+                    let since = *self.broken_since.get_or_insert_with(Instant::now);
+                    let deadline = since + self.admin.params.connect_timeout;
+                    let opened = self.admin.etcd.watch(&[target], deadline).await;
+                    if opened.is_err() {
+                        // The next call starts a new deadline: this one has been reported.
+                        self.broken_since = None;
+                    }
+                    self.watch = Some(opened?);
                     self.dirty = true;
                 }
                 Some(_) if self.dirty => {}
@@ -426,6 +432,7 @@ impl StatusWatch {
             }
             let status = self.admin.status().await?;
             self.dirty = false;
+            self.broken_since = None;
             if self.last.as_ref().is_some_and(|last| last.same_as(&status)) {
                 continue;
             }
