@@ -270,3 +270,30 @@ fn a_watch_whose_etcd_dies_ends_with_an_error_and_resumes_after_the_restart() {
         assert!(Instant::now() < until, "the watch never showed the round");
     }
 }
+
+#[test]
+fn an_operator_on_an_unreachable_etcd_gets_the_connection_error_at_once() {
+    // A port nobody listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("etcd://127.0.0.1:{port}/nobody?connect_timeout=30");
+    let started = Instant::now();
+    let err = BlockingAdmin::new(Params::from_url(&url).unwrap())
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Connection, "{}", err.message());
+    assert!(
+        err.message().contains(&port.to_string()),
+        "{}",
+        err.message()
+    );
+    // Refused is known at once: no waiting out the 30 s connect_timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
