@@ -12,6 +12,7 @@ status, a watch of its changes, closing it, purging what it left in etcd, and dr
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import threading
 import time
@@ -122,6 +123,12 @@ def _text(raw: bytes | None) -> str:
     return raw.decode("utf-8", "replace") if raw else ""
 
 
+def _same_run(a: RunStatus, b: RunStatus) -> bool:
+    """Whether two statuses describe the same state (etcd's revision moves with every write,
+    to any run)."""
+    return dataclasses.replace(a, revision=0) == dataclasses.replace(b, revision=0)
+
+
 def _status_from_c(s: _ffi.rdzv_run_status_t) -> RunStatus:
     # The arrays are read only up to their counts: an empty one may point anywhere.
     members = tuple(
@@ -204,8 +211,8 @@ class Admin:
         # missed the cancel (made just before a call was entered).
         self._cancels = 0
         self._lock = threading.Lock()
-        # A change read by a watch call that Ctrl-C abandoned: the next call returns it, so
-        # the watch still loses nothing.
+        # A change read by a watch call that Ctrl-C abandoned: the next watch_next returns it,
+        # so the handle's watch still loses nothing.
         self._pending: RunStatus | None = None
 
     @classmethod
@@ -277,12 +284,14 @@ class Admin:
         return run_blocking(work, name="rdzv-admin-watch", cancel=self.cancel, discard=keep)
 
     def watch(self, idle_timeout: Any = None) -> Iterator[RunStatus]:
-        """A generator of the run's statuses: the current one first (on the handle's first
-        watch), then one per change, in order (see ``watch_next``). It ends when ``cancel()``
-        or ``close()`` is called after it was made (from another thread while it waits, or
-        from its consumer); Ctrl-C raises ``KeyboardInterrupt`` out of it. With ``idle_timeout``, it raises ``RendezvousTimeoutError`` when nothing
-        changed for that long. The handle has one watch: a later generator on the same handle
-        goes on where the previous one stopped, losing nothing."""
+        """A generator of the run's statuses: the current one first, then one per change an
+        operator would see, in order (see ``watch_next``). It ends when ``cancel()`` or
+        ``close()`` is called after it was made (from another thread while it waits, or from
+        its consumer); Ctrl-C raises ``KeyboardInterrupt`` out of it and leaves the handle
+        usable. With ``idle_timeout``, it raises ``RendezvousTimeoutError`` when nothing
+        changed for that long. An etcd that stays unreachable for ``connect_timeout`` ends it
+        with ``RendezvousConnectionError``. One generator at a time per handle; a later one
+        starts again from the current status."""
         if idle_timeout is not None:
             seconds(idle_timeout, "idle_timeout")  # checked now, not at the first next()
         if self._res.closed:
@@ -293,6 +302,14 @@ class Admin:
             cancels = self._cancels
 
         def statuses() -> Iterator[RunStatus]:
+            # The library's watch belongs to the handle and goes on where an earlier watch
+            # stopped, so each generator starts from a status of its own and then passes on
+            # only what the watch reports as newer and different: every change once, in
+            # order (as the Go binding's Watch does).
+            last = self.status()
+            if self._cancels != cancels:
+                return
+            yield last
             while True:
                 try:
                     status = self._watch_next(idle_timeout, cancels)
@@ -304,6 +321,9 @@ class Admin:
                     raise
                 if status is None:
                     raise RendezvousTimeoutError(f"watch: no change within {idle_timeout} s")
+                if status.revision <= last.revision or _same_run(status, last):
+                    continue
+                last = status
                 yield status
 
         return statuses()

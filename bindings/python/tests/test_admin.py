@@ -1,6 +1,7 @@
 """The operator handle (rdzv.Admin) and draining against a real etcd: the status of an absent
 and of a formed run, a drain seen by the watch, by the other members and by the drained node,
-purge, closing a run, cancelling a watch, and Ctrl-C (a real SIGINT) ending a watch."""
+purge, closing a run, cancelling a watch, a watch whose etcd dies, and Ctrl-C (a real SIGINT)
+ending a watch."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import PKG_ROOT, dies_with_this_process, find_thread, wait_until
+from conftest import PKG_ROOT, Etcd, dies_with_this_process, find_thread, wait_until
 from rdzv import (
     Admin,
     RendezvousCancelledError,
     RendezvousClosedError,
+    RendezvousConnectionError,
     RendezvousGracefulExitError,
     RendezvousInvalidArgumentError,
     RendezvousShutdownError,
@@ -218,6 +220,19 @@ def test_watch_next_times_out_and_then_returns_the_change(etcd, run_id, nodes):
 
 def test_cancel_ends_a_watch_in_another_thread(etcd, run_id):
     with Admin(etcd.url(run_id)) as admin:
+        assert admin.watch_next(T) is not None  # the handle's first watch call: the status now
+        # watch_next raises, and the handle stays usable.
+        with ThreadPoolExecutor(1) as pool:
+            blocked = pool.submit(admin.watch_next, T)
+            deadline = time.monotonic() + T
+            while not blocked.done():  # a cancel before the call starts does not reach it
+                assert time.monotonic() < deadline, "watch_next ignored cancel()"
+                admin.cancel()
+                futures.wait([blocked], timeout=0.02)
+            with pytest.raises(RendezvousCancelledError):
+                blocked.result()
+        assert admin.watch_next(0.2) is None
+
         got_first = threading.Event()
 
         def consume():
@@ -235,18 +250,10 @@ def test_cancel_ends_a_watch_in_another_thread(etcd, run_id):
             admin.cancel()
             seen = consumer.result(timeout=T)
         assert [s.exists for s in seen] == [False]
-
-        # watch_next raises instead, and the handle stays usable.
-        with ThreadPoolExecutor(1) as pool:
-            blocked = pool.submit(admin.watch_next, T)
-            deadline = time.monotonic() + T
-            while not blocked.done():  # a cancel before the call starts does not reach it
-                assert time.monotonic() < deadline, "watch_next ignored cancel()"
-                admin.cancel()
-                futures.wait([blocked], timeout=0.02)
-            with pytest.raises(RendezvousCancelledError):
-                blocked.result()
-        assert admin.watch_next(0.2) is None
+        # A new generator starts again from the current status.
+        again = admin.watch()
+        assert next(again).exists is False
+        again.close()
 
 
 def test_watch_idle_timeout(etcd, run_id):
@@ -255,6 +262,22 @@ def test_watch_idle_timeout(etcd, run_id):
         assert next(statuses).exists is False
         with pytest.raises(RendezvousTimeoutError):
             next(statuses)
+
+
+def test_a_watch_ends_with_a_connection_error_when_etcd_dies(tmp_path, run_id):
+    own = Etcd(tmp_path / "data")  # this test's own etcd, since it kills it
+    try:
+        with Admin(own.url(run_id, connect_timeout=2)) as admin:
+            # idle_timeout far above connect_timeout: timing out instead would fail the test.
+            statuses = admin.watch(idle_timeout=T)
+            assert next(statuses).exists is False
+            own.stop()
+            t0 = time.monotonic()
+            with pytest.raises(RendezvousConnectionError):
+                next(statuses)
+            assert time.monotonic() - t0 < 20
+    finally:
+        own.stop()
 
 
 WATCHER = """
@@ -267,6 +290,9 @@ sys.path.insert(0, sys.argv[2])
 import rdzv
 
 admin = rdzv.Admin(sys.argv[1])
+# The handle's first watch call returns the status at once; made here, so that the watch the
+# parent interrupts is one that waits for a change.
+admin.watch_next(30)
 first_done = threading.Event()
 first_workers = []
 
