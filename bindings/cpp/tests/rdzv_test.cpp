@@ -430,6 +430,239 @@ TEST(Store, WaitsEndOnCancelAndWhenTheNodeShutsDown) {
   EXPECT_THROW(one.store.set("k", "v"), rdzv::ShutdownError);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Admin and drain
+// ---------------------------------------------------------------------------------------------
+
+// `n` nodes on `url`, each with its own handle, that complete one round together (their
+// next() calls run at once, in threads). Returned in rank order with their rounds.
+struct Formed {
+  std::vector<rdzv::Rendezvous> nodes;
+  std::vector<rdzv::RoundInfo> rounds;
+};
+
+Formed form(std::vector<rdzv::Rendezvous> nodes) {
+  std::vector<std::future<rdzv::RoundInfo>> futures;
+  for (auto& node : nodes) {
+    futures.push_back(std::async(std::launch::async, [&node] { return node.next().info; }));
+  }
+  std::vector<std::pair<rdzv::RoundInfo, size_t>> ranked;
+  for (size_t i = 0; i < futures.size(); ++i) ranked.emplace_back(get_within(futures[i], 90s), i);
+  std::sort(ranked.begin(), ranked.end(),
+            [](const auto& a, const auto& b) { return a.first.rank < b.first.rank; });
+  Formed out;
+  for (auto& [info, i] : ranked) {
+    out.nodes.push_back(std::move(nodes[i]));
+    out.rounds.push_back(info);
+  }
+  return out;
+}
+
+Formed form(const std::string& url, size_t n) {
+  std::vector<rdzv::Rendezvous> nodes;
+  for (size_t i = 0; i < n; ++i) nodes.emplace_back(rdzv::Params::from_url(url));
+  return form(std::move(nodes));
+}
+
+std::vector<std::string> node_ids(const std::vector<rdzv::Member>& members) {
+  std::vector<std::string> out;
+  for (const auto& m : members) out.push_back(m.node_id);
+  return out;
+}
+
+// Polls num_lost() as an agent does until it is non-zero; a test failure after 30 s.
+uint32_t wait_for_loss(const rdzv::Rendezvous& node) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (true) {
+    const uint32_t n = node.num_lost();
+    if (n > 0) return n;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "no member counted lost within 30 s";
+      return 0;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
+TEST(Admin, HandleIsMoveOnly) {
+  static_assert(!std::is_copy_constructible_v<rdzv::Admin>);
+  static_assert(!std::is_copy_assignable_v<rdzv::Admin>);
+  static_assert(std::is_nothrow_move_constructible_v<rdzv::Admin>);
+  static_assert(std::is_nothrow_move_assignable_v<rdzv::Admin>);
+  rdzv::Admin a(rdzv::Params::from_url(etcd().url("admin-move")));
+  rdzv::Admin b = std::move(a);
+  EXPECT_FALSE(a);  // NOLINT(bugprone-use-after-move)
+  EXPECT_THROW(a.status(), rdzv::ShutdownError);
+  EXPECT_FALSE(b.status().exists);
+}
+
+TEST(Admin, StatusOfAnAbsentRunIsEmptyNotAnError) {
+  const std::string url = etcd().url("admin-absent");
+  rdzv::Admin admin(rdzv::Params::from_url(url));
+  const rdzv::RunStatus s = admin.status();
+  EXPECT_EQ(s.run_id, url.substr(url.rfind('/') + 1));
+  EXPECT_FALSE(s.exists);
+  EXPECT_FALSE(s.closed);
+  EXPECT_FALSE(s.sealed_round.has_value());
+  EXPECT_TRUE(s.members.empty());
+  EXPECT_TRUE(s.waiting.empty());
+  EXPECT_EQ(s.num_alive, 0u);
+  EXPECT_EQ(s.num_lost, 0u);
+  EXPECT_TRUE(s.lost().empty());
+  EXPECT_TRUE(s.draining().empty());
+  EXPECT_EQ(s.master_addr, "");
+  EXPECT_GT(s.revision, 0);
+}
+
+TEST(Admin, AFormedRoundIsListedInRankOrder) {
+  const std::string url = run_url("admin-formed", 2);
+  Formed f = form(url, 2);
+  rdzv::Admin admin(rdzv::Params::from_url(url));
+  const rdzv::RunStatus s = admin.status();
+  EXPECT_TRUE(s.exists);
+  ASSERT_TRUE(s.sealed_round.has_value());
+  EXPECT_EQ(*s.sealed_round, f.rounds[0].round);
+  ASSERT_EQ(s.members.size(), 2u);
+  for (uint32_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(s.members[r].rank, r);
+    EXPECT_EQ(s.members[r].node_id, f.nodes[r].node_id());
+    EXPECT_TRUE(s.members[r].alive);
+    EXPECT_FALSE(s.members[r].draining);
+    EXPECT_FALSE(s.members[r].addr.empty());
+  }
+  EXPECT_EQ(s.master_addr, f.rounds[0].master_addr);
+  EXPECT_EQ(s.master_port, f.rounds[0].master_port);
+  EXPECT_EQ(s.num_alive, 2u);
+  EXPECT_EQ(s.num_lost, 0u);
+  EXPECT_TRUE(s.waiting.empty());
+}
+
+TEST(Admin, ADrainedMemberIsLostAndTheSurvivorsReformWithoutIt) {
+  // A lease far longer than the test and a last call longer than the join timeout: round 1
+  // forms in time only because the drain is seen at once and nobody waits for the node.
+  const std::string url = etcd().url(
+      "admin-drain", "min_nodes=2&max_nodes=3&lease_ttl=60&last_call_timeout=60&join_timeout=20");
+  Formed f = form(url, 3);
+  const std::vector<std::string> ids = {f.nodes[0].node_id(), f.nodes[1].node_id(),
+                                        f.nodes[2].node_id()};
+  // The survivors track losses from before the drain, as a polling agent does.
+  EXPECT_EQ(f.nodes[0].num_lost(), 0u);
+  EXPECT_EQ(f.nodes[2].num_lost(), 0u);
+
+  rdzv::Admin admin(rdzv::Params::from_url(url));
+  admin.drain(ids[1], "maintenance");
+  const rdzv::RunStatus s = admin.status();
+  ASSERT_EQ(s.draining().size(), 1u);
+  EXPECT_EQ(s.draining()[0].node_id, ids[1]);
+  EXPECT_EQ(s.num_draining, 1u);
+  EXPECT_EQ(s.num_lost, 0u) << "a drained member is alive, not lost";
+
+  EXPECT_EQ(wait_for_loss(f.nodes[0]), 1u);
+  EXPECT_EQ(wait_for_loss(f.nodes[2]), 1u);
+  EXPECT_TRUE(f.nodes[1].is_draining());
+  EXPECT_FALSE(f.nodes[0].is_draining());
+  try {
+    f.nodes[1].next();
+    FAIL() << "a drained node joined a round";
+  } catch (const rdzv::GracefulExitError& e) {
+    EXPECT_NE(e.message().find("maintenance"), std::string::npos) << e.message();
+  }
+
+  std::vector<rdzv::Rendezvous> survivors;
+  survivors.push_back(std::move(f.nodes[0]));
+  survivors.push_back(std::move(f.nodes[2]));
+  Formed again = form(std::move(survivors));
+  for (const auto& info : again.rounds) {
+    EXPECT_EQ(info.round, 1u);
+    EXPECT_EQ(info.world_size, 2u);
+  }
+  EXPECT_EQ(again.nodes[0].node_id(), ids[0]) << "rank 0 stays rank 0";
+  const rdzv::RunStatus after = admin.status();
+  ASSERT_TRUE(after.sealed_round.has_value());
+  EXPECT_EQ(*after.sealed_round, 1u);
+  EXPECT_EQ(node_ids(after.members), (std::vector<std::string>{ids[0], ids[2]}));
+}
+
+TEST(Admin, ANodeDrainsItself) {
+  const std::string url = etcd().url("admin-self", "min_nodes=2&max_nodes=2&lease_ttl=60");
+  Formed f = form(url, 2);
+  EXPECT_EQ(f.nodes[0].num_lost(), 0u);
+  EXPECT_FALSE(f.nodes[1].is_draining());
+  f.nodes[1].drain("preemption notice");
+  EXPECT_TRUE(f.nodes[1].is_draining());
+  EXPECT_EQ(wait_for_loss(f.nodes[0]), 1u);
+  EXPECT_THROW(f.nodes[1].next(), rdzv::GracefulExitError);
+}
+
+TEST(Admin, WatchNextTimesOutThenReturnsTheDrain) {
+  const std::string url = etcd().url("admin-watch", "min_nodes=2&max_nodes=2&lease_ttl=60");
+  Formed f = form(url, 2);
+  rdzv::Admin admin(rdzv::Params::from_url(url));
+  const auto first = admin.watch_next(10s);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->members.size(), 2u);
+  EXPECT_TRUE(first->draining().empty());
+
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(admin.watch_next(200ms).has_value());  // nothing changed
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);
+
+  // A change made while no watch_next() runs is not lost.
+  admin.drain(f.nodes[1].node_id(), "scale down");
+  const auto changed = admin.watch_next(10s);
+  ASSERT_TRUE(changed.has_value());
+  EXPECT_GT(changed->revision, first->revision);
+  ASSERT_EQ(changed->draining().size(), 1u);
+  EXPECT_EQ(changed->draining()[0].node_id, f.nodes[1].node_id());
+  EXPECT_THROW(admin.watch_next(-1ms), rdzv::InvalidArgumentError);
+}
+
+TEST(Admin, CancelFromAnotherThreadWakesWatchNext) {
+  rdzv::Admin admin(rdzv::Params::from_url(etcd().url("admin-cancel")));
+  ASSERT_TRUE(admin.watch_next(10s).has_value());  // the current status
+  auto blocked = std::async(std::launch::async, [&admin] { return admin.watch_next(60s); });
+  // cancel() only reaches a watch_next() that is running: repeat it until the call returns.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  do admin.cancel();
+  while (blocked.wait_for(20ms) != std::future_status::ready &&
+         std::chrono::steady_clock::now() < deadline);
+  EXPECT_THROW(get_within(blocked, 1s), rdzv::CancelledError);
+  EXPECT_FALSE(admin.watch_next(100ms).has_value());  // still usable
+}
+
+TEST(Admin, DrainOfAnUnknownNodeThrowsInvalidArgument) {
+  rdzv::Admin admin(rdzv::Params::from_url(etcd().url("admin-unknown", "min_nodes=1")));
+  try {
+    admin.drain("0123456789abcdef", "scale down");
+    FAIL() << "drained a node that does not exist";
+  } catch (const rdzv::InvalidArgumentError& e) {
+    EXPECT_NE(e.message().find("0123456789abcdef"), std::string::npos) << e.message();
+  }
+  EXPECT_FALSE(admin.status().exists) << "a failed drain writes nothing";
+}
+
+TEST(Admin, CloseRunWakesNextAndPurgeWaitsForTheNodes) {
+  const std::string url = run_url("admin-close", 2);
+  rdzv::Admin admin(rdzv::Params::from_url(url));
+  auto node = std::make_unique<rdzv::Rendezvous>(rdzv::Params::from_url(url));
+  auto fut = start_blocked_next(*node);
+  admin.close_run();
+  EXPECT_THROW(get_within(fut, 20s), rdzv::ClosedError);  // join_timeout is 60 s
+  EXPECT_TRUE(admin.status().closed);
+
+  const rdzv::PurgeResult refused = admin.purge();
+  EXPECT_TRUE(refused.refused());
+  EXPECT_EQ(refused.refused_alive, 1u);
+  EXPECT_EQ(refused.deleted, 0);
+  EXPECT_TRUE(admin.status().exists);
+
+  node.reset();  // the node leaves; the closed marker stays
+  const rdzv::PurgeResult done = admin.purge();
+  EXPECT_FALSE(done.refused());
+  EXPECT_GT(done.deleted, 0);
+  EXPECT_FALSE(admin.status().exists);
+}
+
 }  // namespace
 
 TEST(Library, LogRecordsReachTheHandler) {

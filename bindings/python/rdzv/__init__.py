@@ -8,9 +8,13 @@
             store.set(f"node/{info.rank}", "hello")
 
 The API mirrors ``torch.distributed.elastic.rendezvous``; torch is not needed
-(``rdzv.torch_backend`` plugs this into torchrun when it is installed).
+(``rdzv.torch_backend`` plugs this into torchrun when it is installed). ``rdzv.Admin`` is an
+operator's or scheduler's handle on a run, which never joins it (status, watch, close, purge,
+drain).
 """
 
+from . import admin
+from .admin import Admin, Joiner, Member, PurgeResult, RunStatus
 from .errors import (
     RendezvousCancelledError,
     RendezvousClosedError,
@@ -38,7 +42,11 @@ def version() -> str:
 
 
 __all__ = [
+    "Admin",
     "EtcdV3RendezvousHandler",
+    "Joiner",
+    "Member",
+    "PurgeResult",
     "RendezvousCancelledError",
     "RendezvousClosedError",
     "RendezvousConnectionError",
@@ -52,6 +60,7 @@ __all__ = [
     "RendezvousStateError",
     "RendezvousStoreInfo",
     "RendezvousTimeoutError",
+    "RunStatus",
     "Store",
     "version",
 ]

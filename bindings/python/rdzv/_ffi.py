@@ -85,6 +85,10 @@ class rdzv_t(Structure):
     """Opaque."""
 
 
+class rdzv_admin_t(Structure):
+    """Opaque."""
+
+
 class rdzv_round_t(Structure):
     _fields_ = [
         ("round", c_uint64),
@@ -95,11 +99,53 @@ class rdzv_round_t(Structure):
     ]
 
 
+class rdzv_member_t(Structure):
+    _fields_ = [
+        ("rank", c_uint32),
+        ("node_id", c_char_p),
+        ("addr", c_char_p),
+        ("alive", c_bool),
+        ("draining", c_bool),
+    ]
+
+
+class rdzv_joiner_t(Structure):
+    _fields_ = [
+        ("node_id", c_char_p),
+        ("addr", c_char_p),
+        ("member_rank", c_int64),
+        ("draining", c_bool),
+    ]
+
+
+class rdzv_run_status_t(Structure):
+    _fields_ = [
+        ("run_id", c_char_p),
+        ("exists", c_bool),
+        ("closed", c_bool),
+        ("open_round", c_uint64),
+        ("has_sealed", c_bool),
+        ("sealed_round", c_uint64),
+        ("master_addr", c_char_p),
+        ("master_port", c_uint16),
+        ("members", POINTER(rdzv_member_t)),
+        ("num_members", c_size_t),
+        ("waiting", POINTER(rdzv_joiner_t)),
+        ("num_waiting", c_size_t),
+        ("num_lost", c_size_t),
+        ("num_draining", c_size_t),
+        ("num_alive", c_size_t),
+        ("revision", c_int64),
+    ]
+
+
 ErrorP = POINTER(rdzv_error_t)
 ErrorPP = POINTER(ErrorP)
 ParamsP = POINTER(rdzv_params_t)
 StoreP = POINTER(rdzv_store_t)
 RdzvP = POINTER(rdzv_t)
+AdminP = POINTER(rdzv_admin_t)
+RunStatusP = POINTER(rdzv_run_status_t)
 BytesP = POINTER(c_uint8)
 KeysP = POINTER(c_char_p)  # const char *const *
 # rdzv_log_handler_t: (level, target, line, user_data)
@@ -168,6 +214,20 @@ SIGNATURES = {
     "rdzv_version": (c_char_p, []),
     "rdzv_set_log_handler": (None, [LogHandler, c_void_p]),
     "rdzv_store_free": (None, [StoreP]),
+    "rdzv_admin_new": (rdzv_status_t, [ParamsP, POINTER(AdminP), ErrorPP]),
+    "rdzv_admin_free": (None, [AdminP]),
+    "rdzv_admin_status": (rdzv_status_t, [AdminP, POINTER(RunStatusP), ErrorPP]),
+    "rdzv_admin_watch": (rdzv_status_t, [AdminP, c_int64, POINTER(RunStatusP), ErrorPP]),
+    "rdzv_admin_cancel": (rdzv_status_t, [AdminP, ErrorPP]),
+    "rdzv_admin_close": (rdzv_status_t, [AdminP, ErrorPP]),
+    "rdzv_admin_purge": (
+        rdzv_status_t,
+        [AdminP, c_bool, POINTER(c_int64), POINTER(c_uint32), ErrorPP],
+    ),
+    "rdzv_admin_drain": (rdzv_status_t, [AdminP, c_char_p, c_char_p, ErrorPP]),
+    "rdzv_drain": (rdzv_status_t, [RdzvP, c_char_p, ErrorPP]),
+    "rdzv_is_draining": (rdzv_status_t, [RdzvP, POINTER(c_bool), ErrorPP]),
+    "rdzv_run_status_free": (None, [RunStatusP]),
 }
 
 if sys.platform == "darwin":

@@ -65,7 +65,8 @@ class RendezvousStateError(RendezvousError):
 
 
 class RendezvousGracefulExitError(RendezvousError):
-    """RDZV_ERR_GRACEFUL_EXIT: the run closed while this node was left out; not a failure."""
+    """RDZV_ERR_GRACEFUL_EXIT: the run closed while this node was left out, or this node was
+    drained (a planned departure); not a failure."""
 
     status = _ffi.RDZV_ERR_GRACEFUL_EXIT
 

@@ -135,7 +135,8 @@ class EtcdV3RendezvousHandler:
     def next_rendezvous(self) -> RendezvousInfo:
         """Joins the next round and blocks until this node is a member of a completed round
         (at most ``join_timeout``). Raises ``RendezvousClosedError``,
-        ``RendezvousGracefulExitError``, ``RendezvousTimeoutError``,
+        ``RendezvousGracefulExitError`` (the run closed while this node was left out, or this
+        node was drained), ``RendezvousTimeoutError``,
         ``RendezvousConnectionError``, ``RendezvousShutdownError`` (``shutdown``/``close`` from
         another thread) or ``RendezvousCancelledError`` (``cancel`` from another thread).
         Ctrl-C cancels the join (the handler stays usable) and raises ``KeyboardInterrupt``."""
@@ -212,6 +213,24 @@ class EtcdV3RendezvousHandler:
         return True
 
     # -- extras -------------------------------------------------------------------------------
+
+    def drain(self, reason: str = "") -> None:
+        """Marks this node as leaving the run (a planned departure, e.g. on a preemption
+        notice), as ``Admin.drain`` does for any node: the other members count it in
+        ``num_nodes_lost()`` at once and re-form without it, and this node's
+        ``next_rendezvous`` raises ``RendezvousGracefulExitError``. Does not close the run.
+        ``reason`` is shown in the error and in logs."""
+        why = cstr(reason, "reason")
+        with self._res.use() as p:
+            call(lib().rdzv_drain, p, why)
+
+    def is_draining(self) -> bool:
+        """Whether this node was drained (by ``drain``, an operator or a scheduler): its agent
+        should stop its workers and leave. One etcd read."""
+        out = ctypes.c_bool()
+        with self._res.use() as p:
+            call(lib().rdzv_is_draining, p, ctypes.byref(out))
+        return bool(out.value)
 
     def cancel(self) -> None:
         """Wakes a ``next_rendezvous`` blocked in another thread, which raises

@@ -331,6 +331,8 @@ class TorchEtcdV3RendezvousHandler(EtcdV3RendezvousHandler, *_torch_bases):  # t
     num_nodes_waiting = _handler_errors(EtcdV3RendezvousHandler.num_nodes_waiting)
     num_nodes_lost = _handler_errors(EtcdV3RendezvousHandler.num_nodes_lost)
     cancel = _handler_errors(EtcdV3RendezvousHandler.cancel)
+    drain = _handler_errors(EtcdV3RendezvousHandler.drain)
+    is_draining = _handler_errors(EtcdV3RendezvousHandler.is_draining)
 
     def shutdown(self) -> bool:
         """Releases this node only. Unlike torch's own handlers this does not close the run:

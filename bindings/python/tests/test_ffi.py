@@ -19,6 +19,7 @@ HEADER = REPO_ROOT / "include" / "rdzv.h"
 # Normalised C types (no const, no names, no spaces) -> the ctypes type they must be declared as.
 C_TO_CTYPES = {
     "void": None,
+    "bool": ctypes.c_bool,
     "rdzv_status_t": ctypes.c_int,
     "char*": ctypes.c_char_p,
     "char**": ctypes.POINTER(ctypes.c_char_p),
@@ -41,6 +42,10 @@ C_TO_CTYPES = {
     "rdzv_store_t*": _ffi.StoreP,
     "rdzv_store_t**": ctypes.POINTER(_ffi.StoreP),
     "rdzv_round_t*": ctypes.POINTER(_ffi.rdzv_round_t),
+    "rdzv_admin_t*": _ffi.AdminP,
+    "rdzv_admin_t**": ctypes.POINTER(_ffi.AdminP),
+    "rdzv_run_status_t*": _ffi.RunStatusP,
+    "rdzv_run_status_t**": ctypes.POINTER(_ffi.RunStatusP),
     "rdzv_log_handler_t": _ffi.LogHandler,
     "void*": ctypes.c_void_p,
 }
@@ -100,6 +105,84 @@ def test_declaration_matches_header(name):
     for i, (c_type, declared) in enumerate(zip(params, argtypes)):
         assert c_type in C_TO_CTYPES, f"{name}: no mapping for parameter type {c_type}"
         assert declared is C_TO_CTYPES[c_type], f"{name} parameter {i}: {declared} for C {c_type}"
+
+
+# Normalised C field types -> the ctypes type the Structure must use for them.
+C_FIELD_TO_CTYPES = {
+    "bool": ctypes.c_bool,
+    "uint16_t": ctypes.c_uint16,
+    "uint32_t": ctypes.c_uint32,
+    "uint64_t": ctypes.c_uint64,
+    "int64_t": ctypes.c_int64,
+    "size_t": ctypes.c_size_t,
+    "char*": ctypes.c_char_p,
+    "rdzv_member_t*": ctypes.POINTER(_ffi.rdzv_member_t),
+    "rdzv_joiner_t*": ctypes.POINTER(_ffi.rdzv_joiner_t),
+}
+
+
+def header_structs() -> dict[str, list[tuple[str, str]]]:
+    """name -> [(field name, normalised C type)] for every ``typedef struct {...} name;``."""
+    found = {}
+    for body, name in re.findall(r"typedef struct\s*\{([^}]*)\}\s*(\w+)\s*;", header_text()):
+        fields = []
+        for decl in body.split(";"):
+            if not decl.strip():
+                continue
+            decl = decl.replace("*", " * ")
+            tokens = [t for t in decl.split() if t != "const"]
+            fields.append((tokens[-1], tokens[0] + "*" * tokens.count("*")))
+        found[name] = fields
+    return found
+
+
+@pytest.mark.parametrize("name", ["rdzv_member_t", "rdzv_joiner_t", "rdzv_run_status_t"])
+def test_structure_matches_header(name):
+    """Field order and types as in rdzv.h: ctypes lays a Structure out as a C compiler does,
+    so equal declarations give equal offsets."""
+    fields = header_structs().get(name)
+    assert fields, f"{name} not found in rdzv.h"
+    declared = getattr(_ffi, name)._fields_
+    assert [f for f, _ in declared] == [f for f, _ in fields], name
+    for (field, c_type), (_, ctype) in zip(fields, declared):
+        assert c_type in C_FIELD_TO_CTYPES, f"{name}.{field}: no mapping for {c_type}"
+        assert ctype is C_FIELD_TO_CTYPES[c_type], f"{name}.{field}: {ctype} for C {c_type}"
+
+
+def test_structure_offsets_match_the_c_compiler(tmp_path):
+    """The offset of every field and the size of each struct as the C compiler lays them out
+    from rdzv.h (what the library was built against), compared with ctypes'."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler on PATH")
+    names = ["rdzv_round_t", "rdzv_member_t", "rdzv_joiner_t", "rdzv_run_status_t"]
+    structs = header_structs()
+    lines = []
+    for name in names:
+        lines.append(f'printf("{name} size %zu\\n", sizeof({name}));')
+        for field, _ in structs[name]:
+            field = field.split("[")[0]
+            lines.append(f'printf("{name} {field} %zu\\n", offsetof({name}, {field}));')
+    source = tmp_path / "layout.c"
+    source.write_text(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <rdzv.h>\n"
+        "int main(void) {\n" + "\n".join(lines) + "\nreturn 0;\n}\n"
+    )
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-I", str(HEADER.parent), str(source), "-o", str(exe)], check=True,
+                   timeout=120)
+    seen = {}
+    for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True,
+                               timeout=60).stdout.splitlines():
+        name, what, value = line.split()
+        seen[(name, what)] = int(value)
+    for name in names:
+        cls = getattr(_ffi, name)
+        assert seen[(name, "size")] == ctypes.sizeof(cls), name
+        for field, _ in cls._fields_:
+            assert seen[(name, field)] == getattr(cls, field).offset, f"{name}.{field}"
 
 
 def test_library_exports_every_declared_function():

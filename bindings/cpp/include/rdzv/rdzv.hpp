@@ -1,13 +1,14 @@
 // rdzv.hpp: header-only C++17 binding of the rdzv C ABI (include/rdzv.h).
 //
-// One RAII, move-only class per C handle (Params, Rendezvous, Store), each a std::unique_ptr
-// with the handle's own _free function as deleter. Every failing call throws an exception
+// One RAII, move-only class per C handle (Params, Rendezvous, Store, Admin), each a
+// std::unique_ptr with the handle's own _free function as deleter. Every failing call throws an exception
 // derived from rdzv::Error whose type matches the C status (ClosedError for RDZV_ERR_CLOSED,
 // ...); the rdzv_error_t the call returned is always freed before the throw.
 //
-// Thread-safety is the C library's: Rendezvous and Store may be used from several threads at
-// once (one next() per Rendezvous at a time); cancel(), shutdown() and set_closed() may be
-// called from another thread to wake a blocked next(). Params must not be changed while it is
+// Thread-safety is the C library's: Rendezvous, Store and Admin may be used from several
+// threads at once (one next() per Rendezvous and one watch_next() per Admin at a time);
+// cancel(), shutdown() and set_closed() may be called from another thread to wake a blocked
+// next(), and Admin::cancel() a blocked watch_next(). Params must not be changed while it is
 // being read. Destroying a handle while another thread uses it is undefined, as in C: call
 // shutdown() and join the other threads first.
 //
@@ -26,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -138,6 +140,15 @@ struct RendezvousDeleter {
 struct StoreDeleter {
   void operator()(rdzv_store_t* p) const noexcept { rdzv_store_free(p); }
 };
+struct AdminDeleter {
+  void operator()(rdzv_admin_t* p) const noexcept { rdzv_admin_free(p); }
+};
+struct RunStatusDeleter {
+  void operator()(rdzv_run_status_t* p) const noexcept { rdzv_run_status_free(p); }
+};
+
+/// A library-owned string as std::string ("" for NULL).
+inline std::string str(const char* s) { return s != nullptr ? std::string(s) : std::string(); }
 
 /// Frees a library-owned buffer at scope exit.
 class Buffer {
@@ -601,6 +612,22 @@ class Rendezvous {
     detail::call([&](rdzv_error_t** e) { return rdzv_shutdown(ptr(), e); });
   }
 
+  /// Marks this node as leaving the run (a planned departure, e.g. on a preemption notice),
+  /// as Admin::drain() does for any node: the other members count it in num_lost() at once
+  /// and re-form without it, and this node's next() throws GracefulExitError. Does not close
+  /// the run. `reason` is shown in that error and in logs.
+  void drain(const std::string& reason = "") const {
+    detail::call([&](rdzv_error_t** e) { return rdzv_drain(ptr(), reason.c_str(), e); });
+  }
+
+  /// Whether this node was drained (by drain(), an operator or a scheduler): its agent should
+  /// stop its workers and leave. One etcd read.
+  bool is_draining() const {
+    bool out = false;
+    detail::call([&](rdzv_error_t** e) { return rdzv_is_draining(ptr(), &out, e); });
+    return out;
+  }
+
   std::string run_id() const { return rdzv_run_id(ptr()); }
   std::string backend() const { return rdzv_backend(ptr()); }
   /// Hex digits, unique per handle.
@@ -620,6 +647,220 @@ class Rendezvous {
   }
 
   std::unique_ptr<rdzv_t, detail::RendezvousDeleter> ptr_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Admin
+// ---------------------------------------------------------------------------------------------
+
+/// A member of the sealed round.
+struct Member {
+  uint32_t rank = 0;
+  std::string node_id;
+  /// The address it registered; "" when it is not alive.
+  std::string addr;
+  /// Its lease is live. A member that is not alive is lost: the survivors re-form without it.
+  bool alive = false;
+  /// It was drained (a planned departure): the survivors re-form without it at once.
+  bool draining = false;
+};
+
+/// A node that joined the round open for joining.
+struct Joiner {
+  std::string node_id;
+  std::string addr;
+  /// Its rank in the sealed round if it was a member (a re-rendezvous is under way); empty
+  /// for a newcomer waiting to be admitted.
+  std::optional<uint32_t> member_rank;
+  /// It was drained: it will not be sealed into a round.
+  bool draining = false;
+};
+
+/// A run as an operator sees it, read at one etcd revision (a consistent snapshot even while
+/// rounds form). A run that does not exist (never started, finished and cleaned up, or purged)
+/// has `exists` false and is otherwise empty; that is not an error.
+struct RunStatus {
+  std::string run_id;
+  bool exists = false;
+  /// The run was closed (the marker lasts `retention`).
+  bool closed = false;
+  /// The round open for joining.
+  uint64_t open_round = 0;
+  /// The last sealed round (the one the members are running), if one is recorded.
+  std::optional<uint64_t> sealed_round;
+  /// Rank 0's bootstrap address and port (MASTER_ADDR/MASTER_PORT); "" and 0 without a
+  /// sealed round.
+  std::string master_addr;
+  uint16_t master_port = 0;
+  /// The sealed round's members, in rank order.
+  std::vector<Member> members;
+  /// Nodes that joined the open round, in arrival order: newcomers waiting to be admitted,
+  /// and members already re-joining during a re-rendezvous.
+  std::vector<Joiner> waiting;
+  /// Members of the sealed round that are not alive.
+  size_t num_lost = 0;
+  /// Members of the sealed round that are alive but drained.
+  size_t num_draining = 0;
+  /// Live nodes of the run: members, waiting nodes and spares alike.
+  size_t num_alive = 0;
+  /// The etcd revision the status was read at; watch_next() gives increasing revisions.
+  int64_t revision = 0;
+
+  /// Members of the sealed round whose lease has expired.
+  std::vector<Member> lost() const {
+    std::vector<Member> out;
+    for (const auto& m : members)
+      if (!m.alive) out.push_back(m);
+    return out;
+  }
+
+  /// Members of the sealed round that are alive but drained (leaving).
+  std::vector<Member> draining() const {
+    std::vector<Member> out;
+    for (const auto& m : members)
+      if (m.alive && m.draining) out.push_back(m);
+    return out;
+  }
+};
+
+/// What Admin::purge() did: `deleted` keys, or nothing because `refused_alive` nodes of the run
+/// are alive.
+struct PurgeResult {
+  int64_t deleted = 0;
+  uint32_t refused_alive = 0;
+  bool refused() const noexcept { return refused_alive > 0; }
+};
+
+namespace detail {
+
+/// Copies a status and frees it (also when a copy throws).
+inline RunStatus take_status(rdzv_run_status_t* raw) {
+  std::unique_ptr<rdzv_run_status_t, RunStatusDeleter> owned(raw);
+  RunStatus out;
+  out.run_id = str(raw->run_id);
+  out.exists = raw->exists;
+  out.closed = raw->closed;
+  out.open_round = raw->open_round;
+  if (raw->has_sealed) out.sealed_round = raw->sealed_round;
+  out.master_addr = str(raw->master_addr);
+  out.master_port = raw->master_port;
+  // The arrays are read only up to their counts: an empty one may point anywhere.
+  out.members.reserve(raw->num_members);
+  for (size_t i = 0; i < raw->num_members; ++i) {
+    const rdzv_member_t& m = raw->members[i];
+    out.members.push_back(Member{m.rank, str(m.node_id), str(m.addr), m.alive, m.draining});
+  }
+  out.waiting.reserve(raw->num_waiting);
+  for (size_t i = 0; i < raw->num_waiting; ++i) {
+    const rdzv_joiner_t& j = raw->waiting[i];
+    Joiner joiner{str(j.node_id), str(j.addr), std::nullopt, j.draining};
+    if (j.member_rank >= 0) joiner.member_rank = static_cast<uint32_t>(j.member_rank);
+    out.waiting.push_back(std::move(joiner));
+  }
+  out.num_lost = raw->num_lost;
+  out.num_draining = raw->num_draining;
+  out.num_alive = raw->num_alive;
+  out.revision = raw->revision;
+  return out;
+}
+
+}  // namespace detail
+
+/// An operator's or scheduler's handle on one run (named by the run id and key prefix of its
+/// Params; min_nodes and max_nodes do not matter here). It never joins the run: it holds no
+/// lease, so it is never counted, waited for or sealed into a round. Thread-safe, except that
+/// one watch_next() runs at a time per handle; cancel() from another thread wakes it. Status
+/// and watch need read access to the run's prefix in etcd; close_run(), purge() and drain()
+/// need write access. The destructor frees the handle and does not affect the run; no other
+/// thread may be using it then (cancel() and join a watching thread first).
+class Admin {
+ public:
+  /// Connects to etcd (at most connect_timeout) and registers nothing. Does not consume
+  /// `params`.
+  explicit Admin(const Params& params) {
+    rdzv_admin_t* out = nullptr;
+    detail::call([&](rdzv_error_t** e) { return rdzv_admin_new(params.checked(), &out, e); });
+    ptr_.reset(out);
+  }
+
+  Admin(Admin&&) noexcept = default;
+  Admin& operator=(Admin&&) noexcept = default;
+  Admin(const Admin&) = delete;
+  Admin& operator=(const Admin&) = delete;
+
+  /// The run's status now (two or three etcd reads, at most connect_timeout).
+  RunStatus status() const {
+    rdzv_run_status_t* out = nullptr;
+    detail::call([&](rdzv_error_t** e) { return rdzv_admin_status(ptr(), &out, e); });
+    return detail::take_status(out);
+  }
+
+  /// The run's current status on the handle's first call; after that, waits for the next
+  /// change an operator would see (a join, a seal, a loss, a drain, a close; not the workers'
+  /// store traffic) and returns the new status, so successive calls return every change in
+  /// order. Empty when nothing changed within `timeout`: nothing is lost, the next call goes
+  /// on from there. Throws CancelledError when cancel() is called from another thread,
+  /// ConnectionError when etcd stays unreachable for connect_timeout (call again to resume),
+  /// InvalidArgumentError for a negative timeout or when another watch_next() is running.
+  template <class Rep, class Period>
+  std::optional<RunStatus> watch_next(std::chrono::duration<Rep, Period> timeout) const {
+    // A negative duration is passed through so the library reports it as invalid.
+    const int64_t ms = timeout < timeout.zero() ? -1 : detail::timeout_ms(timeout);
+    rdzv_run_status_t* out = nullptr;
+    detail::ErrorSlot slot;
+    const rdzv_status_t status = rdzv_admin_watch(ptr(), ms, &out, slot.out());
+    if (status == RDZV_ERR_TIMEOUT) return std::nullopt;  // nothing changed: not a failure
+    slot.check(status);
+    return detail::take_status(out);
+  }
+
+  /// Wakes a watch_next() blocked in another thread (it throws CancelledError); the handle
+  /// stays usable. No effect when none is running, so a caller racing with the start of
+  /// watch_next() repeats it until that call returns. Never blocks.
+  void cancel() const {
+    detail::call([&](rdzv_error_t** e) { return rdzv_admin_cancel(ptr(), e); });
+  }
+
+  /// Closes the run for every node, as Rendezvous::set_closed() does: blocked and later
+  /// next() calls throw ClosedError.
+  void close_run() const {
+    detail::call([&](rdzv_error_t** e) { return rdzv_admin_close(ptr(), e); });
+  }
+
+  /// Deletes every key of the run (rounds, stores, round counter, closed marker), so its id
+  /// can be used again at once. While any node of the run is alive it deletes nothing and says
+  /// how many are (refused_alive), unless `force`, which leaves running nodes without their
+  /// keys (they fail). The check and the delete are one transaction.
+  PurgeResult purge(bool force = false) const {
+    PurgeResult out;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_admin_purge(ptr(), force, &out.deleted, &out.refused_alive, e);
+    });
+    return out;
+  }
+
+  /// Marks node `node_id` (a Rendezvous's node_id(), or as the status names it) as leaving the
+  /// run: a planned departure (preemption notice, maintenance, scale-down). The other members
+  /// count it in num_lost() at once and re-form without it; its own next() throws
+  /// GracefulExitError and its is_draining() turns true. Does not close the run. `reason` is
+  /// shown to the node and in logs. Throws InvalidArgumentError naming the node if it is not a
+  /// live node of the run.
+  void drain(const std::string& node_id, const std::string& reason = "") const {
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_admin_drain(ptr(), node_id.c_str(), reason.c_str(), e);
+    });
+  }
+
+  const rdzv_admin_t* raw() const noexcept { return ptr_.get(); }
+  explicit operator bool() const noexcept { return ptr_ != nullptr; }
+
+ private:
+  const rdzv_admin_t* ptr() const {
+    if (!ptr_) detail::throw_empty("rdzv::Admin");
+    return ptr_.get();
+  }
+
+  std::unique_ptr<rdzv_admin_t, detail::AdminDeleter> ptr_;
 };
 
 }  // namespace rdzv
