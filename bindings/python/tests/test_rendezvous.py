@@ -358,9 +358,11 @@ def test_real_sigint_interrupts_next(etcd, run_id):
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_NODE, url, str(PKG_ROOT)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=dies_with_this_process(signal.SIGINT))
+    # Not `with ThreadPoolExecutor`: its exit waits for the reader, which a child that never
+    # prints would block forever. The child is killed first, which ends the read.
+    reader = ThreadPoolExecutor(1)
     try:
-        with ThreadPoolExecutor(1) as pool:
-            assert pool.submit(proc.stdout.readline).result(timeout=T).strip() == "blocked"
+        assert reader.submit(proc.stdout.readline).result(timeout=T).strip() == "blocked"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=T)
         assert proc.returncode == 0, err
@@ -370,3 +372,4 @@ def test_real_sigint_interrupts_next(etcd, run_id):
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=T)
+        reader.shutdown(wait=True)
