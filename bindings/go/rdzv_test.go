@@ -329,9 +329,9 @@ func TestAccessors(t *testing.T) {
 	if r.RunID() != runID || r.Backend() != "etcd-v3" {
 		t.Errorf("RunID %q Backend %q", r.RunID(), r.Backend())
 	}
-	// Hex, unique per handle (rdzv.h says 32 digits; the library now makes 16).
-	if id := r.NodeID(); id == "" || len(id)%2 != 0 || strings.Trim(id, "0123456789abcdef") != "" {
-		t.Errorf("NodeID %q is not hex", id)
+	// 16 hex digits, unique per handle, as rdzv.h says.
+	if id := r.NodeID(); len(id) != 16 || strings.Trim(id, "0123456789abcdef") != "" {
+		t.Errorf("NodeID %q is not 16 hex digits", id)
 	}
 	if other := mustRendezvous(t, url); other.NodeID() == r.NodeID() {
 		t.Errorf("two handles share NodeID %q", r.NodeID())
