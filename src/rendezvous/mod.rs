@@ -14,7 +14,9 @@ mod lost;
 mod records;
 mod round;
 
-pub use records::{members_from_chunks, FinalRecord, JoinRecord};
+pub use records::{
+    chunk_count, members_from_chunks, parse_rank_chunk, rank_chunks, FinalRecord, JoinRecord,
+};
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Lease};
