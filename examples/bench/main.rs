@@ -91,7 +91,8 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> Round {
     for node in &nodes {
         assert_eq!(node.num_lost().await.unwrap(), 0);
     }
-    watching(watchers + n as i64, "num_lost watches never started").await;
+    // Each tracker watches two prefixes (members leaving, and drains).
+    watching(watchers + 2 * n as i64, "num_lost watches never started").await;
     let events = metric(endpoint, "etcd_debugging_mvcc_events_total").await;
     // One after another, as the nodes of a job finish at slightly different times: every node
     // still running sees each one leave.
@@ -205,7 +206,11 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
         .into_iter()
         .enumerate()
     {
-        writes.push(etcd_client::TxnOp::put(format!("{prefix}ranks/{k}"), value, None));
+        writes.push(etcd_client::TxnOp::put(
+            format!("{prefix}ranks/{k}"),
+            value,
+            None,
+        ));
     }
     let seal = tokio::spawn(async move {
         let mut seen = 0;
