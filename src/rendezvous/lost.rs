@@ -8,9 +8,8 @@
 //! one.)
 //!
 //! Supervisors poll `num_lost` several times a second on every node; the tracker keeps the
-//! count current by a watch on those two prefixes, so polling costs etcd nothing. A member
-//! that leaves is one delete event per tracker, answered by one count read. The watch ends at
-//! the first member lost: the round must be formed again anyway, and a watch kept open on
+//! count current by a watch on those two prefixes, so polling costs etcd nothing. The watch
+//! ends at the first member seen leaving (a delete event; `num_lost` then counts by a read): the round must be formed again anyway, and a watch kept open on
 //! every node while the others leave would make a job of N nodes that shuts down cost N²/2
 //! events and reads; stopped at the first, it is about N. After that, `num_lost` reads etcd,
 //! at most once per `REREAD_AFTER`.
@@ -137,7 +136,7 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
         *view.lock().unwrap_or_else(|e| e.into_inner()) = value;
     };
     // `lost` names the member whose departure was seen, when an event showed it.
-    let settle = |count: u32, lost: Option<&str>| {
+    let settle = |lost: Option<&str>| {
         let who = etcd.who();
         let (run, me, round) = (who.run.as_deref(), who.node.as_deref(), who.round);
         tracing::info!(
@@ -145,7 +144,6 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
             node = me,
             round,
             lost,
-            count,
             "member of the round lost (its lease expired, it left or it was drained)"
         );
         set(View::Settled { read: None });
@@ -163,25 +161,25 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
         if let Ok(mut watch) = etcd.watch(&targets, deadline).await {
             if let Ok(lost) = read_lost(&etcd, &keys, &sealed, deadline).await {
                 if lost > 0 {
-                    return settle(lost, None);
+                    return settle(None);
                 }
                 set(View::Watching);
                 attempt = 0;
                 while let Some(events) = watch.events().await {
                     // A join key of the round going, or a drain appearing, may be a member
                     // leaving: count again.
+                    // A join key of the round going, or a drain appearing: a member leaving,
+                    // or (rarely) a node the round left out moving on. The watch ends here
+                    // either way, without a read (so a job of N that shuts down costs about N
+                    // events, not more while reads are in flight); num_lost then counts.
                     let leaving = events.iter().find_map(|ev| {
                         let key = ev.kv()?.key();
                         let deleted = ev.event_type() == EventType::Delete;
                         let drain = key.starts_with(drains.as_bytes());
                         (deleted != drain).then(|| Keys::node_of(key))?
                     });
-                    let Some(node) = leaving else { continue };
-                    let deadline = Instant::now() + Duration::from_secs(10);
-                    match read_lost(&etcd, &keys, &sealed, deadline).await {
-                        Ok(0) => {}
-                        Ok(lost) => return settle(lost, Some(node)),
-                        Err(_) => break,
+                    if let Some(node) = leaving {
+                        return settle(Some(node));
                     }
                 }
                 set(View::Syncing);
