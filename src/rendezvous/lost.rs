@@ -131,6 +131,41 @@ pub(crate) async fn read_lost(
     Ok((world.saturating_sub(live) + drained).min(world) as u32)
 }
 
+/// A member of `sealed` whose join key is gone, for the log: read only when a loss is found on
+/// (re)syncing, which is rare (usually the watch sees it go). O(round size), once.
+async fn first_gone(
+    etcd: &Etcd,
+    keys: &Keys,
+    sealed: &FinalRecord,
+    deadline: Instant,
+) -> Option<String> {
+    let round = sealed.round;
+    let txn = Txn::new().and_then([
+        TxnOp::get(
+            keys.ranks_prefix(round),
+            Some(GetOptions::new().with_prefix()),
+        ),
+        TxnOp::get(
+            keys.join_prefix(round),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        ),
+    ]);
+    let resp = etcd.txn(deadline, "num_lost", txn).await.ok()?;
+    let got = ranges(&resp);
+    let chunks = got.first()?.kvs().iter().map(|kv| (kv.key(), kv.value()));
+    let members = super::records::members_from_chunks(sealed, chunks).ok()?;
+    let joined: std::collections::HashSet<&str> = got
+        .get(1)?
+        .kvs()
+        .iter()
+        .filter_map(|kv| Keys::node_of(kv.key()))
+        .collect();
+    members
+        .iter()
+        .find(|m| !joined.contains(m.as_str()))
+        .cloned()
+}
+
 async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View>>) {
     let set = |value: View| {
         *view.lock().unwrap_or_else(|e| e.into_inner()) = value;
@@ -161,7 +196,8 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
         if let Ok(mut watch) = etcd.watch(&targets, deadline).await {
             if let Ok(lost) = read_lost(&etcd, &keys, &sealed, deadline).await {
                 if lost > 0 {
-                    return settle(None);
+                    let who = first_gone(&etcd, &keys, &sealed, deadline).await;
+                    return settle(who.as_deref());
                 }
                 set(View::Watching);
                 attempt = 0;
