@@ -136,6 +136,10 @@ impl BlockingRendezvous {
     pub fn num_lost(&self) -> Result<u32> {
         self.owned.run(self.inner.num_lost())
     }
+    /// The members of this node's last round in rank order (read once, on first use).
+    pub fn members(&self) -> Result<Arc<[String]>> {
+        self.owned.run(self.inner.members())
+    }
     pub fn drain(&self, reason: &str) -> Result<()> {
         self.owned.run(self.inner.drain(reason))
     }

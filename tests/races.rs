@@ -32,19 +32,20 @@ fn keys_under(etcd: &Etcd, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// The sealed members of `round`, in rank order, as etcd has them.
+/// The sealed members of `round`, in rank order, as etcd has them (its rank chunks).
 fn sealed_members(etcd: &Etcd, url: &str, round: u64) -> Vec<String> {
     let key = format!("/rdzv/{}/r/{round:020}/final", run_of(url));
     let (rt, mut client) = etcd_client(etcd);
     let resp = rt.block_on(client.get(key.clone(), None)).unwrap();
     let kv = resp.kvs().first().unwrap_or_else(|| panic!("{key} absent"));
-    let record: serde_json::Value = serde_json::from_slice(kv.value()).unwrap();
-    record["members"]
-        .as_array()
+    let sealed = rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
+    let ranks = format!("/rdzv/{}/r/{round:020}/ranks/", run_of(url));
+    let options = etcd_client::GetOptions::new().with_prefix();
+    let chunks = rt.block_on(client.get(ranks, Some(options))).unwrap();
+    let chunks = chunks.kvs().iter().map(|kv| (kv.key(), kv.value()));
+    rdzv::rendezvous::members_from_chunks(&sealed, chunks)
         .unwrap()
-        .iter()
-        .map(|m| m.as_str().unwrap().to_string())
-        .collect()
+        .to_vec()
 }
 
 /// Waits (by watch) until round `round` of `url` has exactly `n` join keys.

@@ -148,9 +148,11 @@ async fn member_metric(endpoint: &str, name: &str) -> i64 {
 
 /// The floor for a round of `n` nodes: raw etcd-client doing the minimal etcd work of one
 /// round over one shared connection, as rdzv's in-process nodes do. Each node opens a watch on
-/// `final` and sends one join transaction; a leader, watching the join prefix, puts `final`
-/// (the same size as rdzv's: the member ids as JSON) once all have joined. Returns the time
-/// from the last call to the last watcher notified.
+/// `final` and sends one join transaction; a leader, watching the join prefix, writes `final`
+/// and the rank chunks in one transaction once all have joined (as rdzv's seal: `final` is
+/// O(1), the member list is spread over chunks by node id); each node, told by its watch,
+/// reads the one chunk that holds its id and finds its rank there. Returns the time from the
+/// last call to the last node that knows its rank.
 async fn floor_round(endpoint: &str, n: usize, run: &str) -> Duration {
     floor_phases(endpoint, n, run).await.total()
 }
@@ -197,14 +199,29 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
         .await
         .unwrap();
     let ids: Vec<String> = (0..n).map(|i| format!("{:016x}", i * 7919 + 1)).collect();
-    let sealed = serde_json::json!({ "round": 0, "members": ids, "master_addr": "localhost", "master_port": 29500 }).to_string();
+    let chunks = rdzv::rendezvous::chunk_count(n);
+    let sealed = serde_json::json!({ "round": 0, "world_size": n, "master_addr": "localhost", "master_port": 29500, "chunks": chunks }).to_string();
+    let mut writes = vec![etcd_client::TxnOp::put(final_key, sealed, None)];
+    for (k, value) in rdzv::rendezvous::rank_chunks(&ids, chunks)
+        .into_iter()
+        .enumerate()
+    {
+        writes.push(etcd_client::TxnOp::put(
+            format!("{prefix}ranks/{k}"),
+            value,
+            None,
+        ));
+    }
     let seal = tokio::spawn(async move {
         let mut seen = 0;
         while seen < n {
             let resp = joins.message().await.unwrap().unwrap();
             seen += resp.events().len();
         }
-        leader.put(final_key, sealed, None).await.unwrap();
+        leader
+            .txn(etcd_client::Txn::new().and_then(writes))
+            .await
+            .unwrap();
     });
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks: Vec<_> = ids
@@ -227,16 +244,19 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
                         None,
                     )]);
                 c.txn(join).await.unwrap();
-                loop {
+                let sealed = loop {
                     let resp = watch.message().await.unwrap().unwrap();
                     if let Some(ev) = resp.events().first() {
-                        // Parse as a member would, to find its rank.
-                        let v: serde_json::Value =
-                            serde_json::from_slice(ev.kv().unwrap().value()).unwrap();
-                        assert!(v["members"].as_array().unwrap().iter().any(|m| m == &id));
-                        break;
+                        let kv = ev.kv().unwrap();
+                        break rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
                     }
-                }
+                };
+                // Read and parse the chunk that holds this node's rank, as a member does.
+                let chunk = format!("{prefix}ranks/{}", sealed.chunk_of(&id));
+                let resp = c.get(chunk, None).await.unwrap();
+                let kv = resp.kvs().first().unwrap();
+                let ranks = rdzv::rendezvous::parse_rank_chunk(kv.key(), kv.value()).unwrap();
+                assert!(ranks.iter().any(|(node, _)| *node == id));
                 (called, Instant::now())
             })
         })

@@ -15,7 +15,7 @@ use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Target};
 use crate::error::{Error, Result};
 use crate::params::Params;
-use crate::rendezvous::{FinalRecord, JoinRecord};
+use crate::rendezvous::{members_from_chunks, FinalRecord, JoinRecord};
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -223,12 +223,19 @@ impl Admin {
         let at = GetOptions::new().with_revision(revision);
         let sealed = match open_round.checked_sub(1) {
             Some(r) => {
-                let resp = self
-                    .etcd
-                    .get(deadline, "status", k.final_(r), at.clone())
-                    .await?;
-                match resp.kvs().first() {
-                    Some(kv) => Some(FinalRecord::parse(kv.key(), kv.value())?),
+                let reads = Txn::new().and_then([
+                    TxnOp::get(k.final_(r), Some(at.clone())),
+                    TxnOp::get(k.ranks_prefix(r), Some(at.clone().with_prefix())),
+                ]);
+                let resp = self.etcd.txn(deadline, "status", reads).await?;
+                let got = ranges(&resp);
+                match got.first().and_then(|g| g.kvs().first()) {
+                    Some(kv) => {
+                        let sealed = FinalRecord::parse(kv.key(), kv.value())?;
+                        let chunks = got[1].kvs().iter().map(|kv| (kv.key(), kv.value()));
+                        let members = members_from_chunks(&sealed, chunks)?;
+                        Some((sealed, members))
+                    }
                     None => None,
                 }
             }
@@ -250,7 +257,9 @@ impl Admin {
             .map(|kv| {
                 let record = JoinRecord::parse(kv.key(), kv.value())?;
                 let node = Keys::node_of(kv.key()).unwrap_or_default().to_string();
-                let member_rank = sealed.as_ref().and_then(|s| s.rank_of(&node));
+                let member_rank = sealed.as_ref().and_then(|(_, members)| {
+                    members.iter().position(|m| *m == node).map(|i| i as u32)
+                });
                 Ok(Joiner {
                     draining: draining.contains(node.as_str()),
                     node,
@@ -259,12 +268,11 @@ impl Admin {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let sealed = sealed.map(|f| SealedRound {
+        let sealed = sealed.map(|(f, members)| SealedRound {
             round: f.round,
             master_addr: f.master_addr,
             master_port: f.master_port,
-            members: f
-                .members
+            members: members
                 .iter()
                 .enumerate()
                 .map(|(rank, node)| Member {

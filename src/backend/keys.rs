@@ -9,7 +9,8 @@
 //! r/{round:020}/join/{node}    a node's request to join the round, bound to its lease
 //! r/{round:020}/gone/{node}    a node that withdrew its join request (cancel, timeout)
 //! r/{round:020}/leader         the node that seals the round, bound to its lease
-//! r/{round:020}/final          the sealed membership of the round, in rank order
+//! r/{round:020}/final          the sealed round: its size, rank 0's address, its chunk count
+//! r/{round:020}/ranks/{chunk}  the members whose id hashes to the chunk, with their ranks
 //! r/{round:020}/store/{key}    the round's key-value store
 //! ```
 //!
@@ -90,6 +91,12 @@ impl Keys {
     }
     pub fn final_(&self, round: u64) -> String {
         format!("{}final", self.round_prefix(round))
+    }
+    pub fn ranks_prefix(&self, round: u64) -> String {
+        format!("{}ranks/", self.round_prefix(round))
+    }
+    pub fn ranks(&self, round: u64, chunk: u32) -> String {
+        format!("{}ranks/{chunk:04}", self.round_prefix(round))
     }
     pub fn store_prefix(&self, round: u64) -> String {
         format!("{}store/", self.round_prefix(round))

@@ -14,7 +14,9 @@ mod lost;
 mod records;
 mod round;
 
-pub use records::{FinalRecord, JoinRecord};
+pub use records::{
+    chunk_count, members_from_chunks, parse_rank_chunk, rank_chunks, FinalRecord, JoinRecord,
+};
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Lease};
@@ -39,9 +41,6 @@ pub struct RoundInfo {
     pub master_addr: String,
     /// MASTER_PORT: a port that was free on rank 0 when it joined.
     pub master_port: u16,
-    /// The members' node ids in rank order, as sealed (the same list for every member). Shared:
-    /// cloning the info does not copy the list.
-    pub members: std::sync::Arc<[String]>,
 }
 
 /// One node's handle on one run. All methods take `&self` and may run concurrently, except
@@ -79,6 +78,8 @@ struct NodeState {
     joined: Option<u64>,
     /// Tracks which members of `last` are gone.
     lost: Option<lost::LostTracker>,
+    /// The member list of `last`, once `members` has read it.
+    members: Option<(u64, Arc<[String]>)>,
     /// The waiting and lost counts last logged (logged again only when they change).
     seen_waiting: u32,
     seen_lost: u32,
@@ -266,12 +267,12 @@ impl Rendezvous {
                 other => other?,
             };
             match outcome {
-                Outcome::Sealed(sealed) => match sealed.rank_of(&self.node) {
+                Outcome::Sealed(sealed) => match self.rank_in(&sealed).await? {
                     Some(rank) => return Ok(self.member_of(sealed, rank)),
                     None => {
                         // Left out (the round filled up first): wait for the next one.
                         tracing::info!(run = %self.params.run_id, node = %self.node, round = sealed.round,
-                            world_size = sealed.members.len(), "left out of a full round: waiting as a spare");
+                            world_size = sealed.world_size, "left out of a full round: waiting as a spare");
                         left_out = true;
                         round_guess = sealed.round + 1;
                     }
@@ -281,14 +282,66 @@ impl Rendezvous {
         }
     }
 
+    /// This node's rank in a sealed round, or None if the round left it out: one read of the
+    /// rank chunk its id hashes to (a member never reads the whole list). A chunk that is gone
+    /// (the round rotated out while this node was away) also means "not in it".
+    async fn rank_in(&self, sealed: &FinalRecord) -> Result<Option<u32>> {
+        let key = self.keys.ranks(sealed.round, sealed.chunk_of(&self.node));
+        let resp = self
+            .etcd
+            .get(self.quick_deadline(), "read rank", key, GetOptions::new())
+            .await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let chunk = records::parse_rank_chunk(kv.key(), kv.value())?;
+        Ok(chunk
+            .into_iter()
+            .find_map(|(node, rank)| (node == self.node).then_some(rank)))
+    }
+
+    /// The members of this node's last round in rank order (the same list for every member).
+    /// Read once, on first use, from the round's rank chunks: O(round size), which `next` never
+    /// pays, since a member reads only its own chunk.
+    pub async fn members(&self) -> Result<Arc<[String]>> {
+        self.check_not_shut_down()?;
+        let sealed = {
+            let state = self.state();
+            let Some((sealed, _)) = state.last.as_ref() else {
+                return Err(Error::invalid(
+                    "members: this node has not completed a round yet",
+                ));
+            };
+            if let Some((round, members)) =
+                state.members.as_ref().filter(|(r, _)| *r == sealed.round)
+            {
+                debug_assert_eq!(*round, sealed.round);
+                return Ok(members.clone());
+            }
+            sealed.clone()
+        };
+        let resp = self
+            .etcd
+            .get(
+                self.quick_deadline(),
+                "read members",
+                self.keys.ranks_prefix(sealed.round),
+                GetOptions::new().with_prefix(),
+            )
+            .await?;
+        let chunks = resp.kvs().iter().map(|kv| (kv.key(), kv.value()));
+        let members = records::members_from_chunks(&sealed, chunks)?;
+        self.state().members = Some((sealed.round, members.clone()));
+        Ok(members)
+    }
+
     fn member_of(&self, sealed: FinalRecord, rank: u32) -> (RoundInfo, Store) {
         let info = RoundInfo {
             round: sealed.round,
             rank,
-            world_size: sealed.members.len() as u32,
+            world_size: sealed.world_size,
             master_addr: sealed.master_addr.clone(),
             master_port: sealed.master_port,
-            members: sealed.members.clone(),
         };
         let store = Store::new(
             self.etcd.in_round(sealed.round),
@@ -328,7 +381,11 @@ impl Rendezvous {
         )];
         // From here on the join may have landed, whatever happens to this call.
         let previous = self.state().joined.replace(round);
-        if let Some(prev) = previous.filter(|&p| p != round) {
+        // A member keeps its join key of the round it ran in until it leaves (its lease): the
+        // others count that round's live members by those keys (`num_lost`). The key of a round
+        // that left this node out is dropped.
+        let member_of = last.map(|(r, _)| r);
+        if let Some(prev) = previous.filter(|&p| p != round && Some(p) != member_of) {
             ops.push(TxnOp::delete(self.keys.join(prev, &self.node), None));
         }
         ops.extend(round::snapshot_reads(self, round));
@@ -379,7 +436,7 @@ impl Rendezvous {
         // was closed afterwards.
         if let Some(kv) = got.get(2).and_then(|g| g.kvs().first()) {
             let sealed = FinalRecord::parse(kv.key(), kv.value())?;
-            if let Some(rank) = sealed.rank_of(&self.node) {
+            if let Some(rank) = self.rank_in(&sealed).await? {
                 self.state().joined = Some(round);
                 return Ok(Joined::Sealed(sealed, rank));
             }
@@ -525,7 +582,7 @@ impl Rendezvous {
         }
         let kv = got.first()?.kvs().first()?;
         let sealed = FinalRecord::parse(kv.key(), kv.value()).ok()?;
-        let rank = sealed.rank_of(&self.node);
+        let rank = self.rank_in(&sealed).await.ok()?;
         tracing::info!(run = %self.params.run_id, node = %self.node, round, reason = ?why.kind(),
             sealed_first = true, member = rank.is_some(), "could not withdraw: the round was sealed first");
         Some((sealed, rank?))
@@ -698,11 +755,11 @@ impl Rendezvous {
 
     async fn count_waiting(&self) -> Result<u32> {
         self.check_not_shut_down()?;
-        let Some((round, members)) = self
+        let Some((round, world)) = self
             .state()
             .last
             .as_ref()
-            .map(|(f, _)| (f.round, f.members.clone()))
+            .map(|(f, _)| (f.round, f.world_size))
         else {
             return Ok(0);
         };
@@ -713,31 +770,30 @@ impl Rendezvous {
                 self.quick_deadline(),
                 "num_waiting",
                 prefix,
-                GetOptions::new().with_prefix().with_keys_only(),
+                GetOptions::new().with_prefix(),
             )
             .await?;
-        let joined: Vec<&str> = resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| Keys::node_of(kv.key()))
-            .collect();
-        if joined.is_empty() {
+        if resp.kvs().is_empty() {
             return Ok(0);
         }
         let clamp = |n: usize| n.min(u32::MAX as usize) as u32;
-        if joined.iter().any(|node| members.iter().any(|m| m == node)) {
-            return Ok(clamp(joined.len()));
+        // A joiner's record names the round it last completed: a member of ours means a
+        // re-rendezvous is under way.
+        let joined = resp.kvs().len();
+        for kv in resp.kvs() {
+            let record = JoinRecord::parse(kv.key(), kv.value())?;
+            if record.last.is_some_and(|(r, _)| r == round) {
+                return Ok(clamp(joined));
+            }
         }
-        let survivors = members
-            .len()
-            .saturating_sub(self.count_lost().await? as usize);
+        let survivors = (world as usize).saturating_sub(self.count_lost().await? as usize);
         let room = (self.params.max_nodes as usize).saturating_sub(survivors);
-        Ok(clamp(joined.len().min(room)))
+        Ok(clamp(joined.min(room)))
     }
 
     async fn count_lost(&self) -> Result<u32> {
         self.check_not_shut_down()?;
-        let members = {
+        let sealed = {
             let mut state = self.state();
             if let Some(count) = state.lost.as_ref().and_then(lost::LostTracker::count) {
                 return Ok(count);
@@ -745,22 +801,17 @@ impl Rendezvous {
             let Some((sealed, _)) = state.last.as_ref() else {
                 return Ok(0);
             };
-            let members = sealed.members.clone();
+            let sealed = sealed.clone();
             if state.lost.is_none() {
                 let etcd = self.etcd.in_round(sealed.round);
-                let tracker = lost::LostTracker::start(etcd, self.keys.clone(), members.clone());
+                let tracker = lost::LostTracker::start(etcd, self.keys.clone(), sealed.clone());
                 state.lost = Some(tracker);
             }
-            members
+            sealed
         };
         // The tracker is not in sync (just started, or its watch broke), or a member is lost
         // and its watch ended: read etcd.
-        let live =
-            lost::read_live(&self.etcd, &self.keys, self.quick_deadline(), "num_lost").await?;
-        let n = members
-            .iter()
-            .filter(|m| !live.contains(m.as_str()))
-            .count() as u32;
+        let n = lost::read_lost(&self.etcd, &self.keys, &sealed, self.quick_deadline()).await?;
         if let Some(tracker) = self.state().lost.as_ref() {
             tracker.read(n);
         }

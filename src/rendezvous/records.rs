@@ -15,16 +15,93 @@ pub struct JoinRecord {
     pub last: Option<(u64, u32)>,
 }
 
-/// The value of `r/{round}/final`: member node ids in rank order, and rank 0's bootstrap
-/// address. Written once, never changed. Kept compact (ids only) because every member receives
-/// it by watch: at 1024 nodes it is about 20 KB.
+/// The value of `r/{round}/final`: the round's size, rank 0's bootstrap address and how many
+/// rank chunks hold the member list. Written once, never changed. Its size does not grow with
+/// the round, because every member receives it by watch: the member list itself is in
+/// `r/{round}/ranks/{chunk}` keys written by the same transaction, and a member reads only the
+/// chunk that holds its own id (`chunk_of`), so a round of N moves O(N) bytes, not O(N²).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinalRecord {
     pub round: u64,
-    /// Shared, not copied, by the round's info, the node's state and its lost-member tracker.
-    pub members: std::sync::Arc<[String]>,
+    pub world_size: u32,
     pub master_addr: String,
     pub master_port: u16,
+    /// How many `ranks/` chunks the member list is spread over.
+    pub chunks: u32,
+}
+
+/// Members per rank chunk the seal aims at.
+const CHUNK_TARGET: usize = 64;
+/// The most chunks a seal writes: the seal is one transaction, and etcd refuses one of more
+/// than 128 operations by default (`--max-txn-ops`); the seal's other writes fit in the rest.
+/// Beyond 6400 members the chunks grow instead (N/100 ids each).
+pub(crate) const MAX_CHUNKS: usize = 100;
+
+/// How many chunks a round of `n` members is spread over.
+pub fn chunk_count(n: usize) -> u32 {
+    n.div_ceil(CHUNK_TARGET).clamp(1, MAX_CHUNKS) as u32
+}
+
+/// The chunk that holds `node`'s rank: a hash of its id (FNV-1a), so any node finds its own
+/// chunk from the `final` record alone.
+pub fn chunk_of(node: &str, chunks: u32) -> u32 {
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % u64::from(chunks.max(1))) as u32
+}
+
+/// The values of a round's `ranks/{chunk}` keys, by chunk: each a JSON object from node id to
+/// rank, holding the members whose id hashes to that chunk.
+pub fn rank_chunks(members: &[String], chunks: u32) -> Vec<String> {
+    let mut out = vec![serde_json::Map::new(); chunks as usize];
+    for (rank, node) in members.iter().enumerate() {
+        out[chunk_of(node, chunks) as usize].insert(node.clone(), json!(rank));
+    }
+    out.into_iter()
+        .map(|m| Value::Object(m).to_string())
+        .collect()
+}
+
+/// One `ranks/{chunk}` value: node ids with their ranks.
+pub fn parse_rank_chunk(key: &[u8], value: &[u8]) -> Result<Vec<(String, u32)>> {
+    let Value::Object(map) = parse_object(key, value)? else {
+        unreachable!("parse_object checks for an object")
+    };
+    map.into_iter()
+        .map(|(node, rank)| Ok((node, u32_field(key, &rank, "a rank")?)))
+        .collect()
+}
+
+/// The member list in rank order from every chunk of a round; a state error unless the chunks
+/// hold each rank in 0..world_size exactly once.
+pub fn members_from_chunks<'a>(
+    sealed: &FinalRecord,
+    chunks: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+) -> Result<std::sync::Arc<[String]>> {
+    let mut members: Vec<Option<String>> = vec![None; sealed.world_size as usize];
+    let mut seen = 0usize;
+    for (key, value) in chunks {
+        for (node, rank) in parse_rank_chunk(key, value)? {
+            let slot = members.get_mut(rank as usize).ok_or_else(|| {
+                corrupt(
+                    key,
+                    &format!("rank {rank} of a round of {}", sealed.world_size),
+                )
+            })?;
+            if slot.replace(node).is_some() {
+                return Err(corrupt(key, &format!("rank {rank} given twice")));
+            }
+            seen += 1;
+        }
+    }
+    if seen != members.len() {
+        return Err(Error::state(format!(
+            "round {}: its rank chunks hold {seen} of its {} members (rotated out, or foreign data)",
+            sealed.round, sealed.world_size
+        )));
+    }
+    Ok(members.into_iter().map(Option::unwrap_or_default).collect())
 }
 
 impl JoinRecord {
@@ -60,39 +137,32 @@ impl FinalRecord {
     pub fn to_json(&self) -> String {
         json!({
             "round": self.round,
-            "members": &*self.members,
+            "world_size": self.world_size,
             "master_addr": self.master_addr,
             "master_port": self.master_port,
+            "chunks": self.chunks,
         })
         .to_string()
     }
 
     pub fn parse(key: &[u8], value: &[u8]) -> Result<FinalRecord> {
-        let mut v = parse_object(key, value)?;
+        let v = parse_object(key, value)?;
         let round = v
             .get("round")
             .and_then(Value::as_u64)
             .ok_or_else(|| corrupt(key, "round is missing or not a number"))?;
-        // Moved out of the parsed value, not copied: every member parses this list, whose
-        // length is the round's size.
-        let Some(Value::Array(items)) = v.get_mut("members").map(Value::take) else {
-            return Err(corrupt(key, "members is missing or not a list"));
+        let positive = |name: &str| match v.get(name) {
+            Some(n) => u32_field(key, n, name).and_then(|n| match n {
+                0 => Err(corrupt(key, &format!("{name} is 0"))),
+                n => Ok(n),
+            }),
+            None => Err(corrupt(key, &format!("{name} is missing"))),
         };
-        let members = items
-            .into_iter()
-            .map(|m| match m {
-                Value::String(id) => Some(id),
-                _ => None,
-            })
-            .collect::<Option<std::sync::Arc<[String]>>>()
-            .ok_or_else(|| corrupt(key, "members holds something other than node ids"))?;
-        if members.is_empty() {
-            return Err(corrupt(key, "a sealed round has no members"));
-        }
         let port = v.get("master_port").cloned().unwrap_or(Value::Null);
         Ok(FinalRecord {
             round,
-            members,
+            world_size: positive("world_size")?,
+            chunks: positive("chunks")?,
             master_addr: str_field(key, &v, "master_addr")?,
             master_port: port
                 .as_u64()
@@ -101,11 +171,9 @@ impl FinalRecord {
         })
     }
 
-    pub fn rank_of(&self, node: &str) -> Option<u32> {
-        self.members
-            .iter()
-            .position(|m| m == node)
-            .map(|i| i as u32)
+    /// The chunk that holds `node`'s rank in this round.
+    pub fn chunk_of(&self, node: &str) -> u32 {
+        chunk_of(node, self.chunks)
     }
 }
 
@@ -167,13 +235,66 @@ mod tests {
         assert_eq!(JoinRecord::parse(b"k", j.to_json().as_bytes()).unwrap(), j);
         let f = FinalRecord {
             round: 4,
-            members: vec!["a".into()].into(),
+            world_size: 3,
             master_addr: "h".into(),
             master_port: 1,
+            chunks: 2,
         };
         assert_eq!(FinalRecord::parse(b"k", f.to_json().as_bytes()).unwrap(), f);
-        assert_eq!(f.rank_of("a"), Some(0));
-        assert_eq!(f.rank_of("b"), None);
+    }
+
+    #[test]
+    fn the_member_list_survives_its_chunks_and_each_node_finds_its_own() {
+        for n in [1usize, 2, 63, 64, 65, 1000, 7000] {
+            let members: Vec<String> = (0..n).map(|i| format!("{i:016x}")).collect();
+            let chunks = chunk_count(n);
+            assert!(chunks as usize <= MAX_CHUNKS);
+            let sealed = FinalRecord {
+                round: 1,
+                world_size: n as u32,
+                master_addr: "h".into(),
+                master_port: 1,
+                chunks,
+            };
+            let values = rank_chunks(&members, chunks);
+            let kvs = values.iter().map(|v| (&b"ranks"[..], v.as_bytes()));
+            assert_eq!(
+                &members_from_chunks(&sealed, kvs).unwrap()[..],
+                &members[..]
+            );
+            // Every node's rank is in the chunk its id names, and no chunk is far above the
+            // target size while there are chunks to spare.
+            for (rank, node) in members.iter().enumerate() {
+                let mine = &values[sealed.chunk_of(node) as usize];
+                let chunk = parse_rank_chunk(b"k", mine.as_bytes()).unwrap();
+                assert!(chunk.contains(&(node.clone(), rank as u32)));
+            }
+            if n <= MAX_CHUNKS * CHUNK_TARGET {
+                let largest = values.iter().map(|v| v.matches(':').count()).max().unwrap();
+                assert!(largest <= 2 * CHUNK_TARGET, "n={n}: a chunk of {largest}");
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_that_do_not_add_up_are_a_state_error() {
+        let sealed = FinalRecord {
+            round: 1,
+            world_size: 2,
+            master_addr: "h".into(),
+            master_port: 1,
+            chunks: 1,
+        };
+        for bad in [r#"{"a":0}"#, r#"{"a":0,"b":2}"#, r#"{"a":"x","b":1}"#, "[]"] {
+            let chunk = [(&b"r/1/ranks/0000"[..], bad.as_bytes())];
+            let err = members_from_chunks(&sealed, chunk).unwrap_err();
+            assert_eq!(err.kind(), crate::error::ErrorKind::State, "{bad}");
+        }
+        let twice = [
+            (&b"c0"[..], &br#"{"a":0}"#[..]),
+            (&b"c1"[..], &br#"{"b":0,"c":1}"#[..]),
+        ];
+        assert!(members_from_chunks(&sealed, twice).is_err());
     }
 
     #[test]
@@ -182,7 +303,7 @@ mod tests {
             &b"garbage"[..],
             b"[1,2]",
             b"{\"round\":1}",
-            b"{\"round\":1,\"members\":[]}",
+            b"{\"round\":1,\"world_size\":0,\"chunks\":1,\"master_addr\":\"h\",\"master_port\":1}",
         ] {
             let err = FinalRecord::parse(b"/rdzv/x/r/1/final", bad).unwrap_err();
             assert_eq!(err.kind(), crate::error::ErrorKind::State, "{bad:?}");

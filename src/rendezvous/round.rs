@@ -7,6 +7,7 @@
 //! (etcd restarted, history compacted) sends the node back to watch-then-read, which is always
 //! safe because every decision is re-read from etcd and every write is guarded by compares.
 
+use super::records::{chunk_count, members_from_chunks, rank_chunks};
 use super::{FinalRecord, JoinRecord, Outcome, Rendezvous};
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Target};
@@ -405,9 +406,9 @@ impl RoundView {
         }
     }
 
-    /// The sealed record: survivors of the previous round first, in their old order (so rank 0
-    /// stays rank 0), then newcomers by arrival; at most `max` of them.
-    fn seal_record(&self, max: usize) -> FinalRecord {
+    /// The sealed record and its members in rank order: survivors of the previous round first,
+    /// in their old order (so rank 0 stays rank 0), then newcomers by arrival; at most `max`.
+    fn seal_record(&self, max: usize) -> (FinalRecord, Vec<String>) {
         let mut ordered: Vec<(&i64, &(String, JoinRecord))> = self.standing().collect();
         let prev_round = self.round.checked_sub(1);
         ordered.sort_by_key(|(rev, (_, rec))| match rec.last {
@@ -416,12 +417,15 @@ impl RoundView {
         });
         ordered.truncate(max);
         let rank0 = &ordered[0].1 .1;
-        FinalRecord {
+        let members: Vec<String> = ordered.iter().map(|(_, (node, _))| node.clone()).collect();
+        let sealed = FinalRecord {
             round: self.round,
+            world_size: members.len() as u32,
             master_addr: rank0.addr.clone(),
             master_port: rank0.port,
-            members: ordered.iter().map(|(_, (node, _))| node.clone()).collect(),
-        }
+            chunks: chunk_count(members.len()),
+        };
+        (sealed, members)
     }
 
     /// Applies one watch event; returns what ends the wait, if it does.
@@ -526,7 +530,12 @@ async fn lead(
         TxnOp::get(keys.drain_prefix(), Some(GetOptions::new().with_prefix())),
     ];
     if round > 0 {
+        // The previous round's members: the leader is the one node that reads the whole list.
         reads.push(TxnOp::get(keys.final_(round - 1), None));
+        reads.push(TxnOp::get(
+            keys.ranks_prefix(round - 1),
+            Some(GetOptions::new().with_prefix()),
+        ));
     }
     let resp = rdzv
         .etcd()
@@ -543,9 +552,13 @@ async fn lead(
     if got[2].count() > 0 {
         return Err(rdzv.closed_err(left_out));
     }
-    let previous = match got.get(7).and_then(|g| g.kvs().first()) {
-        Some(kv) => Some(FinalRecord::parse(kv.key(), kv.value())?.members),
-        None => None,
+    let previous = match (got.get(7).and_then(|g| g.kvs().first()), got.get(8)) {
+        (Some(kv), Some(chunks)) => {
+            let sealed = FinalRecord::parse(kv.key(), kv.value())?;
+            let chunks = chunks.kvs().iter().map(|kv| (kv.key(), kv.value()));
+            Some(members_from_chunks(&sealed, chunks)?)
+        }
+        _ => None,
     };
     if let Some(kv) = got[6]
         .kvs()
@@ -669,11 +682,16 @@ async fn seal(
 ) -> Result<Option<Outcome>> {
     let keys = rdzv.keys();
     let round = view.round;
-    let sealed = view.seal_record(max);
+    let (sealed, members) = view.seal_record(max);
     let mut writes = vec![
         TxnOp::put(keys.final_(round), sealed.to_json(), None),
         TxnOp::put(keys.current(), (round + 1).to_string(), None),
     ];
+    // The member list, in chunks each member finds by its own id: with `final`, in this one
+    // transaction, so a sealed round always has its whole list.
+    for (chunk, value) in rank_chunks(&members, sealed.chunks).into_iter().enumerate() {
+        writes.push(TxnOp::put(keys.ranks(round, chunk as u32), value, None));
+    }
     // Keep the previous round (its members may still read its store); drop the one before.
     if round >= 2 {
         writes.push(TxnOp::delete(
@@ -707,7 +725,7 @@ async fn seal(
         let ms = view.since.at.elapsed().as_millis() as u64;
         let first = view.since.first_join;
         tracing::info!(run = %rdzv.params().run_id, node = %rdzv.node(), round,
-            world_size = sealed.members.len(), joined = view.count(), trigger,
+            world_size = sealed.world_size, joined = view.count(), trigger,
             since_first_join_ms = first.then_some(ms), since_takeover_ms = (!first).then_some(ms),
             "round sealed");
         return Ok(Some(Outcome::Sealed(sealed)));

@@ -239,6 +239,21 @@ impl<'a> Checker<'a> {
                 continue;
             };
             let node = e.node.as_str();
+            if members.is_empty() {
+                // The node could not read the list (a fault right after `next`): only its size
+                // and master are compared, with the views of the round that have the list.
+                if let Some(seen) = self.rounds.get(round) {
+                    if (seen.world_size, seen.master) != (*world_size, master.as_str()) {
+                        let message = format!(
+                            "round {round}: node {node} saw world size {world_size}, master \
+                             {master}, but node {} saw {} and {}",
+                            seen.first.1, seen.world_size, seen.master
+                        );
+                        self.violation(e.t, "agreement", message);
+                    }
+                }
+                continue;
+            }
             if *world_size as usize != members.len() {
                 self.violation(e.t, "ranks", format!(
                     "round {round}: node {node} got world size {world_size} but {} members {members:?}",

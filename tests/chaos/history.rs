@@ -107,12 +107,16 @@ impl Event {
                 round: n("round")?,
                 rank: n("rank")? as u32,
                 world_size: n("world_size")? as u32,
-                members: v["members"]
-                    .as_array()
-                    .ok_or_else(|| format!("no members: {line}"))?
-                    .iter()
-                    .map(|m| m.as_str().unwrap_or_default().to_string())
-                    .collect(),
+                // A node reads the whole list after `next`, for this history only; when that
+                // read failed (a fault right then) the list is unknown: empty.
+                members: match &v["members"] {
+                    Value::Array(items) => items
+                        .iter()
+                        .map(|m| m.as_str().unwrap_or_default().to_string())
+                        .collect(),
+                    Value::Object(o) if o.contains_key("error") => Vec::new(),
+                    _ => return Err(format!("no members: {line}")),
+                },
                 master: s("master")?,
             },
             ev @ ("set" | "read" | "add") => What::Store {
