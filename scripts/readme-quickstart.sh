@@ -29,7 +29,10 @@ wait "$a" && wait "$b" || { cat "$work/a" "$work/b" >&2; exit 1; }
 ranks=$(cat "$work/a" "$work/b" | sed -n 's/^rank \([0-9]*\) of 2, master .*:[0-9]*$/\1/p' | sort | tr '\n' ' ')
 [ "$ranks" = "0 1 " ] || { echo "expected ranks 0 and 1 of 2, got:" >&2; cat "$work/a" "$work/b" >&2; exit 1; }
 
-kill "$etcd_pid"; wait "$etcd_pid" 2>/dev/null || true
+# etcd is not this shell's child (etcd-local.sh started it), so `wait` would return at once while
+# etcd still shut down and accepted connections (2 of 20 tries): wait for the process to be gone.
+kill "$etcd_pid"
+timeout 30 tail --pid="$etcd_pid" -f /dev/null
 if eval "$run" >"$work/down" 2>&1; then
   echo "the quick start exited 0 with etcd down:" >&2; cat "$work/down" >&2; exit 1
 fi
