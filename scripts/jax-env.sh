@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates (once) or reuses a virtual environment with JAX for CPUs from the package registry
 # and prints its python (for tests/launcher_jax.rs and `scripts/bench.sh --frameworks`). Cached
-# in ${RDZV_CACHE:-~/.cache/rdzv}/jax-<version>: about 300 MB and 20 s the first time, then a
+# in ${RDZV_CACHE:-~/.cache/rdzv}/jax-<version>: about 600 MB and 20 s the first time, then a
 # fraction of a second (no network). Exits 3, saying why, when the registry has no JAX build
 # for this machine's Python or platform (callers skip then); any other failure is an error.
 set -euo pipefail
@@ -16,7 +16,7 @@ venv="$cache/jax-$JAX_VERSION"
 # As in torch-env.sh: made in place under a lock, with a marker written last naming what was
 # installed, so that an interrupted install, or one of another package list, is started over.
 create_env() {
-  echo "creating $venv (JAX $JAX_VERSION for CPUs, once; about 300 MB)" >&2
+  echo "creating $venv (JAX $JAX_VERSION for CPUs, once; about 600 MB)" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
   local log
