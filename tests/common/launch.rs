@@ -54,7 +54,13 @@ impl Launcher {
             .args(args)
             .arg(program)
             .env("PYTHON_EXEC", python)
-            .envs(env.iter().copied())
+            .envs(env.iter().copied());
+        Launcher::spawn(command)
+    }
+
+    /// Starts any launcher (torchrun, for a comparison) the same way.
+    pub fn spawn(mut command: Command) -> Launcher {
+        command
             .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
