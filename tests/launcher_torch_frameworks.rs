@@ -1,9 +1,11 @@
-//! A Lightning training script (DDP on CPU over gloo, a tiny model, a few steps) trains under
-//! `rdzv run` as under torchrun: two launchers of two processes each, and every rank reports
-//! the same world, ranks, detected environment (Lightning's TorchElasticEnvironment) and steps
-//! under both, with equal weights across ranks. Needs the Lightning environment made by
-//! `scripts/lightning-env.sh` (`RDZV_LIGHTNING_PYTHON` names its python, else it is looked up
-//! in the cache); skipped, saying so, where there is none.
+//! Frameworks built on PyTorch that read torchrun's environment, unmodified under `rdzv run`:
+//! a Lightning training script (DDP on CPU over gloo, a tiny model, a few steps) trains as under
+//! torchrun: two launchers of two processes each, and every rank reports the same world,
+//! ranks, detected environment (Lightning's TorchElasticEnvironment) and steps under both,
+//! with equal weights across ranks; and a DeepSpeed ZeRO-1 job (CPU, gloo) trains on two
+//! launchers of two processes. Needs the environment made by `scripts/torch-frameworks-env.sh`
+//! (`RDZV_TORCH_FRAMEWORKS_PYTHON` names its python, else it is looked up in the cache);
+//! skipped, saying so, where there is none.
 
 mod common;
 
@@ -13,8 +15,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn program() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/frameworks/lightning_ddp.py")
+fn program(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/frameworks")
+        .join(name)
+}
+
+fn python() -> Option<PathBuf> {
+    cached_python("RDZV_TORCH_FRAMEWORKS_PYTHON", "torch-frameworks")
 }
 
 const LAYOUT: [&str; 4] = ["--devices", "2", "--num-nodes", "2"];
@@ -35,8 +43,8 @@ fn train(launchers: Vec<Launcher>, results: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn lightning_ddp_trains_under_rdzv_run_as_under_torchrun() {
-    let Some(python) = cached_python("RDZV_LIGHTNING_PYTHON", "lightning") else {
-        eprintln!("skipped: no Lightning environment (scripts/lightning-env.sh makes one)");
+    let Some(python) = python() else {
+        eprintln!("skipped: no Lightning environment (scripts/torch-frameworks-env.sh makes one)");
         return;
     };
     let etcd = Etcd::start();
@@ -55,7 +63,7 @@ fn lightning_ddp_trains_under_rdzv_run_as_under_torchrun() {
             command
                 .arg("run")
                 .args(args)
-                .arg(program())
+                .arg(program("lightning_ddp.py"))
                 .args(LAYOUT)
                 .env("PYTHON_EXEC", &python)
                 .env("RESULT_DIR", dir);
@@ -94,7 +102,7 @@ fn lightning_ddp_trains_under_rdzv_run_as_under_torchrun() {
                 .args(["--rdzv-backend=c10d", "--rdzv-id=lightning"])
                 .arg(format!("--rdzv-endpoint=127.0.0.1:{port}"))
                 .arg("--local-addr=127.0.0.1")
-                .arg(program())
+                .arg(program("lightning_ddp.py"))
                 .args(LAYOUT)
                 .env("RESULT_DIR", &torch_results);
             Launcher::spawn(command)
@@ -104,4 +112,41 @@ fn lightning_ddp_trains_under_rdzv_run_as_under_torchrun() {
     assert_eq!(under_rdzv, under_torchrun);
     let _ = std::fs::remove_dir_all(&results);
     let _ = std::fs::remove_dir_all(&torch_results);
+}
+
+#[test]
+fn deepspeed_zero1_trains_under_rdzv_run() {
+    let Some(python) = python() else {
+        eprintln!("skipped: no DeepSpeed environment (scripts/torch-frameworks-env.sh makes one)");
+        return;
+    };
+    let etcd = Etcd::start();
+    let results = fresh_dir("deepspeed");
+    let url = etcd.url("deepspeed", "min_nodes=2&max_nodes=2&last_call_timeout=1");
+    let args = [
+        "--rdzv",
+        &url,
+        "--nproc-per-node=2",
+        "--local-addr=127.0.0.1",
+    ];
+    let dir = results.to_str().unwrap();
+    let launchers = (0..2)
+        .map(|_| {
+            Launcher::start(
+                &python,
+                &args,
+                &program("deepspeed_zero1.py"),
+                &[("RESULT_DIR", dir)],
+            )
+        })
+        .collect();
+    for (rank, r) in train(launchers, &results).iter().enumerate() {
+        assert_eq!(r["rank"], rank, "{r}");
+        assert_eq!(r["world"], 4, "{r}");
+        assert_eq!(r["zero_stage"], 1, "{r}");
+        assert_eq!(r["backend"], "gloo", "{r}");
+        assert_eq!(r["steps"], 5, "{r}");
+        assert_eq!(r["same_weights"], true, "{r}");
+    }
+    let _ = std::fs::remove_dir_all(&results);
 }
