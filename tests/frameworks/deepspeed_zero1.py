@@ -3,11 +3,14 @@ partitioned across ranks) on CPU over gloo, a tiny linear model, a few steps on 
 DeepSpeed finds torchrun's environment itself (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT). Each process records in $RESULT_DIR/<world>-<rank>.json the world it trained
 in, the steps taken, and whether every rank ended with the same weights (ZeRO-1 all-gathers
-the updated partitions)."""
+the updated partitions). With BENCH=1 it prints "FIRST_COLLECTIVE <world>" once its first step
+is done and goes on training (a step every 0.1 s) until it is killed or a collective fails
+(examples/bench_frameworks.rs times those lines)."""
 
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import deepspeed
@@ -33,11 +36,18 @@ def main() -> int:
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=CONFIG)
     torch.manual_seed(rank + 1)
-    for _ in range(STEPS):
+    bench = os.environ.get("BENCH") == "1"
+    for step in range(6000 if bench else STEPS):
         x, y = torch.randn(4, 8), torch.randn(4, 1)
         loss = torch.nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
         engine.step()
+        if bench:
+            if step == 0:
+                print(f"FIRST_COLLECTIVE {dist.get_world_size()}", flush=True)
+            time.sleep(0.1)  # a training step's pace, without loading the machine
+    if bench:
+        return 0
     weights = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
     world = dist.get_world_size()
     gathered = [torch.zeros_like(weights) for _ in range(world)]
