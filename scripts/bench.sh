@@ -8,6 +8,9 @@
 #                                        next to the floor's: joins, seal, fan-out
 #        scripts/bench.sh --launcher [N ...]  rdzv run: launch to all workers started, and
 #                                        SIGKILL of a node to the survivors restarted (N = 2 4 8)
+#        scripts/bench.sh --frameworks [RUNS]  JAX, Lightning and DeepSpeed on 2 nodes x 2
+#                                        processes under rdzv run and torchrun: launch to the
+#                                        first collective, and recovery after a SIGKILLed node
 #        scripts/bench.sh --cluster [N ...]  the same against a 3-member etcd cluster (N = 8
 #                                        ... 4096), and a round while the raft leader is killed
 #        scripts/bench.sh --gloo [RUNS]  the C++ Gloo example, 4 processes (default 5 runs):
@@ -32,6 +35,11 @@ if [ "${1:-}" = "--launcher" ]; then
   shift
   cargo build --release --quiet --lib --bin rdzv --example bench_launcher
   "$target/release/examples/bench_launcher" "$endpoint" "$@"
+elif [ "${1:-}" = "--frameworks" ]; then
+  shift
+  cargo build --release --quiet --lib --bin rdzv --example bench_frameworks
+  RDZV_JAX_PYTHON=$(scripts/jax-env.sh) RDZV_TORCH_FRAMEWORKS_PYTHON=$(scripts/torch-frameworks-env.sh) \
+    "$target/release/examples/bench_frameworks" "$endpoint" "$@"
 elif [ "${1:-}" = "--cluster" ]; then
   shift
   cargo build --release --example bench --quiet

@@ -5,9 +5,11 @@
 # against a running job: tests/chaos), the C++, Go and Python bindings' suites, the demo, the
 # README's quick start, the installed library used from outside the repository and the Go
 # scheduler example on it (launchers added, drained, killed); the Rust integration and fault
-# suites again against every other etcd version (Debian's 3.4, 3.5, 3.6); and real PyTorch
-# (torchrun with the etcd-v3 backend) in a cached environment. RDZV_SKIP_TORCH=1 skips the
-# PyTorch suite (its first run downloads about 5 GB). Prints one "N passed, N failed" line at the end.
+# suites again against every other etcd version (Debian's 3.4, 3.5, 3.6); real PyTorch
+# (torchrun with the etcd-v3 backend) in a cached environment; and unmodified JAX, Lightning
+# and DeepSpeed programs under rdzv run in cached environments (scripts/jax-env.sh and, layered
+# on the PyTorch one, scripts/torch-frameworks-env.sh). RDZV_SKIP_TORCH=1 skips the PyTorch
+# suites (the first run downloads about 5 GB). Prints one "N passed, N failed" line at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -68,8 +70,9 @@ suite "go scheduler example on the installed library: rdzv run launchers added, 
 # etcd (those using tests/common); unit and doc tests need no etcd.
 integration=()
 for target in tests/*.rs; do
-  # launcher_torch is the PyTorch suite's, which runs once.
-  if grep -q '^mod common;' "$target" && [ "$target" != tests/launcher_torch.rs ]; then integration+=(--test "$(basename "$target" .rs)"); fi
+  # The framework suites (PyTorch, JAX, Lightning and DeepSpeed) run once, below.
+  case "$target" in tests/launcher_torch.rs | tests/launcher_jax.rs | tests/launcher_torch_frameworks.rs) continue ;; esac
+  if grep -q '^mod common;' "$target"; then integration+=(--test "$(basename "$target" .rs)"); fi
 done
 older=("$debian_etcd")
 for entry in "${built[@]:0:${#built[@]}-1}"; do older+=("${entry#* }"); done
@@ -84,9 +87,17 @@ if [ "${RDZV_SKIP_TORCH:-0}" != 1 ]; then
     'python=$(scripts/torch-env.sh) && t=bindings/python/tests &&
      RDZV_LIBRARY="$1" "$python" -m pytest -q $t/test_torch.py $t/test_torchrun.py $t/test_torch_backend.py &&
      RDZV_TORCH_PYTHON="$python" cargo test --quiet --test launcher_torch' _ "$lib/librdzv.so"
+  suite "Lightning and DeepSpeed under rdzv run (Lightning as under torchrun)" bash -c \
+    'python=$(scripts/torch-frameworks-env.sh) &&
+     RDZV_TORCH_FRAMEWORKS_PYTHON="$python" cargo test --quiet --test launcher_torch_frameworks'
 else
-  echo "=== python binding with PyTorch (real torchrun): skipped (RDZV_SKIP_TORCH=1)"
+  echo "=== python binding with PyTorch (real torchrun), Lightning, DeepSpeed: skipped (RDZV_SKIP_TORCH=1)"
 fi
+# JAX from the registry (about 600 MB once); skipped only where the registry has no build of it
+# for this machine (jax-env.sh exits 3 then, saying why).
+suite "JAX under rdzv run --framework=jax (collectives, node loss)" bash -c \
+  'python=$(scripts/jax-env.sh) || { [ $? -eq 3 ] && echo "skipped: no JAX for this machine in the registry" && exit 0; exit 1; }
+   RDZV_JAX_PYTHON="$python" cargo test --quiet --test launcher_jax'
 
 for name in "${failures[@]}"; do echo "failed: $name"; done
 echo "suites: $passed passed, $failed failed"

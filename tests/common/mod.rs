@@ -2,6 +2,7 @@
 //! started per test binary or per test, ready when etcd says so, killed on drop.
 #![allow(dead_code)]
 
+pub mod launch;
 pub mod node;
 
 use std::io::{BufRead, BufReader};

@@ -244,6 +244,7 @@ impl Agent {
                 restart_count: self.restart_count,
                 max_restarts: self.cfg.max_restarts,
                 extra_env: &self.extra_env,
+                framework: self.cfg.framework,
             };
             let mut group = match Group::start(&spec, &workers, &self.logs) {
                 Ok(group) => group,
@@ -465,6 +466,11 @@ impl Agent {
             role: self.cfg.role.clone(),
             group_rank: round.group_rank,
             local_world_size: self.cfg.nproc_per_node,
+            coordinator_port: crate::workers::coordinator_port(
+                self.cfg.framework,
+                round.group_rank,
+                round.master_port,
+            ),
         };
         let Some(store) = &round.store else {
             return Ok(ranks::assign(&[me], 0));

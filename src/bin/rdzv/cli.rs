@@ -185,6 +185,18 @@ pub struct RunArgs {
     /// Run PROGRAM as a Python module (python3 -m PROGRAM).
     #[arg(short = 'm', long, env = "PET_MODULE", value_parser = FalseyValueParser::new())]
     pub module: bool,
+    /// What the workers are written for, beyond torchrun's environment: `torch` (that
+    /// environment alone) or `jax` (also what an argument-less `jax.distributed.initialize()`
+    /// reads: a coordinator on a free port of node rank 0, process count and id; see
+    /// docs/LAUNCHER.md).
+    #[arg(
+        long,
+        env = "PET_FRAMEWORK",
+        value_enum,
+        default_value_t = Framework::Torch,
+        value_name = "torch|jax"
+    )]
+    pub framework: Framework,
     /// Seconds workers get to exit after SIGTERM before SIGKILL.
     #[arg(
         long,
@@ -252,6 +264,17 @@ pub struct DrainArgs {
     pub node_id: String,
 }
 
+/// The framework the workers use, for what it needs from the launcher beyond torchrun's
+/// environment.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framework {
+    /// torchrun's environment and nothing else (also what Lightning and DeepSpeed read).
+    Torch,
+    /// Also JAX's: JAX_COORDINATOR_ADDRESS on a port of its own, and the process count, id and
+    /// local id where `jax.distributed.initialize()` finds them (Open MPI's names).
+    Jax,
+}
+
 /// Which of a worker's streams a `--redirects`/`--tee` spec selects.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Streams {
@@ -303,6 +326,7 @@ pub struct RunConfig {
     pub max_restarts: u32,
     pub monitor_interval: Duration,
     pub role: String,
+    pub framework: Framework,
     /// The command each worker runs: program and arguments.
     pub command: Vec<String>,
     /// The Python script PROGRAM names, when it runs under python3.
@@ -427,6 +451,7 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
         max_restarts: a.max_restarts,
         monitor_interval,
         role: a.role,
+        framework: a.framework,
         command,
         script,
         log_dir: a.log_dir,

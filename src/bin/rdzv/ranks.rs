@@ -6,6 +6,9 @@
 //!   different numbers of workers);
 //! - role ranks: the same, counted only over nodes of the same role, ordered by node rank.
 //!
+//! With `--framework=jax`, node rank 0 also publishes a port for JAX's coordinator service, picked
+//! free on that node for this round; every worker learns it with its ranks.
+//!
 //! Node ranks come from the rendezvous, which keeps them stable across rounds, so global
 //! rank 0 stays on the same node while it lives.
 
@@ -17,13 +20,19 @@ pub struct NodeInfo {
     pub role: String,
     pub group_rank: u32,
     pub local_world_size: u32,
+    /// A framework coordinator's port on this node (published by node rank 0 only, and only
+    /// when the framework needs one): absent from the entry when `None`, so entries read the
+    /// same as before to launchers that know nothing of it.
+    pub coordinator_port: Option<u16>,
 }
 
 impl NodeInfo {
     pub fn to_json(&self) -> Vec<u8> {
-        json!({"role": self.role, "rank": self.group_rank, "local_world_size": self.local_world_size})
-            .to_string()
-            .into_bytes()
+        let mut v = json!({"role": self.role, "rank": self.group_rank, "local_world_size": self.local_world_size});
+        if let Some(port) = self.coordinator_port {
+            v["coordinator_port"] = json!(port);
+        }
+        v.to_string().into_bytes()
     }
 
     pub fn parse(bytes: &[u8]) -> Option<NodeInfo> {
@@ -32,6 +41,10 @@ impl NodeInfo {
             role: v.get("role")?.as_str()?.to_string(),
             group_rank: u32::try_from(v.get("rank")?.as_u64()?).ok()?,
             local_world_size: u32::try_from(v.get("local_world_size")?.as_u64()?).ok()?,
+            coordinator_port: match v.get("coordinator_port") {
+                None => None,
+                Some(p) => Some(u16::try_from(p.as_u64()?).ok()?),
+            },
         })
     }
 }
@@ -50,6 +63,8 @@ pub struct WorkerRanks {
     pub role_rank: u32,
     pub world_size: u32,
     pub role_world_size: u32,
+    /// The port node rank 0 published for a framework's coordinator, if it did.
+    pub coordinator_port: Option<u16>,
 }
 
 /// The ranks of node `me`'s workers, given every node's entry indexed by node rank.
@@ -66,6 +81,7 @@ pub fn assign(infos: &[NodeInfo], me: u32) -> Vec<WorkerRanks> {
         .filter(|i| i.group_rank < mine.group_rank)
         .map(|i| i.local_world_size)
         .sum();
+    let coordinator_port = infos[0].coordinator_port;
     (0..mine.local_world_size)
         .map(|local_rank| WorkerRanks {
             local_rank,
@@ -74,6 +90,7 @@ pub fn assign(infos: &[NodeInfo], me: u32) -> Vec<WorkerRanks> {
             role_rank: role_offset + local_rank,
             world_size,
             role_world_size,
+            coordinator_port,
         })
         .collect()
 }
@@ -87,6 +104,7 @@ mod tests {
             role: role.into(),
             group_rank: rank,
             local_world_size: n,
+            coordinator_port: None,
         }
     }
 
@@ -119,7 +137,35 @@ mod tests {
     #[test]
     fn entries_round_trip() {
         let i = info("x", 3, 4);
-        assert_eq!(NodeInfo::parse(&i.to_json()), Some(i));
+        assert_eq!(NodeInfo::parse(&i.to_json()), Some(i.clone()));
+        assert!(!String::from_utf8(i.to_json())
+            .unwrap()
+            .contains("coordinator_port"));
+        let with_port = NodeInfo {
+            coordinator_port: Some(40123),
+            ..i
+        };
+        assert_eq!(NodeInfo::parse(&with_port.to_json()), Some(with_port));
         assert_eq!(NodeInfo::parse(b"junk"), None);
+        assert_eq!(
+            NodeInfo::parse(
+                br#"{"role":"x","rank":0,"local_world_size":1,"coordinator_port":70000}"#
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn every_worker_learns_node_rank_0s_coordinator_port() {
+        let mut infos = [info("t", 0, 1), info("t", 1, 2)];
+        assert!(assign(&infos, 1)
+            .iter()
+            .all(|w| w.coordinator_port.is_none()));
+        infos[0].coordinator_port = Some(41000);
+        for me in [0, 1] {
+            assert!(assign(&infos, me)
+                .iter()
+                .all(|w| w.coordinator_port == Some(41000)));
+        }
     }
 }

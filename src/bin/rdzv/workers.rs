@@ -13,7 +13,7 @@
 //! Exits are waited for by one plain thread per worker and delivered on a channel, so the
 //! agent reacts to a failure at once instead of at its next monitor tick.
 
-use crate::cli::StreamSpec;
+use crate::cli::{Framework, StreamSpec};
 use crate::output::{self, Console, Destination};
 use crate::ranks::WorkerRanks;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -47,6 +47,8 @@ pub struct GroupSpec<'a> {
     pub max_restarts: u32,
     /// Set for every worker (OMP_NUM_THREADS when the launcher chose it).
     pub extra_env: &'a [(String, String)],
+    /// What the workers need beyond torchrun's environment.
+    pub framework: Framework,
 }
 
 /// How a worker ended.
@@ -385,8 +387,62 @@ pub fn worker_env(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    if let (Framework::Jax, Some(port)) = (spec.framework, r.coordinator_port) {
+        env.extend(jax_env(spec.master_addr, port, r));
+    }
     env.extend(spec.extra_env.iter().cloned());
     env
+}
+
+/// What `jax.distributed.initialize()` without arguments reads (jax/_src/distributed.py and
+/// jax/_src/clusters/): the coordinator's address from JAX_COORDINATOR_ADDRESS, and the process
+/// count and id only from a cluster environment it recognizes. Open MPI's is the one whose
+/// variables carry exactly those numbers and nothing else JAX would act on; it is the first
+/// JAX tries, so it wins over a Slurm allocation the launcher itself runs in. Its
+/// OMPI_MCA_orte_hnp_uri only marks the environment as present (JAX takes the address from
+/// JAX_COORDINATOR_ADDRESS when that is set); it names the coordinator too, so that JAX reads
+/// the same address either way. Local process id = LOCAL_RANK, which JAX uses on GPUs to
+/// give each process the device of its local rank, as torchrun's convention has it.
+fn jax_env(master_addr: &str, port: u16, r: &WorkerRanks) -> Vec<(String, String)> {
+    let (address, uri) = match master_addr.contains(':') {
+        true => (
+            format!("[{master_addr}]:{port}"),
+            format!("0.0;tcp6://[{master_addr}]:{port}"),
+        ),
+        false => (
+            format!("{master_addr}:{port}"),
+            format!("0.0;tcp://{master_addr}:{port}"),
+        ),
+    };
+    [
+        ("JAX_COORDINATOR_ADDRESS", address),
+        ("OMPI_MCA_orte_hnp_uri", uri),
+        ("OMPI_COMM_WORLD_SIZE", r.world_size.to_string()),
+        ("OMPI_COMM_WORLD_RANK", r.global_rank.to_string()),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", r.local_rank.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The port node rank 0 publishes for the framework's coordinator in each round: JAX's
+/// coordinator service is its own server (gRPC), so it cannot share MASTER_PORT, where rank 0's
+/// worker may host torch's c10d store. Picked free on this node (bound and released, the race
+/// MASTER_PORT has too), on every address as JAX binds it, and never MASTER_PORT itself; anew
+/// every round, so a restarted group never meets the coordinator of the one before.
+pub fn coordinator_port(framework: Framework, group_rank: u32, master_port: u16) -> Option<u16> {
+    if framework != Framework::Jax || group_rank != 0 {
+        return None;
+    }
+    let pick = || {
+        std::net::TcpListener::bind(("::", 0))
+            .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", 0)))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .ok()
+    };
+    (0..8).filter_map(|_| pick()).find(|&p| p != master_port)
 }
 
 fn destination(
@@ -467,4 +523,79 @@ pub fn signal_name(signal: i32) -> String {
         _ => return format!("{signal}"),
     };
     name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(framework: Framework, master_addr: &str) -> GroupSpec<'_> {
+        GroupSpec {
+            command: &[],
+            role: "default",
+            run_id: "job",
+            group_rank: 1,
+            group_world_size: 2,
+            master_addr,
+            master_port: 29500,
+            restart_count: 0,
+            max_restarts: 0,
+            extra_env: &[],
+            framework,
+        }
+    }
+
+    fn ranks(coordinator_port: Option<u16>) -> WorkerRanks {
+        WorkerRanks {
+            local_rank: 1,
+            local_world_size: 2,
+            global_rank: 3,
+            role_rank: 3,
+            world_size: 4,
+            role_world_size: 4,
+            coordinator_port,
+        }
+    }
+
+    fn env(spec: &GroupSpec<'_>, r: &WorkerRanks) -> std::collections::BTreeMap<String, String> {
+        worker_env(spec, r, Path::new("/e")).into_iter().collect()
+    }
+
+    #[test]
+    fn jax_gets_its_coordinator_and_process_numbers() {
+        let e = env(&spec(Framework::Jax, "10.1.2.3"), &ranks(Some(41000)));
+        assert_eq!(e["JAX_COORDINATOR_ADDRESS"], "10.1.2.3:41000");
+        assert_eq!(e["OMPI_MCA_orte_hnp_uri"], "0.0;tcp://10.1.2.3:41000");
+        assert_eq!(e["OMPI_COMM_WORLD_SIZE"], "4");
+        assert_eq!(e["OMPI_COMM_WORLD_RANK"], "3");
+        assert_eq!(e["OMPI_COMM_WORLD_LOCAL_RANK"], "1");
+        let v6 = env(&spec(Framework::Jax, "fd00::1"), &ranks(Some(41000)));
+        assert_eq!(v6["JAX_COORDINATOR_ADDRESS"], "[fd00::1]:41000");
+    }
+
+    #[test]
+    fn torch_gets_torchruns_environment_only() {
+        let torch = env(&spec(Framework::Torch, "10.1.2.3"), &ranks(Some(41000)));
+        // Without a published port there is no coordinator to name.
+        let unpublished = env(&spec(Framework::Jax, "10.1.2.3"), &ranks(None));
+        for e in [torch, unpublished] {
+            assert!(
+                e.keys()
+                    .all(|k| !k.starts_with("JAX_") && !k.starts_with("OMPI_")),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_node_rank_0_picks_a_coordinator_port_and_never_master_port() {
+        assert_eq!(coordinator_port(Framework::Torch, 0, 29500), None);
+        assert_eq!(coordinator_port(Framework::Jax, 1, 29500), None);
+        let port = coordinator_port(Framework::Jax, 0, 29500).expect("a free port");
+        assert_ne!(port, 29500);
+        // Free when picked: JAX's coordinator can bind it on every address.
+        std::net::TcpListener::bind(("::", port))
+            .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", port)))
+            .unwrap();
+    }
 }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Prints the python of an environment with the frameworks built on PyTorch that read torchrun's
+# environment, Lightning and DeepSpeed (for tests/launcher_torch_frameworks.rs and
+# `scripts/bench.sh --frameworks`), made once beside the cached PyTorch environment
+# (scripts/torch-env.sh) and layered on it as scripts/quorum-env.sh does: it sees that
+# environment's torch through a .pth file, so torch is not installed twice and the PyTorch
+# environment the tests use is left as it is. About 100 MB and 45 s the first time (DeepSpeed
+# comes as source and is built into a wheel, Python only: its C++ ops are built when used).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# The one place the Lightning and DeepSpeed versions are pinned.
+LIGHTNING_VERSION=2.6.6
+DEEPSPEED_VERSION=0.19.8
+PACKAGES=("lightning==$LIGHTNING_VERSION" "deepspeed==$DEEPSPEED_VERSION")
+torch_python=$(scripts/torch-env.sh)
+cache=${RDZV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdzv}
+venv="$cache/torch-frameworks-$LIGHTNING_VERSION-$DEEPSPEED_VERSION"
+# Under a lock, with the marker written last, as in torch-env.sh; the marker names the layer
+# below too, so a new PyTorch environment gets a new layer.
+marker="${PACKAGES[*]} on $torch_python"
+exec 9>"$venv.lock"
+flock -w 1800 9 || { echo "timed out waiting for another run to create $venv" >&2; exit 1; }
+if [ "$(cat "$venv/.complete" 2>/dev/null)" != "$marker" ]; then
+  echo "creating $venv (Lightning $LIGHTNING_VERSION, DeepSpeed $DEEPSPEED_VERSION on the cached PyTorch, once)" >&2
+  rm -rf "$venv"
+  base=$("$torch_python" -c 'import sys; print(sys._base_executable)')
+  "$base" -m venv "$venv"
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$torch_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$site/torch-env.pth"
+  # pip sees the layer's torch through the .pth file and installs only what these add.
+  "$venv/bin/python" -m pip install -q --no-cache-dir "${PACKAGES[@]}" >&2
+  "$venv/bin/python" -c 'import lightning, deepspeed, torch' >&2
+  echo "$marker" >"$venv/.complete"
+fi
+flock -u 9
+echo "$venv/bin/python"
