@@ -161,6 +161,11 @@ py="$work/venv/bin/python"
 [ "$("$py" -m rdzv --help)" = "$help" ]
 job=$("$py" -m rdzv run --standalone --nproc-per-node=2 "${worker[@]}" 2>&1)
 both_ranks "$job"
+# A .py program runs under the environment's own Python, as torchrun's workers do, even with
+# the environment not activated (PATH without its bin/).
+printf 'import sys\nprint("prefix=" + sys.prefix)\n' >"$work/prefix.py"
+job=$(env PATH="${PATH#"$work/venv/bin:"}" "$work/venv/bin/rdzv" run --standalone "$work/prefix.py" 2>&1)
+grep -q "^\[rank0\]:prefix=$work/venv\$" <<<"$job" || { echo "a .py worker did not run under the venv's Python: $job" >&2; exit 1; }
 echo "rdzv command ok: rdzv and python -m rdzv from $work/venv/bin/rdzv"
 cd "$repo"
 echo "install test ok"

@@ -632,7 +632,7 @@ fn worker_command(a: &RunArgs) -> Result<Vec<String>, Usage> {
     if a.program.is_empty() {
         return Err(usage("PROGRAM: expected a program to run"));
     }
-    let python = std::env::var("PYTHON_EXEC").unwrap_or_else(|_| "python3".into());
+    let python = python();
     let mut command = Vec::new();
     if a.module {
         command.extend([python, "-u".into(), "-m".into()]);
@@ -642,6 +642,21 @@ fn worker_command(a: &RunArgs) -> Result<Vec<String>, Usage> {
     command.push(a.program.clone());
     command.extend(a.args.iter().cloned());
     Ok(command)
+}
+
+/// The Python that runs `.py` programs and modules: `PYTHON_EXEC`, else the `python3` beside
+/// this command (a virtual environment's, where `pip install rdzv` put the command: torchrun
+/// likewise runs workers under its own interpreter, so a venv's packages are there without
+/// activating it), else `python3` on PATH.
+fn python() -> String {
+    if let Ok(python) = std::env::var("PYTHON_EXEC") {
+        return python;
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("python3")))
+        .filter(|beside| beside.is_file())
+        .map_or_else(|| "python3".into(), |beside| beside.display().to_string())
 }
 
 /// Fails early, before joining a rendezvous others would wait on, when the program cannot
