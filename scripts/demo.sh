@@ -19,7 +19,7 @@ cmake --build bindings/cpp/build --target rdzv_node -j2 >/dev/null
 (cd bindings/go && CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib" go build -tags rdzv_dev -o "$target/demo/go-node" ./cmd/node)
 
 read -r etcd_pid endpoint etcd_dir < <(scripts/etcd-local.sh)
-trap 'kill "$etcd_pid" 2>/dev/null; rm -rf "$etcd_dir"' EXIT
+trap 'kill "$etcd_pid" 2>/dev/null || true; rm -rf "$etcd_dir"' EXIT
 url="etcd://$endpoint/demo-$$?min_nodes=4&max_nodes=4&join_timeout=60"
 echo "etcd at $endpoint; rendezvous $url"
 
