@@ -202,16 +202,18 @@ fn rdzv_binary() -> PathBuf {
 }
 
 /// Starts the nodes; each "FIRST_COLLECTIVE <world>" line arrives on `tx` with its node.
-fn launch(commands: Vec<Command>, tx: &mpsc::Sender<(usize, u32)>) -> Vec<Node> {
+/// Each launcher's stderr goes to `{stderr}.{node}`, to see why a run did not report.
+fn launch(commands: Vec<Command>, tx: &mpsc::Sender<(usize, u32)>, stderr: &str) -> Vec<Node> {
     commands
         .into_iter()
         .enumerate()
         .map(|(i, mut c)| {
+            let log = std::fs::File::create(format!("{stderr}.{i}")).expect("a writable temp dir");
             let mut child = c
                 .process_group(0)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::null())
+                .stderr(log)
                 .spawn()
                 .expect("cannot start the launcher (scripts/bench.sh --frameworks builds it)");
             let out = child.stdout.take().unwrap();
@@ -279,7 +281,8 @@ fn one_run(
             )
         })
         .collect();
-    let mut nodes = launch(commands, &tx);
+    let stderr = std::env::temp_dir().join(&run).display().to_string();
+    let mut nodes = launch(commands, &tx, &stderr);
     let everyone: Vec<usize> = (0..NODES).collect();
     let world = (NODES * PER_NODE) as u32;
     if !reports(
@@ -289,6 +292,7 @@ fn one_run(
         world as usize,
         Duration::from_secs(240),
     ) {
+        eprintln!("{run}: no first collective in 240 s; the launchers' stderr: {stderr}.*");
         return (None, None);
     }
     let first = started.elapsed();
