@@ -99,7 +99,7 @@ impl Drop for Node {
     }
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Framework {
     Jax,
     Lightning,
@@ -260,7 +260,9 @@ fn one_run(
     endpoint: &str,
     r: usize,
 ) -> (Option<Duration>, Option<Duration>) {
-    let run = format!("bench-frameworks-{}-{r}", std::process::id());
+    // One run id per framework and run: each rdzv run is closed when it ends, and a closed id
+    // stays closed (a shared id made every framework after the first fail to join).
+    let run = format!("bench-frameworks-{}-{framework:?}-{r}", std::process::id()).to_lowercase();
     let c10d_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
