@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::launch::fresh_dir;
 use common::{Etcd, SpawnTied};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -121,42 +122,14 @@ fn torch_launcher(python: &Path, url: &str, results: &Path, wait_unless_world: u
         .unwrap()
 }
 
-/// The records allreduce.py workers wrote for a world of `world`, waiting (polling the
-/// directory, at most until `deadline`) until there are `count` of them.
+/// The records allreduce.py workers wrote for a world of `world` (`common::launch::records`),
+/// each of which must also say it ran in that world.
 fn records(results: &Path, world: u32, count: usize, deadline: Instant) -> Vec<serde_json::Value> {
-    loop {
-        let found: Vec<serde_json::Value> = std::fs::read_dir(results)
-            .unwrap()
-            .filter_map(|e| {
-                let name = e.ok()?.file_name().into_string().ok()?;
-                name.starts_with(&format!("{world}-")).then_some(name)
-            })
-            .map(|name| {
-                let text = std::fs::read_to_string(results.join(name)).unwrap();
-                serde_json::from_str(&text).unwrap()
-            })
-            .collect();
-        if found.len() >= count {
-            for r in &found {
-                assert_eq!(r["ok"], true, "{r}");
-                assert_eq!(r["world"], world, "{r}");
-            }
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {} workers of a world of {world} reported",
-            found.len()
-        );
-        std::thread::sleep(Duration::from_millis(50)); // polling files the workers write
+    let found = common::launch::records(results, world, count, deadline);
+    for r in &found {
+        assert_eq!(r["world"], world, "{r}");
     }
-}
-
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("rdzv-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    found
 }
 
 /// Elastic grow with real DDP workers: a job of one node runs; a second launcher arrives; the
