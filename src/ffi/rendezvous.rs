@@ -176,9 +176,12 @@ pub extern "C" fn rdzv_num_waiting(
 }
 
 /// Sets `*count` to the number of members of this node's last round whose lease expired
-/// (killed, hung or cut off for longer than `lease_ttl`), including this node if its own lease
-/// is gone. Non-zero means the round is broken: survivors should call `rdzv_next`. A death is
-/// visible here within about one `lease_ttl`.
+/// (killed, hung or cut off for longer than `lease_ttl`) or that are leaving (drained by
+/// `rdzv_admin_drain` or `rdzv_drain`), including this node if its own lease is gone or it is
+/// drained. Non-zero means the round is broken: survivors should call `rdzv_next` (a drained
+/// node's own `rdzv_next` then ends with `RDZV_ERR_GRACEFUL_EXIT`). A death is visible here
+/// within about one `lease_ttl`, a drain at once. Answered from memory while a watch is in sync
+/// (polling is free); one count-only etcd read otherwise, whatever the round's size.
 #[no_mangle]
 pub extern "C" fn rdzv_num_lost(
     rdzv: *const rdzv_t,
