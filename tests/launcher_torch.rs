@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::launch::fresh_dir;
+use common::launch::{fresh_dir, wait_with_deadline};
 use common::{Etcd, SpawnTied};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -71,7 +71,7 @@ fn ddp_all_reduce_across_two_launchers() {
     let deadline = Instant::now() + Duration::from_secs(300);
     let statuses: Vec<_> = launchers
         .iter_mut()
-        .map(|l| wait_with_deadline(l, deadline.saturating_duration_since(Instant::now())))
+        .map(|l| wait_with_deadline(l, deadline))
         .collect();
     for (status, out) in statuses.into_iter().zip(outputs) {
         let out = out.join().unwrap();
@@ -157,8 +157,7 @@ fn ddp_grows_from_one_node_to_two() {
     // The node that ran alone keeps rank 0 (stable ranks across rounds).
     assert_eq!(both[0]["agent"], first.id());
     for (launcher, out) in [(&mut first, first_out), (&mut second, second_out)] {
-        let status =
-            wait_with_deadline(launcher, deadline.saturating_duration_since(Instant::now()));
+        let status = wait_with_deadline(launcher, deadline);
         let out = out.join().unwrap();
         assert_eq!(status, Some(0), "launcher failed:\n{out}");
     }
@@ -195,7 +194,7 @@ fn ddp_survives_the_loss_of_a_node() {
         "survivor's DDP worker all_reduced alone {:.1} s after the SIGKILL",
         killed.elapsed().as_secs_f64()
     );
-    let status = wait_with_deadline(&mut a, deadline.saturating_duration_since(Instant::now()));
+    let status = wait_with_deadline(&mut a, deadline);
     let out = a_out.join().unwrap();
     assert_eq!(status, Some(0), "survivor failed:\n{out}");
     let _ = std::fs::remove_dir_all(&results);
@@ -255,7 +254,7 @@ fn worker_envs(launch: &mut Command, dir: &Path) -> Vec<BTreeMap<String, String>
         .spawn_tied()
         .unwrap();
     let out = drain(&mut child);
-    let status = wait_with_deadline(&mut child, Duration::from_secs(180));
+    let status = wait_with_deadline(&mut child, Instant::now() + Duration::from_secs(180));
     let out = out.join().unwrap();
     assert_eq!(status, Some(0), "launcher failed:\n{out}");
     let parent: BTreeMap<String, String> = std::env::vars().collect();
@@ -316,28 +315,6 @@ fn workers_get_the_environment_torchrun_gives() {
         assert!(r["MASTER_PORT"].parse::<u16>().is_ok(), "{r:?}");
     }
     assert_eq!(rdzv[1]["RANK"], "1");
-}
-
-/// Waits for `child` by pidfd until `left` passes; kills it then. Its exit code, if it exited.
-fn wait_with_deadline(child: &mut std::process::Child, left: Duration) -> Option<i32> {
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as i32, 0) } as i32;
-    if fd >= 0 {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        unsafe { libc::close(fd) };
-    }
-    match child.try_wait().unwrap() {
-        Some(status) => status.code(),
-        None => {
-            let _ = child.kill();
-            let _ = child.wait();
-            None
-        }
-    }
 }
 
 /// Reads a child's stdout and stderr to the end on threads of their own, so a chatty child
