@@ -419,3 +419,54 @@ fn a_live_node_that_has_not_joined_keeps_the_last_call() {
         "sealed before the last call with a live node yet to join"
     );
 }
+
+/// A round of one rank chunk (at most 64 members) carries its member list in `final`, so its
+/// members read nothing after the seal; a larger round carries none and each member reads its
+/// chunk. Either way the list in etcd is the chunks' list, every member's rank is its place in
+/// it, and `members()` returns it.
+#[test]
+fn final_carries_the_member_list_only_in_a_round_of_one_chunk() {
+    let etcd = Etcd::start();
+    for n in [64usize, 65] {
+        let url = etcd.url(
+            &format!("inline{n}"),
+            &format!("min_nodes={n}&max_nodes={n}&last_call_timeout=60"),
+        );
+        let run = common::node::run_of(&url);
+        let formed = on_threads(n, {
+            let url = url.clone();
+            move |_| {
+                let node = node(&url);
+                let info = node.next().unwrap().0;
+                let id = node.node_id().to_string();
+                // The node stays: the last one out deletes the run's keys.
+                (id, info, node.members().unwrap(), node)
+            }
+        });
+        assert_one_world(&formed.iter().map(|f| f.1.clone()).collect::<Vec<_>>());
+
+        let (rt, mut client) = etcd_client(&etcd);
+        let round = format!("/rdzv/{run}/r/{:020}/", formed[0].1.round);
+        let mut get = |key: String, options| rt.block_on(client.get(key, options)).unwrap();
+        let final_ = get(format!("{round}final"), None);
+        let kv = final_.kvs().first().expect("final is written");
+        let sealed = rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
+        let chunks = get(
+            format!("{round}ranks/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        );
+        let chunks = chunks.kvs().iter().map(|kv| (kv.key(), kv.value()));
+        let list = rdzv::rendezvous::members_from_chunks(&sealed, chunks).unwrap();
+        match n {
+            64 => assert_eq!(sealed.members.as_deref(), Some(&list[..])),
+            _ => assert_eq!(
+                sealed.members, None,
+                "a round of {n} has more than one chunk"
+            ),
+        }
+        for (id, info, members, _) in &formed {
+            assert_eq!(&list[info.rank as usize], id);
+            assert_eq!(&members[..], &list[..]);
+        }
+    }
+}

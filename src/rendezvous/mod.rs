@@ -15,7 +15,8 @@ mod records;
 mod round;
 
 pub use records::{
-    chunk_count, members_from_chunks, parse_rank_chunk, rank_chunks, FinalRecord, JoinRecord,
+    chunk_count, inline_members, members_from_chunks, parse_rank_chunk, rank_chunks, FinalRecord,
+    JoinRecord,
 };
 
 use crate::backend::keys::Keys;
@@ -216,6 +217,9 @@ impl Rendezvous {
         let mut round_guess = self.state().last.as_ref().map_or(0, |(f, _)| f.round + 1);
         loop {
             let lease = self.ensure_lease(deadline).await?;
+            // Watched before joining, so the join's own reads are the read after the watch: a
+            // follower waits for the seal without another round trip.
+            let early_watch = round::follower_watch(self, round_guess, deadline).await?;
             let joined = match self.join(round_guess, lease, deadline).await {
                 // Cut off longer than lease_ttl: etcd dropped our lease (and our keys with it).
                 // Take a new lease and join again, as a new arrival.
@@ -256,6 +260,7 @@ impl Rendezvous {
                 deadline,
                 left_out: outside,
                 first_join,
+                early_watch: Some(early_watch),
             };
             let outcome = match round::wait_for_seal(self, waiting, snapshot).await {
                 Err(e) if e.kind() == ErrorKind::LeaseLost => {
@@ -282,10 +287,14 @@ impl Rendezvous {
         }
     }
 
-    /// This node's rank in a sealed round, or None if the round left it out: one read of the
-    /// rank chunk its id hashes to (a member never reads the whole list). A chunk that is gone
-    /// (the round rotated out while this node was away) also means "not in it".
+    /// This node's rank in a sealed round, or None if the round left it out: from the list
+    /// `final` carries in a round of one chunk, else one read of the rank chunk its id hashes
+    /// to (a member never reads the whole list). A chunk that is gone (the round rotated out
+    /// while this node was away) also means "not in it".
     async fn rank_in(&self, sealed: &FinalRecord) -> Result<Option<u32>> {
+        if let Some(rank) = sealed.inline_rank(&self.node) {
+            return Ok(rank);
+        }
         let key = self.keys.ranks(sealed.round, sealed.chunk_of(&self.node));
         let resp = self
             .etcd
@@ -316,6 +325,9 @@ impl Rendezvous {
                 state.members.as_ref().filter(|(r, _)| *r == sealed.round)
             {
                 debug_assert_eq!(*round, sealed.round);
+                return Ok(members.clone());
+            }
+            if let Some(members) = &sealed.members {
                 return Ok(members.clone());
             }
             sealed.clone()

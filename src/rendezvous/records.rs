@@ -20,6 +20,8 @@ pub struct JoinRecord {
 /// the round, because every member receives it by watch: the member list itself is in
 /// `r/{round}/ranks/{chunk}` keys written by the same transaction, and a member reads only the
 /// chunk that holds its own id (`chunk_of`), so a round of N moves O(N) bytes, not O(N²).
+/// A round of one chunk (at most 64 members) also carries that chunk here, as its member list:
+/// the same bytes each member would read, without the read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinalRecord {
     pub round: u64,
@@ -28,6 +30,8 @@ pub struct FinalRecord {
     pub master_port: u16,
     /// How many `ranks/` chunks the member list is spread over.
     pub chunks: u32,
+    /// The member list in rank order, when the round has one chunk (`inline_members`).
+    pub members: Option<std::sync::Arc<[String]>>,
 }
 
 /// Members per rank chunk the seal aims at.
@@ -36,6 +40,11 @@ const CHUNK_TARGET: usize = 64;
 /// than 128 operations by default (`--max-txn-ops`); the seal's other writes fit in the rest.
 /// Beyond 6400 members the chunks grow instead (N/100 ids each).
 pub(crate) const MAX_CHUNKS: usize = 100;
+
+/// The member list `final` carries itself: a round's whole list when it fits one chunk.
+pub fn inline_members(members: &[String]) -> Option<std::sync::Arc<[String]>> {
+    (chunk_count(members.len()) == 1).then(|| members.into())
+}
 
 /// How many chunks a round of `n` members is spread over.
 pub fn chunk_count(n: usize) -> u32 {
@@ -135,14 +144,17 @@ impl JoinRecord {
 
 impl FinalRecord {
     pub fn to_json(&self) -> String {
-        json!({
+        let mut v = json!({
             "round": self.round,
             "world_size": self.world_size,
             "master_addr": self.master_addr,
             "master_port": self.master_port,
             "chunks": self.chunks,
-        })
-        .to_string()
+        });
+        if let Some(members) = &self.members {
+            v["members"] = json!(members[..]);
+        }
+        v.to_string()
     }
 
     pub fn parse(key: &[u8], value: &[u8]) -> Result<FinalRecord> {
@@ -159,10 +171,17 @@ impl FinalRecord {
             None => Err(corrupt(key, &format!("{name} is missing"))),
         };
         let port = v.get("master_port").cloned().unwrap_or(Value::Null);
+        let world_size = positive("world_size")?;
+        let chunks = positive("chunks")?;
+        let members = match v.get("members") {
+            None => None,
+            Some(list) => Some(inline_list(key, list, world_size, chunks)?),
+        };
         Ok(FinalRecord {
             round,
-            world_size: positive("world_size")?,
-            chunks: positive("chunks")?,
+            world_size,
+            chunks,
+            members,
             master_addr: str_field(key, &v, "master_addr")?,
             master_port: port
                 .as_u64()
@@ -175,6 +194,43 @@ impl FinalRecord {
     pub fn chunk_of(&self, node: &str) -> u32 {
         chunk_of(node, self.chunks)
     }
+
+    /// `node`'s rank from the list this record carries: `None` if it carries none (read the
+    /// node's chunk), `Some(None)` if the node is not in the round.
+    pub fn inline_rank(&self, node: &str) -> Option<Option<u32>> {
+        let members = self.members.as_ref()?;
+        Some(members.iter().position(|m| m == node).map(|r| r as u32))
+    }
+}
+
+/// A `members` list in `final`: world_size distinct node ids, in a round of one chunk.
+fn inline_list(
+    key: &[u8],
+    list: &Value,
+    world_size: u32,
+    chunks: u32,
+) -> Result<std::sync::Arc<[String]>> {
+    let ids = list
+        .as_array()
+        .ok_or_else(|| corrupt(key, "members is not a list"))?
+        .iter()
+        .map(|id| id.as_str().map(str::to_string))
+        .collect::<Option<Vec<String>>>()
+        .ok_or_else(|| corrupt(key, "members holds something other than node ids"))?;
+    if chunks != 1 || ids.len() != world_size as usize {
+        return Err(corrupt(
+            key,
+            &format!(
+                "members lists {} nodes in a round of {world_size} in {chunks} chunks",
+                ids.len()
+            ),
+        ));
+    }
+    let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+    if distinct.len() != ids.len() {
+        return Err(corrupt(key, "members lists a node twice"));
+    }
+    Ok(ids.into())
 }
 
 fn corrupt(key: &[u8], what: &str) -> Error {
@@ -239,8 +295,37 @@ mod tests {
             master_addr: "h".into(),
             master_port: 1,
             chunks: 2,
+            members: None,
         };
         assert_eq!(FinalRecord::parse(b"k", f.to_json().as_bytes()).unwrap(), f);
+        let small = FinalRecord {
+            chunks: 1,
+            members: inline_members(&["b".into(), "a".into(), "c".into()]),
+            ..f
+        };
+        let parsed = FinalRecord::parse(b"k", small.to_json().as_bytes()).unwrap();
+        assert_eq!(parsed, small);
+        assert_eq!(parsed.inline_rank("a"), Some(Some(1)));
+        assert_eq!(parsed.inline_rank("z"), Some(None));
+    }
+
+    #[test]
+    fn only_a_round_of_one_chunk_carries_its_members_in_final() {
+        let ids = |n: usize| (0..n).map(|i| format!("{i:016x}")).collect::<Vec<_>>();
+        assert_eq!(inline_members(&ids(64)).unwrap().len(), 64);
+        assert!(inline_members(&ids(65)).is_none());
+        let base = r#""round":1,"master_addr":"h","master_port":1"#;
+        for bad in [
+            r#""world_size":2,"chunks":1,"members":["a"]"#,
+            r#""world_size":2,"chunks":1,"members":["a","a"]"#,
+            r#""world_size":2,"chunks":2,"members":["a","b"]"#,
+            r#""world_size":2,"chunks":1,"members":["a",2]"#,
+            r#""world_size":2,"chunks":1,"members":{"a":0}"#,
+        ] {
+            let value = format!("{{{base},{bad}}}");
+            let err = FinalRecord::parse(b"r/1/final", value.as_bytes()).unwrap_err();
+            assert_eq!(err.kind(), crate::error::ErrorKind::State, "{bad}");
+        }
     }
 
     #[test]
@@ -255,6 +340,7 @@ mod tests {
                 master_addr: "h".into(),
                 master_port: 1,
                 chunks,
+                members: None,
             };
             let values = rank_chunks(&members, chunks);
             let kvs = values.iter().map(|v| (&b"ranks"[..], v.as_bytes()));
@@ -284,6 +370,7 @@ mod tests {
             master_addr: "h".into(),
             master_port: 1,
             chunks: 1,
+            members: None,
         };
         for bad in [r#"{"a":0}"#, r#"{"a":0,"b":2}"#, r#"{"a":"x","b":1}"#, "[]"] {
             let chunk = [(&b"r/1/ranks/0000"[..], bad.as_bytes())];

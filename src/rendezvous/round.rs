@@ -1,16 +1,17 @@
 //! Waiting for a round to be sealed, and sealing it when this node leads.
 //!
-//! Followers watch four single keys (the round's leader, final, closed and their own join key),
-//! so an arrival wakes only the leader. The leader (the node holding the round's `leader` key)
+//! Followers watch five single keys (the round's leader and final, closed, and their own join and
+//! drain keys), so an arrival wakes only the leader. The first watch is made before the join, so
+//! the join's own reads are the read after the watch. The leader (the node holding the round's `leader` key)
 //! keeps the round's joiners and the run's live nodes in memory, fed by one watch, and seals
 //! when the round is activated and full, or its last call is over. Any doubt about a watch
 //! (etcd restarted, history compacted) sends the node back to watch-then-read, which is always
 //! safe because every decision is re-read from etcd and every write is guarded by compares.
 
-use super::records::{chunk_count, members_from_chunks, rank_chunks};
+use super::records::{chunk_count, inline_members, members_from_chunks, rank_chunks};
 use super::{FinalRecord, JoinRecord, Outcome, Rendezvous};
 use crate::backend::keys::Keys;
-use crate::backend::{ranges, Target};
+use crate::backend::{ranges, Target, Watch};
 use crate::error::{Error, Result};
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -40,6 +41,9 @@ pub(crate) struct Waiting {
     pub left_out: bool,
     /// When the node joined, if it was the round's first joiner (for the seal's log record).
     pub first_join: Option<Instant>,
+    /// The follower watch on this round, made before the join: every snapshot of the wait is
+    /// read after it existed, so the first follower wait needs no read of its own.
+    pub early_watch: Option<Watch>,
 }
 
 /// How long a leader waits between two log records saying why its round is still open.
@@ -57,6 +61,7 @@ pub(crate) async fn wait_for_seal(
         deadline,
         left_out,
         first_join,
+        mut early_watch,
     } = waiting;
     // When this node started leading: its join if it was the first joiner, else its takeover.
     let mut leading_since = first_join;
@@ -87,6 +92,8 @@ pub(crate) async fn wait_for_seal(
                 continue;
             }
             Some(leader) if leader == rdzv.node() => {
+                // The leader watches the whole round instead.
+                early_watch = None;
                 let since = Since {
                     at: *leading_since.get_or_insert_with(Instant::now),
                     first_join: first_join.is_some(),
@@ -105,31 +112,29 @@ pub(crate) async fn wait_for_seal(
                     "waiting for the leader to seal the round");
             }
         }
-        // A follower watches five single keys: the leader (to take over if it dies), final,
-        // closed, its own join key and its own drain key. Arrivals of other nodes wake nobody
-        // but the leader.
         let my_drain = keys.drain(rdzv.node());
-        let targets = [
-            Target::Key(leader_key.clone()),
-            Target::Key(keys.final_(round)),
-            Target::Key(keys.closed()),
-            Target::Key(me.clone()),
-            Target::Key(my_drain.clone()),
-        ];
-        let mut watch = rdzv.etcd().watch(&targets, deadline).await?;
-        // Read after the watch exists, so nothing between the two is missed.
-        let fresh = read_snapshot(rdzv, round, deadline).await?;
-        let other_leader = fresh.leader.is_some() && fresh.leader != Some(rdzv.node().to_string());
-        if fresh.closed
-            || fresh.sealed.is_some()
-            || fresh.drained.is_some()
-            || !fresh.joined
-            || !other_leader
-        {
-            snap = fresh;
-            continue;
-        }
-        let seen = fresh.revision;
+        let (mut watch, seen) = match early_watch.take() {
+            // Made before the join: the snapshot in hand was read after it existed, and it was
+            // checked above (sealed, closed, drained, joined, another node leads).
+            Some(watch) => (watch, snap.revision),
+            None => {
+                let watch = follower_watch(rdzv, round, deadline).await?;
+                // Read after the watch exists, so nothing between the two is missed.
+                let fresh = read_snapshot(rdzv, round, deadline).await?;
+                let other_leader =
+                    fresh.leader.is_some() && fresh.leader != Some(rdzv.node().to_string());
+                if fresh.closed
+                    || fresh.sealed.is_some()
+                    || fresh.drained.is_some()
+                    || !fresh.joined
+                    || !other_leader
+                {
+                    snap = fresh;
+                    continue;
+                }
+                (watch, fresh.revision)
+            }
+        };
         snap = 'watching: loop {
             let events = tokio::select! {
                 e = watch.events() => e,
@@ -165,6 +170,25 @@ pub(crate) async fn wait_for_seal(
             }
         };
     }
+}
+
+/// A follower's watch on round `round`: five single keys, the leader (to take over if it dies),
+/// final, closed, its own join key and its own drain key. Arrivals of other nodes wake nobody
+/// but the leader.
+pub(crate) async fn follower_watch(
+    rdzv: &Rendezvous,
+    round: u64,
+    deadline: Instant,
+) -> Result<Watch> {
+    let keys = rdzv.keys();
+    let targets = [
+        Target::Key(keys.leader(round)),
+        Target::Key(keys.final_(round)),
+        Target::Key(keys.closed()),
+        Target::Key(keys.join(round, rdzv.node())),
+        Target::Key(keys.drain(rdzv.node())),
+    ];
+    rdzv.etcd().watch(&targets, deadline).await
 }
 
 /// How many reads a snapshot takes (`snapshot_reads`).
@@ -424,6 +448,7 @@ impl RoundView {
             master_addr: rank0.addr.clone(),
             master_port: rank0.port,
             chunks: chunk_count(members.len()),
+            members: inline_members(&members),
         };
         (sealed, members)
     }
