@@ -4,7 +4,9 @@
 //! releases them at once and prints the median time from the last call of `next` to the last
 //! return, read from the processes' own CLOCK_MONOTONIC stamps. Run with
 //! `scripts/bench.sh --processes` or `cargo run --release --example bench_processes --
-//! HOST:PORT [--python] [N ...]`.
+//! HOST:PORT [--python] [--per-process K] [N ...]`. With `--per-process K`, N/K processes host
+//! K nodes each (each process one connection): how a round larger than one process's HTTP/2
+//! connection or the machine's process budget is measured.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -15,10 +17,11 @@ struct Proc {
     lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
 }
 
-fn spawn(command: &[String], url: &str) -> Proc {
+fn spawn(command: &[String], url: &str, per_process: usize) -> Proc {
     let mut child = Command::new(&command[0])
         .args(&command[1..])
         .arg(url)
+        .args((per_process > 1).then(|| per_process.to_string()))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -59,17 +62,20 @@ fn cost_of(pid: u32) -> Cost {
     }
 }
 
-/// One round of `n` processes: the time from the last call to the last return, the time from
-/// the first spawn to every node connected, and the median node's cost.
+/// One round of `n` nodes in processes of `per_process` nodes: the time from the last call to
+/// the last return, the time from the first spawn to every node connected, and the median
+/// process's cost.
 fn one_round(
     command: &[String],
     endpoint: &str,
-    n: usize,
+    (n, per_process): (usize, usize),
     run: &str,
 ) -> (Duration, Duration, Cost) {
     let url = format!("etcd://{endpoint}/{run}?min_nodes={n}&max_nodes={n}&join_timeout=300");
     let spawned = std::time::Instant::now();
-    let mut procs: Vec<Proc> = (0..n).map(|_| spawn(command, &url)).collect();
+    let mut procs: Vec<Proc> = (0..n / per_process)
+        .map(|_| spawn(command, &url, per_process))
+        .collect();
     for p in &mut procs {
         let line = p.lines.next().expect("node exited before ready").unwrap();
         assert_eq!(line, "ready", "unexpected line from a node: {line}");
@@ -77,7 +83,7 @@ fn one_round(
     let startup = spawned.elapsed();
     let mut costs: Vec<Cost> = procs.iter().map(|p| cost_of(p.child.id())).collect();
     costs.sort_by_key(|c| c.rss_kib);
-    let cost = costs[n / 2];
+    let cost = costs[costs.len() / 2];
     for p in &mut procs {
         let stdin = p.child.stdin.as_mut().unwrap();
         stdin.write_all(b"go\n").unwrap();
@@ -120,14 +126,26 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let endpoint = args
         .next()
-        .expect("usage: bench_processes HOST:PORT [--python] [N ...]");
-    let rest: Vec<String> = args.collect();
-    let python = rest.iter().any(|a| a == "--python");
-    let mut sizes: Vec<usize> = rest
-        .iter()
-        .filter(|a| *a != "--python")
-        .map(|a| a.parse().expect("N must be a number"))
-        .collect();
+        .expect("usage: bench_processes HOST:PORT [--python] [--per-process K] [N ...]");
+    let (mut python, mut per_process, mut sizes) = (false, 1usize, Vec::new());
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--python" => python = true,
+            "--per-process" => {
+                let k = args.next().and_then(|k| k.parse().ok());
+                per_process = k.filter(|&k| k > 0).expect("--per-process needs a count");
+            }
+            n => sizes.push(n.parse::<usize>().expect("N must be a number")),
+        }
+    }
+    assert!(
+        sizes.iter().all(|n| n % per_process == 0),
+        "every N must be a multiple of --per-process"
+    );
+    assert!(
+        !python || per_process == 1,
+        "--python runs one node per process"
+    );
     if sizes.is_empty() {
         sizes = if python {
             vec![2, 8, 32]
@@ -147,17 +165,21 @@ fn main() {
     let kind = if python { "python" } else { "rust" };
     raise_file_limit();
     let tag = std::process::id();
-    println!("processes ({kind}): time from the last node's call of next to the last return");
-    println!("  and per node process once connected: start-up (first spawn to all connected),");
-    println!("  resident memory, threads and sockets of the median node");
+    println!("processes ({kind}, {per_process} node(s) each): time from the last node's call of next to the last return");
+    println!("  and per process once connected: start-up (first spawn to all connected),");
+    println!("  resident memory, threads and sockets of the median process");
     for &n in &sizes {
-        let repeats = if n <= 64 { 5 } else { 3 };
+        let repeats = match n {
+            0..=64 => 5,
+            65..=4096 => 3,
+            _ => 1,
+        };
         let mut rounds: Vec<(Duration, Duration, Cost)> = (0..repeats)
             .map(|r| {
                 one_round(
                     &command,
                     &endpoint,
-                    n,
+                    (n, per_process),
                     &format!("procs-{kind}-{n}-{r}-{tag}"),
                 )
             })

@@ -2,8 +2,9 @@
 # Builds in release mode, starts a throwaway local etcd and runs a benchmark against it.
 # Usage: scripts/bench.sh [N ...]        in-process nodes (default N = 2 8 64 256 1024), the
 #                                        floor in the same run, and the store
-#        scripts/bench.sh --processes    every node its own process: Rust (N = 8 64 256) and
-#                                        the Python binding (N = 2 8 32)
+#        scripts/bench.sh --processes [--per-process K] [N ...]  every node its own process:
+#                                        Rust (N = 8 64 256) and the Python binding (N = 2 8
+#                                        32); with --per-process, N/K processes of K nodes
 #        scripts/bench.sh --phases [N]   where a round of N (default 1024) spends its time,
 #                                        next to the floor's: joins, seal, fan-out
 #        scripts/bench.sh --launcher [N ...]  rdzv run: launch to all workers started, and
