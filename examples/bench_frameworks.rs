@@ -193,6 +193,10 @@ fn node_command(
         }
     };
     c.env("BENCH", "1").env("RESULT_DIR", std::env::temp_dir());
+    // DeepSpeed's C++ op, built once into its environment (scripts/torch-frameworks-env.sh).
+    if let Some(env) = python.parent().and_then(|bin| bin.parent()) {
+        c.env("TORCH_EXTENSIONS_DIR", env.join("torch_extensions"));
+    }
     c
 }
 

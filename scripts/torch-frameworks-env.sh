@@ -5,7 +5,8 @@
 # (scripts/torch-env.sh) and layered on it as scripts/quorum-env.sh does: it sees that
 # environment's torch through a .pth file, so torch is not installed twice and the PyTorch
 # environment the tests use is left as it is. About 100 MB and 45 s the first time (DeepSpeed
-# comes as source and is built into a wheel, Python only: its C++ ops are built when used).
+# comes as source and is built into a wheel, Python only; the one C++ op its CPU jobs load is
+# built once, into the environment's torch_extensions/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The one place the Lightning and DeepSpeed versions are pinned.
@@ -31,6 +32,18 @@ if [ "$(cat "$venv/.complete" 2>/dev/null)" != "$marker" ]; then
   "$venv/bin/python" -m pip install -q --no-cache-dir "${PACKAGES[@]}" >&2
   "$venv/bin/python" -c 'import lightning, deepspeed, torch' >&2
   echo "$marker" >"$venv/.complete"
+fi
+# DeepSpeed builds its C++ shared-memory op in every process that starts it, into
+# TORCH_EXTENSIONS_DIR, by default one directory for the whole user: two test runs with
+# environments in different places rebuilt it under each other, once per process (20 to 70 s
+# each on a busy machine), until a job ran out of time. It is built here once, into the
+# environment's own directory, which the tests and the benchmark point TORCH_EXTENSIONS_DIR at.
+extensions="$venv/torch_extensions"
+if [ ! -f "$extensions/.complete" ]; then
+  echo "building DeepSpeed's shared-memory op into $extensions (once)" >&2
+  TORCH_EXTENSIONS_DIR="$extensions" "$venv/bin/python" -c \
+    'from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder("ShareMemCommBuilder").load()' >&2
+  touch "$extensions/.complete"
 fi
 flock -u 9
 echo "$venv/bin/python"

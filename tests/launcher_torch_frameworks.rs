@@ -25,6 +25,23 @@ fn python() -> Option<PathBuf> {
     cached_python("RDZV_TORCH_FRAMEWORKS_PYTHON", "torch-frameworks")
 }
 
+/// Where DeepSpeed finds its C++ op, built once by `scripts/torch-frameworks-env.sh`: the
+/// environment's own directory, never the user-wide default that another run with another
+/// environment rebuilds under this one.
+fn torch_extensions(python: &Path) -> String {
+    let env = python
+        .parent()
+        .and_then(Path::parent)
+        .expect("ENV/bin/python");
+    env.join("torch_extensions").display().to_string()
+}
+
+/// The build steps ninja has recorded for DeepSpeed's op in `extensions`, one line each.
+fn op_builds(extensions: &str) -> usize {
+    let log = Path::new(extensions).join("deepspeed_shm_comm/.ninja_log");
+    std::fs::read_to_string(log).map_or(0, |l| l.lines().count())
+}
+
 const LAYOUT: [&str; 4] = ["--devices", "2", "--num-nodes", "2"];
 
 /// Runs both nodes' launchers to their end and returns the four ranks' records, by rank,
@@ -130,13 +147,18 @@ fn deepspeed_zero1_trains_under_rdzv_run() {
         "--local-addr=127.0.0.1",
     ];
     let dir = results.to_str().unwrap();
+    let extensions = torch_extensions(&python);
+    let builds = op_builds(&extensions);
     let launchers = (0..2)
         .map(|_| {
             Launcher::start(
                 &python,
                 &args,
                 &program("deepspeed_zero1.py"),
-                &[("RESULT_DIR", dir)],
+                &[
+                    ("RESULT_DIR", dir),
+                    ("TORCH_EXTENSIONS_DIR", extensions.as_str()),
+                ],
             )
         })
         .collect();
@@ -148,5 +170,12 @@ fn deepspeed_zero1_trains_under_rdzv_run() {
         assert_eq!(r["steps"], 5, "{r}");
         assert_eq!(r["same_weights"], true, "{r}");
     }
+    // Built once with the environment, never by a job: a build per process took minutes on a
+    // busy machine.
+    assert_eq!(
+        op_builds(&extensions),
+        builds,
+        "DeepSpeed built its op during the job (in {extensions}); scripts/torch-frameworks-env.sh builds it once"
+    );
     let _ = std::fs::remove_dir_all(&results);
 }
