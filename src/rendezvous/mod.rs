@@ -311,7 +311,8 @@ impl Rendezvous {
 
     /// The members of this node's last round in rank order (the same list for every member).
     /// Read once, on first use, from the round's rank chunks: O(round size), which `next` never
-    /// pays, since a member reads only its own chunk.
+    /// pays, since a member reads only its own chunk. A round of at most 64 members has its
+    /// list in `final` already, so this reads nothing.
     pub async fn members(&self) -> Result<Arc<[String]>> {
         self.check_not_shut_down()?;
         let sealed = {
