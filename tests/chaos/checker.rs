@@ -8,8 +8,10 @@
 //! - **ranks**: each member's rank is its place in the member list, the list has no
 //!   duplicates and its length is the world size, so ranks are exactly 0..world-1.
 //! - **membership**: a node in round r's member list had called `next` before r was sealed,
-//!   and that call returned r (or the node died before it returned): no node is counted in a
-//!   round it did not join, and no member's `next` returned something else.
+//!   and that call returned r (or the node died before it returned, or it was paused or cut
+//!   off from before the seal until past its lease, which ends its membership: then it may
+//!   return a later round, joined again as a new arrival): no node is counted in a round it
+//!   did not join, and no member's `next` returned something else.
 //! - **store scope**: a node reads and writes only the store of a round it returned from
 //!   `next` for (a node woken from a pause never acts in a later round without joining it).
 //! - **store values**: every value read in round r was written in round r by the member that
@@ -28,6 +30,10 @@ use super::history::{Event, FaultKind, Run, StoreOp, Time, What};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
+
+/// How long after `lease_ttl` a lease is surely gone: etcd checks expiry in passes, and a
+/// node's last refresh may have come just before its fault.
+const LEASE_MARGIN: Duration = Duration::from_secs(2);
 
 /// The first broken guarantee found, with when it was observed.
 #[derive(Debug, Clone, PartialEq)]
@@ -338,6 +344,10 @@ impl<'a> Checker<'a> {
                 match outcome.map(|e| (e.t, &e.what)) {
                     None => {} // it died (or the run ended) before next returned
                     Some((_, What::Sealed { round: r, .. })) if r == round => {}
+                    // Cut off or paused past its lease around the seal: its membership lapsed
+                    // with the lease, and it joined again as a new arrival.
+                    Some((_, What::Sealed { round: r, .. }))
+                        if r > round && self.lapsed_at(m, sealed_by) => {}
                     Some((t, What::Sealed { round: r, .. })) => found.push((
                         t,
                         format!(
@@ -536,10 +546,34 @@ impl<'a> Checker<'a> {
             .max()
     }
 
+    /// Whether fault `f` overlaps an etcd failure: etcd renews every lease when its raft
+    /// leader changes, so such a fault proves nothing about expiry.
+    fn overlaps_etcd_failure(&self, f: &super::history::Fault) -> bool {
+        let ttl = super::history::nanos(self.run.lease_ttl);
+        self.run.faults.iter().any(|g| {
+            g.kind == FaultKind::EtcdKill && g.injected < f.healed && g.healed + ttl > f.injected
+        })
+    }
+
+    /// Whether `node` was paused or cut off from before `sealed` until after its lease must
+    /// have expired (`LEASE_MARGIN` past `lease_ttl`). Its membership of a round sealed then
+    /// lapsed with its lease: the other members count it lost and form again, its keys are
+    /// gone, and once two later rounds have rotated the round's keys away it cannot learn it
+    /// was sealed in, so it joins again as a new arrival.
+    fn lapsed_at(&self, node: &str, sealed: Time) -> bool {
+        let expires = super::history::nanos(self.run.lease_ttl + LEASE_MARGIN);
+        self.run.faults.iter().any(|f| {
+            f.node.as_deref() == Some(node)
+                && matches!(f.kind, FaultKind::Pause | FaultKind::Partition)
+                && f.injected <= sealed
+                && sealed < f.healed
+                && f.injected + expires < f.healed
+                && !self.overlaps_etcd_failure(f)
+        })
+    }
+
     fn check_leases(&mut self) {
-        // etcd renews every lease when its raft leader changes: a node fault that overlaps an
-        // etcd failure proves nothing about expiry.
-        let margin = Duration::from_secs(2);
+        let margin = LEASE_MARGIN;
         let mut found = Vec::new();
         for f in &self.run.faults {
             let Some(node) = f.node.as_deref() else {
@@ -548,13 +582,7 @@ impl<'a> Checker<'a> {
             if !f.kind.breaks_the_round() {
                 continue;
             }
-            let ttl = super::history::nanos(self.run.lease_ttl);
-            let overlaps_etcd = self.run.faults.iter().any(|g| {
-                g.kind == FaultKind::EtcdKill
-                    && g.injected < f.healed
-                    && g.healed + ttl > f.injected
-            });
-            if overlaps_etcd {
+            if self.overlaps_etcd_failure(f) {
                 continue;
             }
             let expired = f.injected + super::history::nanos(self.run.lease_ttl + margin);

@@ -421,3 +421,41 @@ fn a_round_formed_too_late_is_caught() {
     }
     expect(&run, "progress", &["no round with every live node"]);
 }
+
+/// The clean run, but D is cut off from 13.5 s to `healed`, just before round 1 (which counts
+/// it) is sealed at 14 s; its next returns round 2, formed by all three at 21 s after A and B
+/// saw it lost.
+fn cut_off_around_the_seal(healed: u64) -> Run {
+    let mut run = clean();
+    run.faults.push(Fault {
+        episode: 1,
+        kind: FaultKind::Partition,
+        target: 2,
+        node: Some("D".into()),
+        injected: ms(13500),
+        healed: ms(healed),
+    });
+    run.faults_stopped = ms(healed);
+    let round2 = ["A", "B", "D"];
+    events_of(&mut run, "A").extend([next(19000, "A"), sealed(21000, "A", 2, &round2)]);
+    events_of(&mut run, "B").extend([next(19100, "B"), sealed(21005, "B", 2, &round2)]);
+    events_of(&mut run, "D")[2] = sealed(21010, "D", 2, &round2);
+    run
+}
+
+/// Its membership of round 1 lapsed with its lease (cut off for 6.5 s, lease 3 s): joining
+/// again and returning round 2 is what it must do once round 1's keys are gone.
+#[test]
+fn a_member_cut_off_past_its_lease_may_return_a_later_round() {
+    let (found, _) = violations(&cut_off_around_the_seal(20000));
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+#[test]
+fn a_member_cut_off_within_its_lease_must_return_its_round() {
+    expect(
+        &cut_off_around_the_seal(15500),
+        "membership",
+        &["round 1", "node D", "returned round 2"],
+    );
+}
