@@ -5,8 +5,8 @@
 # (scripts/torch-env.sh) and layered on it as scripts/quorum-env.sh does: it sees that
 # environment's torch through a .pth file, so torch is not installed twice and the PyTorch
 # environment the tests use is left as it is. About 100 MB and 45 s the first time (DeepSpeed
-# comes as source and is built into a wheel, Python only; the one C++ op its CPU jobs load is
-# built once, into the environment's torch_extensions/).
+# comes as source and is built into a wheel, Python only), then about 40 s of compiling for
+# the one C++ op its CPU jobs load, built once into the environment's torch_extensions/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The one place the Lightning and DeepSpeed versions are pinned.

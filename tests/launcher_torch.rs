@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::launch::{fresh_dir, wait_with_deadline};
+use common::launch::{drain, fresh_dir, wait_with_deadline};
 use common::{Etcd, SpawnTied};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -315,22 +315,4 @@ fn workers_get_the_environment_torchrun_gives() {
         assert!(r["MASTER_PORT"].parse::<u16>().is_ok(), "{r:?}");
     }
     assert_eq!(rdzv[1]["RANK"], "1");
-}
-
-/// Reads a child's stdout and stderr to the end on threads of their own, so a chatty child
-/// never blocks on a full pipe.
-fn drain(child: &mut std::process::Child) -> std::thread::JoinHandle<String> {
-    use std::io::Read;
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let err_text = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s + &err_text.join().unwrap_or_default()
-    })
 }

@@ -573,7 +573,6 @@ impl<'a> Checker<'a> {
     }
 
     fn check_leases(&mut self) {
-        let margin = LEASE_MARGIN;
         let mut found = Vec::new();
         for f in &self.run.faults {
             let Some(node) = f.node.as_deref() else {
@@ -585,7 +584,7 @@ impl<'a> Checker<'a> {
             if self.overlaps_etcd_failure(f) {
                 continue;
             }
-            let expired = f.injected + super::history::nanos(self.run.lease_ttl + margin);
+            let expired = f.injected + super::history::nanos(self.run.lease_ttl + LEASE_MARGIN);
             for (round, view) in &self.rounds {
                 if !view.members.iter().any(|m| m == node) {
                     continue;
@@ -613,7 +612,7 @@ impl<'a> Checker<'a> {
                              before the fault, but every other member joined more than {} after \
                              the fault, when its lease of {} had expired",
                                 f.kind.name(),
-                                secs(self.run.lease_ttl + margin),
+                                secs(self.run.lease_ttl + LEASE_MARGIN),
                                 secs(self.run.lease_ttl)
                             ),
                         ));

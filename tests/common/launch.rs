@@ -123,8 +123,9 @@ pub fn wait_with_deadline(child: &mut Child, deadline: Instant) -> Option<i32> {
     }
 }
 
-/// Reads a child's stdout and stderr to the end; the handle gives both, stdout first.
-fn drain(child: &mut Child) -> JoinHandle<String> {
+/// Reads a child's stdout and stderr to the end on threads of their own, so a chatty child
+/// never blocks on a full pipe; the handle gives both, stdout first.
+pub fn drain(child: &mut Child) -> JoinHandle<String> {
     use std::io::Read;
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
