@@ -589,7 +589,6 @@ impl Etcd {
                 }
                 let mut stream = stream.expect("at least one watch target");
                 let (mut created, mut pending) = (0, VecDeque::new());
-                let mut covers_after = 0;
                 while created < targets.len() {
                     let Some(resp) = stream.message().await? else {
                         return Err(etcd_client::Error::WatchError("watch stream closed".into()));
@@ -597,16 +596,12 @@ impl Etcd {
                     if resp.canceled() {
                         return Err(etcd_client::Error::WatchError(resp.cancel_reason().into()));
                     }
-                    if resp.created() {
-                        created += 1;
-                        let revision = resp.header().map_or(i64::MAX, |h| h.revision());
-                        covers_after = covers_after.max(revision);
-                    }
+                    created += usize::from(resp.created());
                     if !resp.events().is_empty() {
                         pending.push_back(resp.events().to_vec());
                     }
                 }
-                Ok(Watch::forward(stream, pending, covers_after))
+                Ok(Watch::forward(stream, pending))
             }
         })
         .await
@@ -638,14 +633,12 @@ impl Target {
 pub struct Watch {
     events: tokio::sync::mpsc::UnboundedReceiver<Option<Vec<etcd_client::Event>>>,
     drain: tokio::task::JoinHandle<()>,
-    covers_after: i64,
 }
 
 impl Watch {
     fn forward(
         mut stream: etcd_client::WatchStream,
         pending: VecDeque<Vec<etcd_client::Event>>,
-        covers_after: i64,
     ) -> Watch {
         let (tx, events) = tokio::sync::mpsc::unbounded_channel();
         for batch in pending {
@@ -665,19 +658,7 @@ impl Watch {
                 }
             }
         });
-        Watch {
-            events,
-            drain,
-            covers_after,
-        }
-    }
-
-    /// Every change after this revision is delivered: the highest revision etcd reported when
-    /// it created the watchers. etcd reads that revision after registering a watcher from "now"
-    /// (3.5 and later), or registers it from just after that revision (3.4), so either way
-    /// nothing after it is missed. A read at this revision or later needs no other read.
-    pub fn covers_after(&self) -> i64 {
-        self.covers_after
+        Watch { events, drain }
     }
 
     /// The next batch of events, or `None` when the watch can no longer be trusted (stream

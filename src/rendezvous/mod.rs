@@ -217,14 +217,10 @@ impl Rendezvous {
         let mut round_guess = self.state().last.as_ref().map_or(0, |(f, _)| f.round + 1);
         loop {
             let lease = self.ensure_lease(deadline).await?;
-            // Watched beside the join, so the join's own reads can be the read after the
-            // watch: a follower waits for the seal without another round trip, and joins do
-            // not queue behind watch creations.
-            let (early_watch, joined) = tokio::join!(
-                round::follower_watch(self, round_guess, deadline),
-                self.join(round_guess, lease, deadline)
-            );
-            let joined = match joined {
+            // Watched before joining, so the join's own reads are the read after the watch: a
+            // follower waits for the seal without another round trip.
+            let early_watch = round::follower_watch(self, round_guess, deadline).await?;
+            let joined = match self.join(round_guess, lease, deadline).await {
                 // Cut off longer than lease_ttl: etcd dropped our lease (and our keys with it).
                 // Take a new lease and join again, as a new arrival.
                 Err(e) if e.kind() == ErrorKind::LeaseLost => {
@@ -264,8 +260,7 @@ impl Rendezvous {
                 deadline,
                 left_out: outside,
                 first_join,
-                // A watch that failed is made again by the wait, which reports what fails.
-                early_watch: early_watch.ok(),
+                early_watch: Some(early_watch),
             };
             let outcome = match round::wait_for_seal(self, waiting, snapshot).await {
                 Err(e) if e.kind() == ErrorKind::LeaseLost => {

@@ -1,9 +1,8 @@
 //! Waiting for a round to be sealed, and sealing it when this node leads.
 //!
 //! Followers watch five single keys (the round's leader and final, closed, and their own join
-//! and drain keys), so an arrival wakes only the leader. The first watch is made beside the
-//! join, and the join's own reads stand for the read after the watch whenever etcd created the
-//! watch at or before the join's revision (almost always: a watch needs no consensus). The leader (the node holding the
+//! and drain keys), so an arrival wakes only the leader. The first watch is made before the
+//! join, so the join's own reads are the read after the watch. The leader (the node holding the
 //! round's `leader` key) keeps the round's joiners and the run's live nodes in memory, fed by
 //! one watch, and seals when the round is activated and full, or its last call is over. Any doubt about a watch
 //! (etcd restarted, history compacted) sends the node back to watch-then-read, which is always
@@ -42,9 +41,8 @@ pub(crate) struct Waiting {
     pub left_out: bool,
     /// When the node joined, if it was the round's first joiner (for the seal's log record).
     pub first_join: Option<Instant>,
-    /// The follower watch on this round, made beside the join: when it covers every change
-    /// after the join's reads (`Watch::covers_after`), the first follower wait needs no read of
-    /// its own.
+    /// The follower watch on this round, made before the join: every snapshot of the wait is
+    /// read after it existed, so the first follower wait needs no read of its own.
     pub early_watch: Option<Watch>,
 }
 
@@ -116,15 +114,11 @@ pub(crate) async fn wait_for_seal(
         }
         let my_drain = keys.drain(rdzv.node());
         let (mut watch, seen) = match early_watch.take() {
-            // Made beside the join and covering every change after the join's reads: the
-            // snapshot in hand was checked above (sealed, closed, drained, joined, another
-            // node leads), and the watch delivers whatever comes after it.
-            Some(watch) if watch.covers_after() <= snap.revision => (watch, snap.revision),
-            early => {
-                let watch = match early {
-                    Some(watch) => watch,
-                    None => follower_watch(rdzv, round, deadline).await?,
-                };
+            // Made before the join: the snapshot in hand was read after it existed, and it was
+            // checked above (sealed, closed, drained, joined, another node leads).
+            Some(watch) => (watch, snap.revision),
+            None => {
+                let watch = follower_watch(rdzv, round, deadline).await?;
                 // Read after the watch exists, so nothing between the two is missed.
                 let fresh = read_snapshot(rdzv, round, deadline).await?;
                 let other_leader =
