@@ -332,7 +332,7 @@ fn workers_get_the_environment_torchrun_gives() {
 /// Checks that `rdzv run`'s workers get what torchrun's workers got (`torch`).
 fn same_environment(
     agent_names: &BTreeSet<String>,
-    torch: Vec<BTreeMap<String, String>>,
+    mut torch: Vec<BTreeMap<String, String>>,
     dir: &Path,
 ) {
     let rdzv = worker_envs(Command::new(RDZV).arg("run"), &dir.join("rdzv"));
@@ -342,7 +342,6 @@ fn same_environment(
     // 45 runs of this test, on a loaded machine; what made the agent ask is torch's, and no
     // line of its agent sets the name). Only that exact value is excused.
     let inductor_default = std::env::temp_dir().join(format!("torchinductor_{}", user_name()));
-    let mut torch = torch;
     for env in &mut torch {
         if env
             .get("TORCHINDUCTOR_CACHE_DIR")

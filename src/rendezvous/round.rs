@@ -4,9 +4,10 @@
 //! and drain keys), so an arrival wakes only the leader. The first watch is made before the
 //! join, so the join's own reads are the read after the watch. The leader (the node holding the
 //! round's `leader` key) keeps the round's joiners and the run's live nodes in memory, fed by
-//! one watch, and seals when the round is activated and full, or its last call is over. Any doubt about a watch
-//! (etcd restarted, history compacted) sends the node back to watch-then-read, which is always
-//! safe because every decision is re-read from etcd and every write is guarded by compares.
+//! one watch, and seals when the round is activated and full, or its last call is over. Any
+//! doubt about a watch (etcd restarted, history compacted) sends the node back to
+//! watch-then-read, which is always safe because every decision is re-read from etcd and every
+//! write is guarded by compares.
 
 use super::records::{chunk_count, inline_members, members_from_chunks, rank_chunks};
 use super::{FinalRecord, JoinRecord, Outcome, Rendezvous};

@@ -555,19 +555,23 @@ impl<'a> Checker<'a> {
         })
     }
 
+    /// When a lease must have expired if its node was cut off at `from`.
+    fn lease_surely_expired(&self, from: Time) -> Time {
+        from + super::history::nanos(self.run.lease_ttl + LEASE_MARGIN)
+    }
+
     /// Whether `node` was paused or cut off from before `sealed` until after its lease must
     /// have expired (`LEASE_MARGIN` past `lease_ttl`). Its membership of a round sealed then
     /// lapsed with its lease: the other members count it lost and form again, its keys are
     /// gone, and once two later rounds have rotated the round's keys away it cannot learn it
     /// was sealed in, so it joins again as a new arrival.
     fn lapsed_at(&self, node: &str, sealed: Time) -> bool {
-        let expires = super::history::nanos(self.run.lease_ttl + LEASE_MARGIN);
         self.run.faults.iter().any(|f| {
             f.node.as_deref() == Some(node)
                 && matches!(f.kind, FaultKind::Pause | FaultKind::Partition)
                 && f.injected <= sealed
                 && sealed < f.healed
-                && f.injected + expires < f.healed
+                && self.lease_surely_expired(f.injected) < f.healed
                 && !self.overlaps_etcd_failure(f)
         })
     }
@@ -584,7 +588,7 @@ impl<'a> Checker<'a> {
             if self.overlaps_etcd_failure(f) {
                 continue;
             }
-            let expired = f.injected + super::history::nanos(self.run.lease_ttl + LEASE_MARGIN);
+            let expired = self.lease_surely_expired(f.injected);
             for (round, view) in &self.rounds {
                 if !view.members.iter().any(|m| m == node) {
                     continue;
