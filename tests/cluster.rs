@@ -91,6 +91,62 @@ fn round_forms_when_the_etcd_leader_dies_with_two_nodes_joined() {
     round_survives_the_death_of_the_etcd_leader(2);
 }
 
+/// Keeps rdzv's records (every level) as text, each field as `name=value`.
+struct KeepMessages(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for KeepMessages {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if !event.metadata().target().starts_with("rdzv") {
+            return;
+        }
+        struct Fields<'a>(&'a mut String);
+        impl tracing::field::Visit for Fields<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!(" {}={v:?}", field.name()));
+            }
+        }
+        let mut record = String::new();
+        event.record(&mut Fields(&mut record));
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(record);
+    }
+}
+
+/// A join sent to a follower just after the raft leader died is forwarded to the dead leader
+/// and lost: etcd answers it only after its own request timeout (7 s with the default
+/// election timeout). The node sees the cluster's new leader (a higher raft term) and sends
+/// the join again; the round forms under the new leader.
+#[test]
+fn a_join_lost_with_the_etcd_leader_is_sent_again_to_the_new_one() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(KeepMessages(kept.clone()));
+    tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+
+    let mut cluster = EtcdCluster::start(3);
+    let victim = cluster.raft_leader();
+    // The node knows only a follower, so its join must go through the leader.
+    let follower = cluster.endpoint((victim + 1) % cluster.member_count());
+    let url = format!("etcd://{follower}/lost-join?min_nodes=1&max_nodes=1&join_timeout=60");
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    // Connected, with its lease: the next request it sends is the join.
+    cluster.kill(victim);
+    let (info, _store) = node
+        .next()
+        .expect("the round forms under the new etcd leader");
+    assert_eq!((info.rank, info.world_size), (0, 1));
+    node.shutdown().unwrap();
+    let messages = kept.lock().unwrap().clone();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("changed leader while join was unanswered")),
+        "the join should have been sent again once etcd had a new leader: {messages:?}"
+    );
+}
+
 #[test]
 fn a_partitioned_node_is_dropped_and_gets_an_error() {
     let ns = match NetNs::create() {

@@ -96,7 +96,12 @@ async fn keep_alive(etcd: Etcd, id: i64, ttl: Duration, lost: Arc<AtomicBool>) {
                     lost.store(true, Ordering::Release);
                     return;
                 }
-                Ok(Ok(Some(_))) => attempt = 0,
+                Ok(Ok(Some(resp))) => {
+                    attempt = 0;
+                    if let Some(header) = resp.header() {
+                        etcd.saw_term(header.raft_term());
+                    }
+                }
                 _ => break,
             }
             tokio::time::sleep(period).await;

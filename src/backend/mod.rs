@@ -24,6 +24,14 @@ pub const RDZV_MAX_VALUE_BYTES: usize = 1024 * 1024 + 512 * 1024 - 4096;
 /// logged as a warning.
 const RETRY_WARNING: Duration = Duration::from_secs(1);
 
+/// A request outstanding this long may have been lost with a dead etcd leader: from then on
+/// its connection asks etcd for its raft term (once per `TERM_PROBE_EVERY`, whoever asks).
+const STUCK_AFTER: Duration = Duration::from_secs(1);
+const TERM_PROBE_EVERY: Duration = Duration::from_millis(500);
+/// After a new term is seen, entries the old leader had replicated are committed by the new
+/// one at once; a request still unanswered this long after is taken as lost.
+const NEW_TERM_GRACE: Duration = Duration::from_millis(300);
+
 /// A connection to one etcd cluster, shared by every handle of this process that names the
 /// same endpoints and credentials (HTTP/2 multiplexes them), so a thousand nodes in one
 /// process do not open a thousand sockets.
@@ -31,6 +39,11 @@ const RETRY_WARNING: Duration = Duration::from_secs(1);
 pub struct Etcd {
     shared: Arc<Connection>,
     attempt_timeout: Duration,
+    /// Whether an attempt outstanding across an etcd leader change is abandoned and sent
+    /// again (see `call_until`). Only for requests a repeat cannot harm: a node's rendezvous
+    /// writes are all guarded, while a store's `add` repeated after it landed would count
+    /// twice.
+    restart_on_new_term: bool,
     who: Who,
 }
 
@@ -47,6 +60,12 @@ struct Connection {
     endpoints: String,
     /// The server's version, as its status call reported it when connecting.
     version: String,
+    /// The highest raft term a response has carried. etcd's term grows with every leader
+    /// election, so a higher one means the cluster changed leader.
+    term: tokio::sync::watch::Sender<u64>,
+    /// When a stuck request may next ask etcd for its term: one probe at a time per
+    /// connection, however many requests are stuck.
+    next_term_probe: Mutex<Instant>,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -79,6 +98,7 @@ impl Etcd {
             return Ok(Etcd {
                 shared,
                 attempt_timeout,
+                restart_on_new_term: false,
                 who: Who::default(),
             });
         }
@@ -124,11 +144,14 @@ impl Etcd {
             client,
             endpoints,
             version,
+            term: tokio::sync::watch::Sender::new(0),
+            next_term_probe: Mutex::new(Instant::now()),
         });
         // The node has no id yet; the run names whose connection this is in retry records.
         let etcd = Etcd {
             shared: shared.clone(),
             attempt_timeout,
+            restart_on_new_term: false,
             who: Who {
                 run: Some(params.run_id.as_str().into()),
                 ..Who::default()
@@ -173,9 +196,12 @@ impl Etcd {
         &self.shared.version
     }
 
-    /// This connection, with its requests' log records naming `run` and `node`.
+    /// This connection for a node's rendezvous, with its requests' log records naming `run`
+    /// and `node`. Its requests are sent again when they were outstanding across an etcd
+    /// leader change (all of them are guarded, so a repeat of one that landed is harmless).
     pub fn for_node(&self, run: &str, node: &str) -> Etcd {
         let mut etcd = self.clone();
+        etcd.restart_on_new_term = true;
         etcd.who = Who {
             run: Some(run.into()),
             node: Some(node.into()),
@@ -184,9 +210,11 @@ impl Etcd {
         etcd
     }
 
-    /// This connection, with its requests' log records naming `round` too.
+    /// This connection for a round's store, with its requests' log records naming `round`
+    /// too. A store request outstanding across a leader change is awaited, not repeated.
     pub fn in_round(&self, round: u64) -> Etcd {
         let mut etcd = self.clone();
+        etcd.restart_on_new_term = false;
         etcd.who.round = Some(round);
         etcd
     }
@@ -204,6 +232,7 @@ impl Etcd {
     /// the caller. `what` names the operation in error messages.
     pub async fn call<T, F, Fut>(&self, deadline: Instant, what: &str, op: F) -> Result<T>
     where
+        T: RaftTerm,
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
@@ -213,6 +242,12 @@ impl Etcd {
     /// As `call`, but stops retrying (never in the middle of an attempt) once `give_up` turns
     /// true. Writes whose outcome must be known use this: an attempt in flight is always
     /// awaited, so its effect is never in doubt unless etcd itself did not answer.
+    ///
+    /// etcd does not answer a request whose proposal was lost with a dead leader until its
+    /// own request timeout (5 s plus two election timeouts, 7 s by default). With
+    /// `restart_on_new_term`, an attempt still unanswered once etcd reports a new leader
+    /// (a higher raft term) is abandoned and sent again, so a round goes on about a second
+    /// after the election instead.
     pub async fn call_until<T, F, Fut>(
         &self,
         deadline: Instant,
@@ -221,6 +256,7 @@ impl Etcd {
         mut op: F,
     ) -> Result<T>
     where
+        T: RaftTerm,
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
@@ -229,8 +265,21 @@ impl Etcd {
         let mut warned = false;
         loop {
             let attempt_deadline = deadline.min(Instant::now() + self.attempt_timeout);
-            let last = match tokio::time::timeout_at(attempt_deadline, op(self.client())).await {
-                Ok(Ok(value)) => {
+            let term = *self.shared.term.borrow();
+            let answered = tokio::select! {
+                answered = tokio::time::timeout_at(attempt_deadline, op(self.client())) => Some(answered),
+                _ = self.new_leader_since(term), if self.restart_on_new_term => None,
+            };
+            let last = match answered {
+                // Retried like any transient failure (the first backoff is 25 ms).
+                None => Error::connection(format!(
+                    "etcd at {} changed leader while {what} was unanswered; sending it again",
+                    self.endpoints()
+                )),
+                Some(Ok(Ok(value))) => {
+                    if let Some(term) = value.raft_term() {
+                        self.saw_term(term);
+                    }
                     if warned {
                         tracing::warn!(
                             run = self.who.run.as_deref(),
@@ -244,11 +293,11 @@ impl Etcd {
                     }
                     return Ok(value);
                 }
-                Ok(Err(err)) => match classify(&err) {
+                Some(Ok(Err(err))) => match classify(&err) {
                     Failure::Transient => to_error(self.endpoints(), what, &err),
                     _ => return Err(to_error(self.endpoints(), what, &err)),
                 },
-                Err(_) => Error::connection(format!(
+                Some(Err(_)) => Error::connection(format!(
                     "etcd at {} did not answer {what} in time",
                     self.endpoints()
                 )),
@@ -275,6 +324,94 @@ impl Etcd {
                 None => backoff(&mut attempt, deadline).await,
             }
         }
+    }
+}
+
+impl Etcd {
+    /// Records a raft term a response carried.
+    pub(crate) fn saw_term(&self, term: u64) {
+        self.shared.term.send_if_modified(|seen| {
+            let higher = term > *seen;
+            if higher {
+                *seen = term;
+            }
+            higher
+        });
+    }
+
+    /// Completes once etcd has a leader of a higher term than `term` (the one known when a
+    /// request was sent), and the request could have been answered since. Waits forever
+    /// while the term stays the same: a slow etcd is not a reason to send a request twice.
+    async fn new_leader_since(&self, term: u64) {
+        tokio::time::sleep(STUCK_AFTER).await;
+        let mut seen = self.shared.term.subscribe();
+        // Nothing was known when the request was sent: the first term seen is the baseline.
+        let mut base = term;
+        loop {
+            let now = *seen.borrow_and_update();
+            if base == 0 {
+                base = now;
+            } else if now > base {
+                break;
+            }
+            self.probe_term().await;
+            tokio::select! {
+                _ = seen.changed() => {}
+                _ = tokio::time::sleep(TERM_PROBE_EVERY) => {}
+            }
+        }
+        tokio::time::sleep(NEW_TERM_GRACE).await;
+    }
+
+    /// Asks one member for its raft term, unless another request of this connection asked
+    /// within `TERM_PROBE_EVERY`. A status call needs no key permission and no consensus,
+    /// so it answers while the cluster elects.
+    async fn probe_term(&self) {
+        {
+            let mut next = self
+                .shared
+                .next_term_probe
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            if now < *next {
+                return;
+            }
+            *next = now + TERM_PROBE_EVERY;
+        }
+        let status = tokio::time::timeout(TERM_PROBE_EVERY, self.client().status()).await;
+        if let Ok(Ok(status)) = status {
+            self.saw_term(status.raft_term());
+        }
+    }
+}
+
+/// The raft term etcd's response carries in its header, if it has one.
+pub trait RaftTerm {
+    fn raft_term(&self) -> Option<u64>;
+}
+
+macro_rules! raft_term_from_header {
+    ($($response:ty),*) => {$(
+        impl RaftTerm for $response {
+            fn raft_term(&self) -> Option<u64> {
+                self.header().map(|h| h.raft_term())
+            }
+        }
+    )*};
+}
+
+raft_term_from_header!(
+    etcd_client::GetResponse,
+    etcd_client::PutResponse,
+    etcd_client::TxnResponse,
+    etcd_client::LeaseGrantResponse,
+    etcd_client::LeaseRevokeResponse
+);
+
+impl RaftTerm for Watch {
+    fn raft_term(&self) -> Option<u64> {
+        None
     }
 }
 
