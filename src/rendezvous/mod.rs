@@ -217,7 +217,7 @@ impl Rendezvous {
         let mut round_guess = self.state().last.as_ref().map_or(0, |(f, _)| f.round + 1);
         loop {
             let lease = self.ensure_lease(deadline).await?;
-            // Watched before joining, so the join's own reads are the read after the watch: a
+            // Watched before joining, so the join transaction is the read after the watch: a
             // follower waits for the seal without another round trip.
             let early_watch = round::follower_watch(self, round_guess, deadline).await?;
             let joined = match self.join(round_guess, lease, deadline).await {
@@ -401,9 +401,9 @@ impl Rendezvous {
         if let Some(prev) = previous.filter(|&p| p != round && Some(p) != member_of) {
             ops.push(TxnOp::delete(self.keys.join(prev, &self.node), None));
         }
-        ops.extend(round::snapshot_reads(self, round));
-        // The first joiner becomes the round's leader in the same round trip. (Last: etcd 3.4
-        // drops the responses of operations that follow a nested transaction.)
+        // The first joiner becomes the round's leader in the same round trip; the others read
+        // who leads. (Last: etcd 3.4 drops the responses of operations that follow a nested
+        // transaction.)
         ops.push(TxnOp::txn(
             Txn::new()
                 .when([Compare::create_revision(
@@ -412,10 +412,11 @@ impl Rendezvous {
                     0,
                 )])
                 .and_then([TxnOp::put(
-                    leader,
+                    leader.clone(),
                     self.node.clone(),
                     Some(PutOptions::new().with_lease(lease)),
-                )]),
+                )])
+                .or_else([TxnOp::get(leader, None)]),
         ));
         // A drained node never joins again: its departure is planned.
         let txn = Txn::new()
@@ -433,15 +434,7 @@ impl Rendezvous {
             ]);
         let resp = self.write(deadline, "join", txn).await?;
         if resp.succeeded() {
-            let mut snapshot = round::parse_snapshot(&resp)?;
-            let claimed = resp
-                .op_responses()
-                .iter()
-                .any(|op| matches!(op, etcd_client::TxnOpResponse::Txn(t) if t.succeeded()));
-            if claimed {
-                snapshot.leader = Some(self.node.clone());
-            }
-            return Ok(Joined::Round(round, snapshot));
+            return Ok(Joined::Round(round, self.joined_snapshot(&resp)?));
         }
         self.state().joined = previous;
         let got = ranges(&resp);
@@ -467,6 +460,39 @@ impl Rendezvous {
             None => 0,
         };
         Ok(Joined::Moved(now_open))
+    }
+
+    /// What a successful join transaction tells about its round, without reading it: its
+    /// guards say the run is not closed, this node is not drained and the round is still open
+    /// (`current` names it, and the seal moves `current` in the transaction that writes
+    /// `final`, so `final` is absent); the node's join key was just written. Only the leader
+    /// is read, by the nested claim when it fails.
+    fn joined_snapshot(&self, resp: &TxnResponse) -> Result<round::Snapshot> {
+        let claim = resp.op_responses().into_iter().find_map(|op| match op {
+            etcd_client::TxnOpResponse::Txn(t) => Some(t),
+            _ => None,
+        });
+        let Some(claim) = claim else {
+            return Err(Error::internal(format!(
+                "join: expected the leader claim's response, got {:?}",
+                resp.op_responses()
+            )));
+        };
+        let leader = match claim.succeeded() {
+            true => Some(self.node.clone()),
+            false => ranges(&claim)
+                .first()
+                .and_then(|g| g.kvs().first())
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+        };
+        Ok(round::Snapshot {
+            leader,
+            sealed: None,
+            closed: false,
+            joined: true,
+            drained: None,
+            revision: resp.header().map_or(0, |h| h.revision()),
+        })
     }
 
     /// Sends a transaction that changes a round (join, claim, seal) from a task of its own

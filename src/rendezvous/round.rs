@@ -2,7 +2,7 @@
 //!
 //! Followers watch five single keys (the round's leader and final, closed, and their own join
 //! and drain keys), so an arrival wakes only the leader. The first watch is made before the
-//! join, so the join's own reads are the read after the watch. The leader (the node holding the
+//! join, so the join transaction is the read after the watch. The leader (the node holding the
 //! round's `leader` key) keeps the round's joiners and the run's live nodes in memory, fed by
 //! one watch, and seals when the round is activated and full, or its last call is over. Any
 //! doubt about a watch (etcd restarted, history compacted) sends the node back to
