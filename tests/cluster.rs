@@ -11,6 +11,7 @@ use rdzv::{BlockingRendezvous, Params};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Asserts the lines are one round: ranks exactly 0..n, and everyone agrees on round, world
@@ -92,9 +93,9 @@ fn round_forms_when_the_etcd_leader_dies_with_two_nodes_joined() {
 }
 
 /// Keeps rdzv's records (every level) as text, each field as `name=value`.
-struct KeepMessages(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+struct KeepRecords(Arc<Mutex<Vec<String>>>);
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for KeepMessages {
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for KeepRecords {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         if !event.metadata().target().starts_with("rdzv") {
             return;
@@ -114,16 +115,27 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for KeepMessages {
     }
 }
 
+/// rdzv's records in this test binary (a global subscriber, installed once); each test looks
+/// for those of its own run.
+fn kept_records() -> Arc<Mutex<Vec<String>>> {
+    static KEPT: OnceLock<Arc<Mutex<Vec<String>>>> = OnceLock::new();
+    KEPT.get_or_init(|| {
+        use tracing_subscriber::layer::SubscriberExt;
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(KeepRecords(kept.clone()));
+        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+        kept
+    })
+    .clone()
+}
+
 /// A join sent to a follower just after the raft leader died is forwarded to the dead leader
 /// and lost: etcd answers it only after its own request timeout (7 s with the default
 /// election timeout). The node sees the cluster's new leader (a higher raft term) and sends
 /// the join again; the round forms under the new leader.
 #[test]
 fn a_join_lost_with_the_etcd_leader_is_sent_again_to_the_new_one() {
-    use tracing_subscriber::layer::SubscriberExt;
-    let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let subscriber = tracing_subscriber::registry().with(KeepMessages(kept.clone()));
-    tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+    let kept = kept_records();
 
     let mut cluster = EtcdCluster::start(3);
     let victim = cluster.raft_leader();
@@ -142,8 +154,54 @@ fn a_join_lost_with_the_etcd_leader_is_sent_again_to_the_new_one() {
     assert!(
         messages
             .iter()
-            .any(|m| m.contains("changed leader while join was unanswered")),
+            .any(|m| m.contains("lost-join")
+                && m.contains("changed leader while join was unanswered")),
         "the join should have been sent again once etcd had a new leader: {messages:?}"
+    );
+}
+
+/// The other side: etcd frozen (SIGSTOP) for longer than a request counts as stuck, with no
+/// leader change. The node's requests wait for etcd's answer; none is sent again.
+#[test]
+fn a_frozen_etcd_without_a_new_leader_gets_no_repeated_request() {
+    let kept = kept_records();
+    let etcd = Etcd::start();
+    let params =
+        Params::from_url(&etcd.url("frozen", "min_nodes=1&max_nodes=1&join_timeout=60")).unwrap();
+    let run = params.run_id.clone();
+    let node = Arc::new(BlockingRendezvous::new(params).unwrap());
+    let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    etcd.signal(libc::SIGSTOP);
+    let waiting = {
+        let (node, resumed) = (node.clone(), resumed.clone());
+        std::thread::spawn(move || {
+            let done = node.next();
+            (done, resumed.load(std::sync::atomic::Ordering::SeqCst))
+        })
+    };
+    // The fault's length: past the second after which a request counts as stuck, and several
+    // of the connection's term probes (every 500 ms).
+    std::thread::sleep(Duration::from_secs(3));
+    resumed.store(true, std::sync::atomic::Ordering::SeqCst);
+    etcd.signal(libc::SIGCONT);
+    let (done, after_resume) = waiting.join().unwrap();
+    let (info, _store) = done.expect("the round forms once etcd answers again");
+    assert_eq!(info.world_size, 1);
+    assert!(
+        after_resume,
+        "next cannot have finished while etcd was frozen"
+    );
+    node.shutdown().unwrap();
+    let repeated: Vec<String> = kept
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.contains(&run) && r.contains("changed leader while"))
+        .cloned()
+        .collect();
+    assert!(
+        repeated.is_empty(),
+        "no leader change, so no request may be sent again: {repeated:?}"
     );
 }
 
