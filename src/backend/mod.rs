@@ -66,6 +66,8 @@ struct Connection {
     /// When a stuck request may next ask etcd for its term: one probe at a time per
     /// connection, however many requests are stuck.
     next_term_probe: Mutex<Instant>,
+    /// A key these credentials may read (the first run's `current`): the term probe reads it.
+    term_probe_key: String,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -140,12 +142,17 @@ impl Etcd {
             Ok(Ok(status)) => status.version().to_string(),
             _ => "unknown".to_string(),
         };
+        // Lazily-connecting channels report nothing until used: ask for a key to be sure. The
+        // key is inside the run's namespace, so a user whose role covers only that prefix
+        // passes.
+        let probe = keys::Keys::new(&params.key_prefix, &params.run_id).current();
         let shared = Arc::new(Connection {
             client,
             endpoints,
             version,
             term: tokio::sync::watch::Sender::new(0),
             next_term_probe: Mutex::new(Instant::now()),
+            term_probe_key: probe.clone(),
         });
         // The node has no id yet; the run names whose connection this is in retry records.
         let etcd = Etcd {
@@ -157,10 +164,6 @@ impl Etcd {
                 ..Who::default()
             },
         };
-        // Lazily-connecting channels report nothing until used: ask for a key to be sure. The
-        // key is inside the run's namespace, so a user whose role covers only that prefix
-        // passes.
-        let probe = keys::Keys::new(&params.key_prefix, &params.run_id).current();
         let probed = etcd
             .get(
                 deadline,
@@ -364,8 +367,10 @@ impl Etcd {
     }
 
     /// Asks one member for its raft term, unless another request of this connection asked
-    /// within `TERM_PROBE_EVERY`. A status call needs no key permission and no consensus,
-    /// so it answers while the cluster elects.
+    /// within `TERM_PROBE_EVERY`. A serializable read is answered by the member itself,
+    /// without consensus, so it answers while the cluster elects; it reads a key these
+    /// credentials may read (some etcd versions refuse the status call to a role without
+    /// more rights).
     async fn probe_term(&self) {
         {
             let mut next = self
@@ -379,9 +384,14 @@ impl Etcd {
             }
             *next = now + TERM_PROBE_EVERY;
         }
-        let status = tokio::time::timeout(TERM_PROBE_EVERY, self.client().status()).await;
-        if let Ok(Ok(status)) = status {
-            self.saw_term(status.raft_term());
+        let local = etcd_client::GetOptions::new()
+            .with_count_only()
+            .with_serializable();
+        let key = self.shared.term_probe_key.clone();
+        let mut client = self.client();
+        let read = tokio::time::timeout(TERM_PROBE_EVERY, client.get(key, Some(local)));
+        if let Ok(Ok(Some(term))) = read.await.map(|r| r.map(|got| got.raft_term())) {
+            self.saw_term(term);
         }
     }
 }
