@@ -298,7 +298,8 @@ typedef struct {
    */
   uint32_t world_size;
   /**
-   * MASTER_PORT: a TCP port that was free on rank 0 when it joined.
+   * MASTER_PORT: a TCP port that was free on rank 0 when it joined (outside the
+   * kernel's ephemeral range, so no outgoing connection takes it first).
    */
   uint16_t master_port;
   /**

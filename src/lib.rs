@@ -22,3 +22,6 @@ pub use error::{Error, ErrorKind, Result};
 pub use params::Params;
 pub use rendezvous::{Rendezvous, RoundInfo};
 pub use store::Store;
+/// A port for MASTER_PORT: free a moment ago, outside the kernel's ephemeral range (what a
+/// node publishes for rank 0 when it joins; the launcher's standalone mode uses it too).
+pub use util::free_port as free_master_port;

@@ -38,10 +38,65 @@ pub fn new_node_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A TCP port that was free a moment ago, for MASTER_PORT (the same race torch accepts).
+/// A TCP port for MASTER_PORT that was free a moment ago. Rank 0's trainers listen on it
+/// only later, so it is picked outside the kernel's ephemeral range: the ports the kernel
+/// hands to every outgoing connection (and to `bind` on port 0), which on a busy machine
+/// took a port picked the old way before the trainers could listen on it. Only a listener
+/// choosing the same port can take it now. Falls back to an ephemeral port if no other is free.
 pub fn free_port() -> u16 {
+    let (low, high) = ephemeral_ports();
+    // Above the well-known and most service ports (torch's default 29500 is in here).
+    let (from, to) = match low > MASTER_PORTS_FROM {
+        true => (MASTER_PORTS_FROM, low - 1),
+        false => (high.saturating_add(1).max(MASTER_PORTS_FROM), u16::MAX),
+    };
+    let span = u32::from(to.saturating_sub(from)) + 1;
+    for _ in 0..64 {
+        // random_unit() < 1, so the offset is below span and the port at most `to`.
+        let port = (u32::from(from) + (random_unit() * f64::from(span)) as u32) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind(("0.0.0.0", 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap_or(29500)
+}
+
+const MASTER_PORTS_FROM: u16 = 20000;
+
+/// The kernel's ephemeral port range (Linux's default if it cannot be read).
+fn ephemeral_ports() -> (u16, u16) {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok();
+    let parsed = range.and_then(|r| {
+        let mut it = r.split_whitespace().map(|n| n.parse::<u16>().ok());
+        Some((it.next()??, it.next()??))
+    });
+    parsed.unwrap_or((32768, 60999))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cause of a flake: MASTER_PORT picked with `bind(0)` is an ephemeral port, and an
+    /// outgoing connection of any process on the machine could take it before rank 0's
+    /// trainers listened on it (EADDRINUSE in torch's TCPStore). Master ports must come from
+    /// outside that range, and be free when picked.
+    #[test]
+    fn master_ports_are_outside_the_ephemeral_range_and_free() {
+        let (low, high) = ephemeral_ports();
+        for _ in 0..200 {
+            let port = free_port();
+            assert!(
+                !(low..=high).contains(&port),
+                "port {port} is in the ephemeral range {low}-{high}"
+            );
+            assert!(
+                port >= MASTER_PORTS_FROM,
+                "port {port} is below {MASTER_PORTS_FROM}"
+            );
+        }
+    }
 }

@@ -38,7 +38,8 @@ pub struct rdzv_round_t {
     pub rank: u32,
     /// Number of members of the round.
     pub world_size: u32,
-    /// MASTER_PORT: a TCP port that was free on rank 0 when it joined.
+    /// MASTER_PORT: a TCP port that was free on rank 0 when it joined (outside the
+    /// kernel's ephemeral range, so no outgoing connection takes it first).
     pub master_port: u16,
     /// MASTER_ADDR: rank 0's `local_addr` option, else its host name; NUL-terminated.
     pub master_addr: [c_char; RDZV_ADDR_CAPACITY],

@@ -40,7 +40,7 @@ pub struct RoundInfo {
     pub world_size: u32,
     /// MASTER_ADDR: rank 0's advertised address.
     pub master_addr: String,
-    /// MASTER_PORT: a port that was free on rank 0 when it joined.
+    /// MASTER_PORT: a port that was free on rank 0 when it joined (outside the ephemeral range).
     pub master_port: u16,
 }
 

@@ -394,7 +394,7 @@ impl Agent {
                 group_rank: 0,
                 group_world_size: 1,
                 master_addr: "localhost".into(),
-                master_port: free_port(),
+                master_port: rdzv::free_master_port(),
                 store: None,
             });
         };
@@ -649,13 +649,6 @@ fn report(failures: &[Failure]) -> bool {
         ));
     }
     first.error_file.is_some()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(29500)
 }
 
 /// A run id as a directory name.
