@@ -97,6 +97,11 @@ mod tests {
                 port >= MASTER_PORTS_FROM,
                 "port {port} is below {MASTER_PORTS_FROM}"
             );
+            // Nothing else in this process listens in that range, so it is still free.
+            assert!(
+                std::net::TcpListener::bind(("0.0.0.0", port)).is_ok(),
+                "port {port} was picked but is not free"
+            );
         }
     }
 }
