@@ -44,18 +44,14 @@ pub fn new_node_id() -> String {
 /// took a port picked the old way before the trainers could listen on it. Only a listener
 /// choosing the same port can take it now. Falls back to an ephemeral port if no other is free.
 pub fn free_port() -> u16 {
-    let (low, high) = ephemeral_ports();
-    // Above the well-known and most service ports (torch's default 29500 is in here).
-    let (from, to) = match low > MASTER_PORTS_FROM {
-        true => (MASTER_PORTS_FROM, low - 1),
-        false => (high.saturating_add(1).max(MASTER_PORTS_FROM), u16::MAX),
-    };
-    let span = u32::from(to.saturating_sub(from)) + 1;
-    for _ in 0..64 {
-        // random_unit() < 1, so the offset is below span and the port at most `to`.
-        let port = (u32::from(from) + (random_unit() * f64::from(span)) as u32) as u16;
-        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
-            return port;
+    if let Some((from, to)) = master_ports() {
+        let span = u32::from(to - from) + 1;
+        for _ in 0..64 {
+            // random_unit() < 1, so the offset is below span and the port at most `to`.
+            let port = (u32::from(from) + (random_unit() * f64::from(span)) as u32) as u16;
+            if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+                return port;
+            }
         }
     }
     std::net::TcpListener::bind(("0.0.0.0", 0))
@@ -65,6 +61,19 @@ pub fn free_port() -> u16 {
 }
 
 const MASTER_PORTS_FROM: u16 = 20000;
+
+/// The ports MASTER_PORT is picked from: from `MASTER_PORTS_FROM` (above the well-known and
+/// most service ports; torch's default 29500 is in here) up to the ephemeral range, or above
+/// it if it starts lower; none if the ephemeral range covers everything from there up.
+fn master_ports() -> Option<(u16, u16)> {
+    let (low, high) = ephemeral_ports();
+    match low > MASTER_PORTS_FROM {
+        true => Some((MASTER_PORTS_FROM, low - 1)),
+        false => high
+            .checked_add(1)
+            .map(|above| (above.max(MASTER_PORTS_FROM), u16::MAX)),
+    }
+}
 
 /// The kernel's ephemeral port range (Linux's default if it cannot be read).
 fn ephemeral_ports() -> (u16, u16) {
