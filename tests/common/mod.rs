@@ -20,12 +20,12 @@ pub struct Etcd {
     name: String,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A port for a test's etcd, free a moment ago. Outside the kernel's ephemeral range, as
+/// rdzv's MASTER_PORT: a port from `bind(0)` can be taken by any outgoing connection on the
+/// machine before etcd binds it (a member of a test cluster once exited for that, beside
+/// another test run).
+pub fn free_port() -> u16 {
+    rdzv::free_master_port()
 }
 
 /// One etcd member's command line. `client_urls` may list several URLs (comma-separated).
@@ -479,8 +479,15 @@ impl EtcdCluster {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         for (i, r) in ready.iter().enumerate() {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            r.recv_timeout(left)
-                .unwrap_or_else(|_| panic!("etcd member {i} did not report ready within 30 s"));
+            match r.recv_timeout(left) {
+                Ok(()) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("etcd member {i} exited before it was ready (its stderr is above)")
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("etcd member {i} did not report ready within 30 s")
+                }
+            }
         }
         cluster
     }

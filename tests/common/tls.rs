@@ -20,14 +20,6 @@ fn unique(tag: &str) -> String {
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Runs `openssl` with `args` in `dir`, panicking with its stderr on failure.
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -174,9 +166,9 @@ impl EtcdWith {
         let name = unique("etcd");
         let data_dir = std::env::temp_dir().join(&name);
         let _ = std::fs::remove_dir_all(&data_dir);
-        let client_port = free_port();
+        let client_port = rdzv::free_master_port();
         let client = format!("{scheme}://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{}", free_port());
+        let peer = format!("http://127.0.0.1:{}", rdzv::free_master_port());
         let (child, ready_rx) = crate::common::spawn_etcd(crate::common::EtcdCommand {
             name: &name,
             data_dir: &data_dir,
