@@ -34,6 +34,8 @@ struct Round {
     took: Duration,
     /// etcd writes for the round (change of its revision).
     writes: i64,
+    /// CPU time spent during the round by this process (the nodes) and by etcd.
+    cpu: Cpu,
     /// Resident memory grown by creating the handles, and by forming the round, per node.
     bytes_per_handle: i64,
     bytes_per_member: i64,
@@ -66,6 +68,7 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> Round {
         .unwrap();
     let before = revision(&mut client).await;
     let watchers = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await;
+    let cpu = Cpu::start(endpoint).await;
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks: Vec<_> = nodes
         .iter()
@@ -80,6 +83,7 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> Round {
         })
         .collect();
     let took = span(tasks).await;
+    let cpu = cpu.stop(endpoint).await;
     let writes = revision(&mut client).await - before;
     let rss_round = resident_bytes();
     // Resident memory keeps the round's peak (freed memory stays with the allocator); what
@@ -114,6 +118,7 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> Round {
     Round {
         took,
         writes,
+        cpu,
         bytes_per_handle: (rss_handles - rss_before) / n as i64,
         bytes_per_member: (rss_round - rss_before) / n as i64,
         bytes_held_per_member: (rss_held - rss_before) / n as i64,
@@ -133,17 +138,65 @@ fn resident_bytes() -> i64 {
     pages * 4096
 }
 
+/// CPU time (user and system) this process has used, from getrusage.
+fn own_cpu() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// CPU time used over an interval by this process and by etcd (its members summed; etcd
+/// reports it in steps of 10 ms, so read it over several rounds).
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    client: Duration,
+    etcd: Duration,
+}
+
+impl Cpu {
+    async fn start(endpoint: &str) -> Cpu {
+        let etcd = metric_f64(endpoint, "process_cpu_seconds_total").await;
+        Cpu {
+            client: own_cpu(),
+            etcd: Duration::from_secs_f64(etcd),
+        }
+    }
+    async fn stop(self, endpoint: &str) -> Cpu {
+        let etcd = Duration::from_secs_f64(metric_f64(endpoint, "process_cpu_seconds_total").await);
+        Cpu {
+            client: own_cpu() - self.client,
+            etcd: etcd.saturating_sub(self.etcd),
+        }
+    }
+    /// Mean client and etcd CPU per round over `rounds`.
+    fn mean(rounds: &[Cpu]) -> String {
+        let n = rounds.len().max(1) as u32;
+        let client: Duration = rounds.iter().map(|c| c.client).sum();
+        let etcd: Duration = rounds.iter().map(|c| c.etcd).sum();
+        format!("cpu/round: nodes {} etcd {}", ms(client / n), ms(etcd / n))
+    }
+}
+
 /// One value of etcd's Prometheus metrics (served on its client URL), summed over the members
 /// when `endpoints` lists several (watchers and events are counted by the member serving them).
 async fn metric(endpoints: &str, name: &str) -> i64 {
-    let mut sum = 0;
+    metric_f64(endpoints, name).await as i64
+}
+
+async fn metric_f64(endpoints: &str, name: &str) -> f64 {
+    let mut sum = 0.0;
     for endpoint in endpoints.split(',') {
         sum += member_metric(endpoint, name).await;
     }
     sum
 }
 
-async fn member_metric(endpoint: &str, name: &str) -> i64 {
+async fn member_metric(endpoint: &str, name: &str) -> f64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn = tokio::net::TcpStream::connect(endpoint).await.unwrap();
     let request = format!("GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
@@ -153,7 +206,7 @@ async fn member_metric(endpoint: &str, name: &str) -> i64 {
     body.lines()
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("etcd reports no metric {name}")) as i64
+        .unwrap_or_else(|| panic!("etcd reports no metric {name}"))
 }
 
 /// The floor for a round of `n` nodes: raw etcd-client doing the minimal etcd work of one
@@ -163,8 +216,9 @@ async fn member_metric(endpoint: &str, name: &str) -> i64 {
 /// O(1), the member list is spread over chunks by node id); each node, told by its watch,
 /// reads the one chunk that holds its id and finds its rank there. Returns the time from the
 /// last call to the last node that knows its rank.
-async fn floor_round(endpoint: &str, n: usize, run: &str) -> Duration {
-    floor_phases(endpoint, n, run).await.total()
+async fn floor_round(endpoint: &str, n: usize, run: &str) -> (Duration, Cpu) {
+    let phases = floor_phases(endpoint, n, run).await;
+    (phases.total(), phases.cpu)
 }
 
 /// Where a round's time goes, from the last call of next: until etcd reported the last join,
@@ -175,6 +229,7 @@ struct Phases {
     last_joined: Instant,
     sealed: Instant,
     last_return: Instant,
+    cpu: Cpu,
 }
 
 impl Phases {
@@ -184,11 +239,12 @@ impl Phases {
     fn print(&self, what: &str) {
         let since = |a: Instant, b: Instant| ms(b.saturating_duration_since(a));
         println!(
-            "{what:<6} every node joined {:>10}  then sealed {:>10}  then every node returned {:>10}  (total {})",
+            "{what:<6} every node joined {:>10}  then sealed {:>10}  then every node returned {:>10}  (total {}; {})",
             since(self.last_call, self.last_joined),
             since(self.last_joined, self.sealed),
             since(self.sealed, self.last_return),
-            ms(self.total())
+            ms(self.total()),
+            Cpu::mean(&[self.cpu])
         );
     }
 }
@@ -227,6 +283,7 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
             None,
         ));
     }
+    let cpu = Cpu::start(endpoint).await;
     let seal = tokio::spawn(async move {
         let mut seen = 0;
         while seen < n {
@@ -285,12 +342,14 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
         times.push(t.await.unwrap());
     }
     seal.await.unwrap();
+    let cpu = cpu.stop(endpoint).await;
     let (last_joined, sealed) = observer.await.unwrap();
     Phases {
         last_call: times.iter().map(|t| t.0).max().unwrap(),
         last_joined,
         sealed,
         last_return: times.iter().map(|t| t.1).max().unwrap(),
+        cpu,
     }
 }
 
@@ -333,6 +392,7 @@ async fn rdzv_phases(endpoint: &str, n: usize, run: &str) -> Phases {
         .map(|node| Arc::new(node.unwrap()))
         .collect();
     let observer = observe(endpoint, format!("/rdzv/{run}/r/")).await;
+    let cpu = Cpu::start(endpoint).await;
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks = nodes.iter().map(|node| {
         let (node, barrier) = (node.clone(), barrier.clone());
@@ -344,6 +404,7 @@ async fn rdzv_phases(endpoint: &str, n: usize, run: &str) -> Phases {
         }
     });
     let times = futures_lite(tasks).await;
+    let cpu = cpu.stop(endpoint).await;
     let (last_joined, sealed) = observer.await.unwrap();
     for node in &nodes {
         node.shutdown().await.unwrap();
@@ -353,6 +414,7 @@ async fn rdzv_phases(endpoint: &str, n: usize, run: &str) -> Phases {
         last_joined,
         sealed,
         last_return: times.iter().map(|t| t.1).max().unwrap(),
+        cpu,
     }
 }
 
@@ -558,9 +620,11 @@ fn main() {
             let times: Vec<Duration> = rounds.iter().map(|r| r.took).collect();
             let min = *times.iter().min().unwrap();
             let max = *times.iter().max().unwrap();
-            let mut floors = Vec::new();
+            let (mut floors, mut floor_cpu) = (Vec::new(), Vec::new());
             for r in 0..repeats {
-                floors.push(floor_round(&endpoint, n, &format!("floor-{n}-{r}-{tag}")).await);
+                let (took, cpu) = floor_round(&endpoint, n, &format!("floor-{n}-{r}-{tag}")).await;
+                floors.push(took);
+                floor_cpu.push(cpu);
             }
             let (rdzv, floor) = (median(times), median(floors));
             println!(
@@ -571,6 +635,12 @@ fn main() {
                 rounds[0].writes,
                 ms(floor),
                 rdzv.as_secs_f64() / floor.as_secs_f64()
+            );
+            let rdzv_cpu: Vec<Cpu> = rounds.iter().map(|r| r.cpu).collect();
+            println!(
+                "         rdzv {}   floor {}",
+                Cpu::mean(&rdzv_cpu),
+                Cpu::mean(&floor_cpu)
             );
             let per = |f: fn(&Round) -> i64| {
                 let mut v: Vec<i64> = rounds.iter().map(f).collect();
