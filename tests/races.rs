@@ -34,7 +34,7 @@ fn keys_under(etcd: &Etcd, prefix: &str) -> Vec<String> {
 
 /// The sealed members of `round`, in rank order, as etcd has them (its rank chunks).
 fn sealed_members(etcd: &Etcd, url: &str, round: u64) -> Vec<String> {
-    let key = format!("/rdzv/{}/r/{round:020}/final", run_of(url));
+    let key = format!("/rdzv/{}/r/{round:020}/seal/final", run_of(url));
     let (rt, mut client) = etcd_client(etcd);
     let resp = rt.block_on(client.get(key.clone(), None)).unwrap();
     let kv = resp.kvs().first().unwrap_or_else(|| panic!("{key} absent"));
@@ -275,7 +275,7 @@ fn agents_with_a_spare_node_do_not_livelock() {
     wait_for_joiners(&etcd, &url, 1, 1);
     // Bounded observation: with a livelock, round 1 seals within a few last calls.
     let (rt, mut client) = etcd_client(&etcd);
-    let key = format!("/rdzv/{}/r/{:020}/final", run_of(&url), 1);
+    let key = format!("/rdzv/{}/r/{:020}/seal/final", run_of(&url), 1);
     let sealed_again = rt.block_on(async {
         let mut stream = client.watch(key.clone(), None).await.unwrap();
         if client.get(key, None).await.unwrap().count() > 0 {

@@ -448,7 +448,7 @@ fn final_carries_the_member_list_only_in_a_round_of_one_chunk() {
         let (rt, mut client) = etcd_client(&etcd);
         let round = format!("/rdzv/{run}/r/{:020}/", formed[0].1.round);
         let mut get = |key: String, options| rt.block_on(client.get(key, options)).unwrap();
-        let final_ = get(format!("{round}final"), None);
+        let final_ = get(format!("{round}seal/final"), None);
         let kv = final_.kvs().first().expect("final is written");
         let sealed = rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
         let chunks = get(

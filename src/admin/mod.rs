@@ -16,7 +16,7 @@ use crate::backend::{ranges, Etcd, Target};
 use crate::error::{Error, Result};
 use crate::params::Params;
 use crate::rendezvous::{members_from_chunks, FinalRecord, JoinRecord};
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use tokio::time::Instant;
@@ -326,24 +326,14 @@ impl Admin {
     /// return closed and later ones fail at once. The marker expires after `retention`.
     pub async fn close(&self) -> Result<()> {
         let deadline = Instant::now() + self.params.close_timeout;
-        let ttl = self.params.retention.as_secs().max(1) as i64;
-        let lease = self
-            .etcd
-            .call(deadline, "close", move |mut c| async move {
-                c.lease_grant(ttl, None).await
-            })
-            .await?
-            .id();
-        let key = self.keys.closed();
-        self.etcd
-            .call(deadline, "close", move |mut c| {
-                let key = key.clone();
-                async move {
-                    c.put(key, "1", Some(PutOptions::new().with_lease(lease)))
-                        .await
-                }
-            })
-            .await?;
+        crate::rendezvous::wake::close(
+            &self.etcd,
+            &self.keys,
+            self.params.retention,
+            "close",
+            deadline,
+        )
+        .await?;
         tracing::info!(run = %self.params.run_id, "closed the run (operator)");
         Ok(())
     }

@@ -8,13 +8,16 @@
 //! drain/{node}                 the node is leaving (planned): bound to the node's lease
 //! r/{round:020}/join/{node}    a node's request to join the round, bound to its lease
 //! r/{round:020}/gone/{node}    a node that withdrew its join request (cancel, timeout)
-//! r/{round:020}/leader         the node that seals the round, bound to its lease
-//! r/{round:020}/final          the sealed round: its size, rank 0's address, its chunk count
+//! r/{round:020}/seal/leader    the node that seals the round, bound to its lease
+//! r/{round:020}/seal/final     the sealed round: its size, rank 0's address, its chunk count
+//! r/{round:020}/seal/closed    written with `closed` while this round was open: wakes its joiners
+//! r/{round:020}/seal/drain/{node}  written with `drain/{node}` while this round was open
 //! r/{round:020}/ranks/{chunk}  the members whose id hashes to the chunk, with their ranks
 //! r/{round:020}/store/{key}    the round's key-value store
 //! ```
 //!
-//! Round numbers are zero-padded so a range over `r/` lists rounds in order.
+//! Round numbers are zero-padded so a range over `r/` lists rounds in order. Everything a
+//! joiner waits for lives under its round's `seal/`, so it waits with one watcher.
 
 /// Bytes that stay as they are in an escaped run id; everything else becomes `%XX`, so a run
 /// id with `/`, `%` or control bytes cannot reach outside its own directory.
@@ -86,11 +89,23 @@ impl Keys {
     pub fn gone(&self, round: u64, node: &str) -> String {
         format!("{}gone/{node}", self.round_prefix(round))
     }
+    /// What a joiner of the round waits on: its leader, its seal, and the wake-ups below.
+    pub fn seal_prefix(&self, round: u64) -> String {
+        format!("{}seal/", self.round_prefix(round))
+    }
     pub fn leader(&self, round: u64) -> String {
-        format!("{}leader", self.round_prefix(round))
+        format!("{}leader", self.seal_prefix(round))
     }
     pub fn final_(&self, round: u64) -> String {
-        format!("{}final", self.round_prefix(round))
+        format!("{}final", self.seal_prefix(round))
+    }
+    /// Written in the same transaction as `closed`, in the round open at that moment.
+    pub fn closed_wake(&self, round: u64) -> String {
+        format!("{}closed", self.seal_prefix(round))
+    }
+    /// Written in the same transaction as `drain/{node}`, in the round open at that moment.
+    pub fn drain_wake(&self, round: u64, node: &str) -> String {
+        format!("{}drain/{node}", self.seal_prefix(round))
     }
     pub fn ranks_prefix(&self, round: u64) -> String {
         format!("{}ranks/", self.round_prefix(round))
@@ -130,6 +145,24 @@ mod tests {
         let keys = Keys::new("/p/", "job");
         assert!(keys.round_prefix(9) < keys.round_prefix(10));
         assert_eq!(keys.join(3, "n1"), "/p/job/r/00000000000000000003/join/n1");
+        // A joiner's one watcher on seal/ must see these and nothing else of the round.
+        let seal = keys.seal_prefix(3);
+        for key in [
+            keys.leader(3),
+            keys.final_(3),
+            keys.closed_wake(3),
+            keys.drain_wake(3, "n1"),
+        ] {
+            assert!(key.starts_with(&seal), "{key}");
+        }
+        for key in [
+            keys.join(3, "n1"),
+            keys.gone(3, "n1"),
+            keys.ranks(3, 0),
+            keys.store_prefix(3),
+        ] {
+            assert!(!key.starts_with(&seal), "{key}");
+        }
         assert_eq!(Keys::node_of(keys.alive("n7").as_bytes()), Some("n7"));
     }
 }

@@ -4,7 +4,6 @@
 
 use super::{backoff, Etcd};
 use crate::error::Result;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -12,7 +11,8 @@ use tokio::time::Instant;
 
 pub struct Lease {
     pub id: i64,
-    lost: Arc<AtomicBool>,
+    /// True once etcd has said the lease no longer exists.
+    lost: Arc<tokio::sync::watch::Sender<bool>>,
     keeper: JoinHandle<()>,
 }
 
@@ -26,19 +26,24 @@ impl Lease {
             })
             .await?;
         let id = granted.id();
-        let lost = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(tokio::sync::watch::Sender::new(false));
         let keeper = tokio::spawn(keep_alive(etcd.clone(), id, ttl, lost.clone()));
         Ok(Lease { id, lost, keeper })
     }
 
     /// True once etcd has said the lease no longer exists.
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire) || self.keeper.is_finished()
+        *self.lost.borrow() || self.keeper.is_finished()
+    }
+
+    /// Turns true once etcd has said the lease no longer exists (its keys are gone with it).
+    pub fn lost(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.lost.subscribe()
     }
 
     /// Records that etcd no longer knows this lease (a request using it was refused).
     pub fn mark_lost(&self) {
-        self.lost.store(true, Ordering::Release);
+        self.lost.send_replace(true);
     }
 
     /// Stops refreshing and deletes the lease (and with it every key bound to it).
@@ -65,7 +70,12 @@ impl Drop for Lease {
 
 /// Refreshes the lease until etcd reports it gone. A broken stream (etcd restart, leader
 /// change) is reopened; the lease survives as long as a refresh lands within the TTL.
-async fn keep_alive(etcd: Etcd, id: i64, ttl: Duration, lost: Arc<AtomicBool>) {
+async fn keep_alive(
+    etcd: Etcd,
+    id: i64,
+    ttl: Duration,
+    lost: Arc<tokio::sync::watch::Sender<bool>>,
+) {
     let period = ttl / 3;
     let mut attempt = 0u32;
     let who = etcd.who().clone();
@@ -93,7 +103,7 @@ async fn keep_alive(etcd: Etcd, id: i64, ttl: Duration, lost: Arc<AtomicBool>) {
                         lease = id,
                         "lease lost: etcd expired it (cut off longer than lease_ttl)"
                     );
-                    lost.store(true, Ordering::Release);
+                    lost.send_replace(true);
                     return;
                 }
                 Ok(Ok(Some(resp))) => {

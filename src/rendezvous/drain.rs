@@ -10,7 +10,7 @@
 use crate::backend::keys::Keys;
 use crate::backend::Etcd;
 use crate::error::{Error, Result};
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, TxnOp};
 use tokio::time::Instant;
 
 /// Writes `drain/{node}` with `reason`, bound to the node's lease: `lease` when the node
@@ -53,17 +53,15 @@ pub(crate) async fn mark(
         }
     };
     // The node may leave between the read and the write: the guard makes that an error
-    // instead of a mark no lease will ever remove.
-    let put = TxnOp::put(
-        keys.drain(node),
-        reason,
-        Some(PutOptions::new().with_lease(lease)),
-    );
-    let resp = etcd
-        .txn(deadline, "drain", Txn::new().when([guard]).and_then([put]))
-        .await?;
-    match resp.succeeded() {
-        true => Ok(()),
-        false => Err(not_alive()),
-    }
+    // instead of a mark no lease will ever remove. The wake-up in the open round ends the
+    // node's wait there at once, if it is waiting to join.
+    let bound = || Some(PutOptions::new().with_lease(lease));
+    let written = super::wake::in_open_round(etcd, keys, "drain", deadline, &[guard], |open| {
+        vec![
+            TxnOp::put(keys.drain(node), reason, bound()),
+            TxnOp::put(keys.drain_wake(open, node), reason, bound()),
+        ]
+    })
+    .await?;
+    written.map(|_| ()).ok_or_else(not_alive)
 }

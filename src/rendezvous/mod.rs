@@ -3,9 +3,10 @@
 //! A node joins round `r` by writing one key, `r/{r}/join/{node}`, bound to its lease, in a
 //! transaction guarded by `current == r` (one round trip, no retry loop under contention).
 //! The first joiner also claims the round's `leader` key in that transaction; every other
-//! joiner watches only single keys (leader, final, closed, its own). The leader watches
-//! the round's join keys and the `alive/` keys, and seals the round by writing `final` (the
-//! members in rank order) and `current = r + 1` in one transaction guarded by "final absent".
+//! joiner watches one prefix, the round's `seal/` (its leader, its seal, and the wake-ups of
+//! a close or a drain). The leader watches the round's join keys and the `alive/` keys, and
+//! seals the round by writing `final` (O(1): its size, rank 0, its rank chunks' count) and
+//! `current = r + 1` in one transaction guarded by "final absent".
 //! So a round of N nodes costs N join writes plus one seal, and a sealed membership never
 //! changes. `docs/DESIGN.md` has the state machine and the argument for its correctness.
 
@@ -13,6 +14,7 @@ pub(crate) mod drain;
 mod lost;
 mod records;
 mod round;
+pub(crate) mod wake;
 
 pub use records::{
     chunk_count, inline_members, members_from_chunks, parse_rank_chunk, rank_chunks, FinalRecord,
@@ -381,11 +383,7 @@ impl Rendezvous {
             last,
         };
         let current = self.keys.current();
-        let round_is_open = if round == 0 {
-            Compare::create_revision(current.clone(), CompareOp::Equal, 0)
-        } else {
-            Compare::value(current.clone(), CompareOp::Equal, round.to_string())
-        };
+        let round_is_open = wake::is_open(&self.keys, round);
         let leader = self.keys.leader(round);
         let mut ops = vec![TxnOp::put(
             self.keys.join(round, &self.node),
@@ -639,6 +637,14 @@ impl Rendezvous {
         self.lease.lock().await.as_ref().map_or(0, |l| l.id)
     }
 
+    /// Turns true once etcd has said this node's current lease is gone (never, if it has none).
+    pub(crate) async fn lease_lost(&self) -> watch::Receiver<bool> {
+        match self.lease.lock().await.as_ref() {
+            Some(lease) => lease.lost(),
+            None => watch::Sender::new(false).subscribe(),
+        }
+    }
+
     fn closed_error(&self, left_out: bool) -> Error {
         if left_out {
             Error::new(
@@ -733,24 +739,14 @@ impl Rendezvous {
     pub async fn set_closed(&self) -> Result<()> {
         self.check_not_shut_down()?;
         let deadline = Instant::now() + self.params.close_timeout;
-        let ttl = self.params.retention.as_secs().max(1) as i64;
-        let lease = self
-            .etcd
-            .call(deadline, "set_closed", move |mut c| async move {
-                c.lease_grant(ttl, None).await
-            })
-            .await?
-            .id();
-        let key = self.keys.closed();
-        self.etcd
-            .call(deadline, "set_closed", move |mut c| {
-                let key = key.clone();
-                async move {
-                    c.put(key, "1", Some(PutOptions::new().with_lease(lease)))
-                        .await
-                }
-            })
-            .await?;
+        wake::close(
+            &self.etcd,
+            &self.keys,
+            self.params.retention,
+            "set_closed",
+            deadline,
+        )
+        .await?;
         tracing::info!(run = %self.params.run_id, node = %self.node, "closed the run");
         Ok(())
     }

@@ -1,8 +1,9 @@
 //! Waiting for a round to be sealed, and sealing it when this node leads.
 //!
-//! Followers watch five single keys (the round's leader and final, closed, and their own join
-//! and drain keys), so an arrival wakes only the leader. The first watch is made before the
-//! join, so the join transaction is the read after the watch. The leader (the node holding the
+//! Followers watch one prefix, the round's `seal/` (its leader, its seal, and the wake-ups of
+//! a close or a drain), so an arrival wakes only the leader; the end of a follower's lease
+//! wakes it from its own lease keeper. The first watch is made before the join, so the join
+//! transaction is the read after the watch. The leader (the node holding the
 //! round's `leader` key) keeps the round's joiners and the run's live nodes in memory, fed by
 //! one watch, and seals when the round is activated and full, or its last call is over. Any
 //! doubt about a watch (etcd restarted, history compacted) sends the node back to
@@ -13,7 +14,7 @@ use super::records::{chunk_count, inline_members, members_from_chunks, rank_chun
 use super::{FinalRecord, JoinRecord, Outcome, Rendezvous};
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Target, Watch};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
@@ -67,7 +68,6 @@ pub(crate) async fn wait_for_seal(
     // When this node started leading: its join if it was the first joiner, else its takeover.
     let mut leading_since = first_join;
     let keys = rdzv.keys();
-    let me = keys.join(round, rdzv.node());
     let leader_key = keys.leader(round);
     // When the leader's last call ends. Kept across re-reads: a flapping connection must not
     // postpone the seal forever.
@@ -113,7 +113,11 @@ pub(crate) async fn wait_for_seal(
                     "waiting for the leader to seal the round");
             }
         }
-        let my_drain = keys.drain(rdzv.node());
+        let (closed_wake, my_drain_wake) =
+            (keys.closed_wake(round), keys.drain_wake(round, rdzv.node()));
+        // The node's join key goes only with its lease (or by its own hand): the lease's end
+        // wakes the wait instead of a watcher on the key.
+        let mut lease_lost = rdzv.lease_lost().await;
         let (mut watch, seen) = match early_watch.take() {
             // Made before the join: the snapshot in hand was read after it existed, and it was
             // checked above (sealed, closed, drained, joined, another node leads).
@@ -139,13 +143,15 @@ pub(crate) async fn wait_for_seal(
         snap = 'watching: loop {
             let events = tokio::select! {
                 e = watch.events() => e,
+                _ = lease_gone(&mut lease_lost) => return Err(Error::new(ErrorKind::LeaseLost,
+                    "this node's etcd lease expired while it waited for its round to be sealed")),
                 _ = tokio::time::sleep_until(deadline) => return Err(timeout(rdzv, None)),
             };
             let Some(events) = events else {
                 // The watch broke (etcd restart, compaction): start again from a fresh read.
                 break 'watching read_snapshot(rdzv, round, deadline).await?;
             };
-            let mut closed = false;
+            let mut reread = false;
             for ev in events {
                 let Some(kv) = ev.kv() else { continue };
                 if kv.mod_revision() <= seen {
@@ -155,41 +161,40 @@ pub(crate) async fn wait_for_seal(
                 let deleted = ev.event_type() == EventType::Delete;
                 if key == keys.final_(round).as_bytes() && !deleted {
                     return Ok(Outcome::Sealed(FinalRecord::parse(key, kv.value())?));
-                } else if key == keys.closed().as_bytes() && !deleted {
-                    closed = true;
-                } else if key == me.as_bytes() && deleted {
-                    return Ok(Outcome::Rejoin);
-                } else if key == my_drain.as_bytes() && !deleted {
-                    return Err(rdzv.drained_err(&String::from_utf8_lossy(kv.value())));
+                } else if (key == closed_wake.as_bytes() || key == my_drain_wake.as_bytes())
+                    && !deleted
+                {
+                    // Re-read rather than fail at once: the round may have been sealed just
+                    // before the run was closed, and the read says why this node was drained.
+                    reread = true;
                 } else if key == leader_key.as_bytes() && deleted {
                     break 'watching claim_leadership(rdzv, round, deadline).await?;
                 }
             }
-            if closed {
-                // Re-read rather than fail at once: the round may have been sealed just before.
+            if reread {
                 break 'watching read_snapshot(rdzv, round, deadline).await?;
             }
         };
     }
 }
 
-/// A follower's watch on round `round`: five single keys, the leader (to take over if it dies),
-/// final, closed, its own join key and its own drain key. Arrivals of other nodes wake nobody
-/// but the leader.
+/// Resolves once `lost` turns true; never if its lease is dropped first (shut down, replaced).
+async fn lease_gone(lost: &mut tokio::sync::watch::Receiver<bool>) {
+    if lost.wait_for(|lost| *lost).await.is_err() {
+        std::future::pending::<()>().await
+    }
+}
+
+/// A follower's watch on round `round`: one watcher on the round's `seal/` keys, which hold
+/// its leader (to take over if it dies), its seal, and the wake-ups of a close or a drain
+/// (`wake.rs`). Arrivals of other nodes wake nobody but the leader.
 pub(crate) async fn follower_watch(
     rdzv: &Rendezvous,
     round: u64,
     deadline: Instant,
 ) -> Result<Watch> {
-    let keys = rdzv.keys();
-    let targets = [
-        Target::Key(keys.leader(round)),
-        Target::Key(keys.final_(round)),
-        Target::Key(keys.closed()),
-        Target::Key(keys.join(round, rdzv.node())),
-        Target::Key(keys.drain(rdzv.node())),
-    ];
-    rdzv.etcd().watch(&targets, deadline).await
+    let seal = Target::Prefix(rdzv.keys().seal_prefix(round));
+    rdzv.etcd().watch(&[seal], deadline).await
 }
 
 /// How many reads a snapshot takes (`snapshot_reads`).

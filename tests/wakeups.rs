@@ -1,0 +1,181 @@
+//! A follower (a joiner that does not lead) waits with one watcher, on its round's `seal/`
+//! keys. What else must end its wait reaches it there or through its lease: a close and a
+//! drain write a wake-up into the round open at that moment, and a lease that etcd expired
+//! while the node was frozen wakes it from its lease keeper. Each test uses a round after the
+//! first (a wake-up written into the wrong round wakes nobody) and a `join_timeout` far longer
+//! than the test waits, so only the wake-up can end the wait in time.
+
+mod common;
+
+use common::node::{joiners_of_round, run_of, Node};
+use common::{wait_for_leader, watch_until, Etcd};
+use rdzv::{BlockingAdmin, BlockingRendezvous, ErrorKind, Params, RoundInfo};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+fn node(url: &str) -> BlockingRendezvous {
+    BlockingRendezvous::new(Params::from_url(url).unwrap()).unwrap()
+}
+
+fn round_prefix(url: &str, round: u64) -> String {
+    format!("/rdzv/{}/r/{round:020}/", run_of(url))
+}
+
+fn wait_for_joiners(etcd: &Etcd, url: &str, round: u64, n: usize) {
+    watch_until(&etcd.endpoint(), &joiners_of_round(url, round), |kvs| {
+        (kvs.len() == n).then_some(())
+    });
+}
+
+type Outcome = rdzv::Result<RoundInfo>;
+
+/// Three nodes form round 0; two of them then call `next` again and wait in round 1 for the
+/// third. Returns the three handles, the id of round 1's leader, and each waiter's id and
+/// outcome channel.
+fn two_waiting_in_round_one(
+    etcd: &Etcd,
+    url: &str,
+) -> (
+    Vec<Arc<BlockingRendezvous>>,
+    String,
+    Vec<(String, mpsc::Receiver<Outcome>)>,
+) {
+    let formed = {
+        let url = url.to_string();
+        common::on_threads(3, move |_| {
+            let node = node(&url);
+            node.next().unwrap();
+            Arc::new(node)
+        })
+    };
+    let waiting: Vec<_> = formed[..2]
+        .iter()
+        .map(|n| {
+            let (tx, rx) = mpsc::channel();
+            let n = n.clone();
+            let id = n.node_id().to_string();
+            std::thread::spawn(move || tx.send(n.next().map(|(info, _)| info)));
+            (id, rx)
+        })
+        .collect();
+    wait_for_joiners(etcd, url, 1, 2);
+    let leader = wait_for_leader(&etcd.endpoint(), &round_prefix(url, 1));
+    (formed, leader, waiting)
+}
+
+fn outcome(rx: &mpsc::Receiver<Outcome>, who: &str) -> Outcome {
+    rx.recv_timeout(Duration::from_secs(15))
+        .unwrap_or_else(|_| panic!("the {who} was not woken within 15 s"))
+}
+
+/// The leader of a round, woken by the close, withdraws and so deletes the `leader` key,
+/// which wakes its followers too. Here the leader is frozen, so only the wake-up the close
+/// wrote into the open round can end the follower's wait.
+#[test]
+fn a_close_wakes_a_follower_whose_leader_is_frozen() {
+    let etcd = Etcd::start();
+    let url = etcd.url(
+        "close-wakes",
+        "min_nodes=3&max_nodes=3&lease_ttl=60&join_timeout=120",
+    );
+    // Round 0: a process (which goes straight on to round 1) and two handles.
+    let leader = Node::spawn(&url, &["--rounds", "2"]);
+    let handles = {
+        let url = url.clone();
+        common::on_threads(2, move |_| {
+            let node = node(&url);
+            node.next().unwrap();
+            Arc::new(node)
+        })
+    };
+    let leader_id = leader.round(15)["node"].as_str().unwrap().to_string();
+    // Round 1: the process is its first joiner, hence its leader; then it is frozen.
+    assert_eq!(
+        wait_for_leader(&etcd.endpoint(), &round_prefix(&url, 1)),
+        leader_id
+    );
+    // SAFETY: kill only sends a signal to the child we spawned.
+    assert_eq!(
+        unsafe { libc::kill(leader.child.id() as i32, libc::SIGSTOP) },
+        0
+    );
+    let (tx, rx) = mpsc::channel();
+    {
+        let follower = handles[0].clone();
+        std::thread::spawn(move || tx.send(follower.next().map(|(info, _)| info)));
+    }
+    wait_for_joiners(&etcd, &url, 1, 2);
+    BlockingAdmin::new(Params::from_url(&url).unwrap())
+        .unwrap()
+        .close()
+        .unwrap();
+    let err = outcome(&rx, "follower").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+    assert_eq!(
+        unsafe { libc::kill(leader.child.id() as i32, libc::SIGCONT) },
+        0
+    );
+}
+
+#[test]
+fn a_drained_follower_stops_waiting_at_once_and_the_leader_waits_on() {
+    let etcd = Etcd::start();
+    let url = etcd.url("drain-wakes", "min_nodes=3&max_nodes=3&join_timeout=120");
+    let (_nodes, leader, waiting) = two_waiting_in_round_one(&etcd, &url);
+    let (follower, rx) = waiting.iter().find(|(id, _)| *id != leader).unwrap();
+    BlockingAdmin::new(Params::from_url(&url).unwrap())
+        .unwrap()
+        .drain(follower, "maintenance")
+        .unwrap();
+    let err = outcome(rx, "drained follower").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::GracefulExit, "{err}");
+    assert!(err.message().contains("maintenance"), "{err}");
+    // The drain woke only the drained node: the leader still waits for its round.
+    let (_, leader_rx) = waiting.iter().find(|(id, _)| *id == leader).unwrap();
+    assert!(
+        leader_rx.try_recv().is_err(),
+        "the leader's next ended with the drain of another node"
+    );
+}
+
+#[test]
+fn a_follower_whose_lease_expired_while_frozen_joins_again_when_it_wakes() {
+    let etcd = Etcd::start();
+    let url = etcd.url(
+        "lease-wakes",
+        "min_nodes=3&max_nodes=3&lease_ttl=2&join_timeout=120",
+    );
+    // The leader first, then the follower, a process of its own so it can be frozen.
+    let leader = Arc::new(node(&url));
+    let (tx, leader_rx) = mpsc::channel();
+    {
+        let leader = leader.clone();
+        std::thread::spawn(move || tx.send(leader.next().map(|(info, _)| info)));
+    }
+    wait_for_leader(&etcd.endpoint(), &round_prefix(&url, 0));
+    let follower = Node::spawn(&url, &[]);
+    wait_for_joiners(&etcd, &url, 0, 2);
+    // Frozen until etcd has expired its lease and deleted its join key.
+    // SAFETY: kill only sends a signal to the child we spawned.
+    assert_eq!(
+        unsafe { libc::kill(follower.child.id() as i32, libc::SIGSTOP) },
+        0
+    );
+    wait_for_joiners(&etcd, &url, 0, 1);
+    assert_eq!(
+        unsafe { libc::kill(follower.child.id() as i32, libc::SIGCONT) },
+        0
+    );
+    // Awake, it learns from its lease keeper that the lease is gone, and joins again.
+    wait_for_joiners(&etcd, &url, 0, 2);
+    let third = node(&url);
+    let (info, _) = third.next().unwrap();
+    assert_eq!(info.world_size, 3);
+    let round = follower.round(15);
+    assert_eq!(round["world_size"], 3, "{round}");
+    let leader_info = leader_rx
+        .recv_timeout(Duration::from_secs(15))
+        .unwrap()
+        .unwrap();
+    assert_eq!(leader_info.round, info.round);
+}
