@@ -1,5 +1,5 @@
 //! A follower (a joiner that does not lead) waits with one watcher, on its round's `seal/`
-//! keys. What else must end its wait reaches it there or through its lease: a close and a
+//! keys (`docs/DESIGN.md`, "Waking a follower"). What else must end its wait reaches it there or through its lease: a close and a
 //! drain write a wake-up into the round open at that moment, and a lease that etcd expired
 //! while the node was frozen wakes it from its lease keeper. Each test uses a round after the
 //! first (a wake-up written into the wrong round wakes nobody) and a `join_timeout` far longer
@@ -29,17 +29,16 @@ fn wait_for_joiners(etcd: &Etcd, url: &str, round: u64, n: usize) {
 
 type Outcome = rdzv::Result<RoundInfo>;
 
-/// Three nodes form round 0; two of them then call `next` again and wait in round 1 for the
-/// third. Returns the three handles, the id of round 1's leader, and each waiter's id and
-/// outcome channel.
-fn two_waiting_in_round_one(
-    etcd: &Etcd,
-    url: &str,
-) -> (
+/// The handles, the id of round 1's leader, and each waiter's id and outcome channel.
+type WaitingInRoundOne = (
     Vec<Arc<BlockingRendezvous>>,
     String,
     Vec<(String, mpsc::Receiver<Outcome>)>,
-) {
+);
+
+/// Three nodes form round 0; two of them then call `next` again and wait in round 1 for the
+/// third.
+fn two_waiting_in_round_one(etcd: &Etcd, url: &str) -> WaitingInRoundOne {
     let formed = {
         let url = url.to_string();
         common::on_threads(3, move |_| {
