@@ -36,26 +36,36 @@ type WaitingInRoundOne = (
     Vec<(String, mpsc::Receiver<Outcome>)>,
 );
 
+/// `n` handles that complete round 0 together.
+fn formed(url: &str, n: usize) -> Vec<Arc<BlockingRendezvous>> {
+    let url = url.to_string();
+    common::on_threads(n, move |_| {
+        let node = node(&url);
+        node.next().unwrap();
+        Arc::new(node)
+    })
+}
+
+/// Calls `next` on a thread of its own; its outcome arrives on the returned channel.
+fn next_on_thread(node: &Arc<BlockingRendezvous>) -> mpsc::Receiver<Outcome> {
+    let (tx, rx) = mpsc::channel();
+    let node = node.clone();
+    std::thread::spawn(move || tx.send(node.next().map(|(info, _)| info)));
+    rx
+}
+
+fn signal(node: &Node, signal: i32) {
+    // SAFETY: kill only sends a signal to the child we spawned.
+    assert_eq!(unsafe { libc::kill(node.child.id() as i32, signal) }, 0);
+}
+
 /// Three nodes form round 0; two of them then call `next` again and wait in round 1 for the
 /// third.
 fn two_waiting_in_round_one(etcd: &Etcd, url: &str) -> WaitingInRoundOne {
-    let formed = {
-        let url = url.to_string();
-        common::on_threads(3, move |_| {
-            let node = node(&url);
-            node.next().unwrap();
-            Arc::new(node)
-        })
-    };
+    let formed = formed(url, 3);
     let waiting: Vec<_> = formed[..2]
         .iter()
-        .map(|n| {
-            let (tx, rx) = mpsc::channel();
-            let n = n.clone();
-            let id = n.node_id().to_string();
-            std::thread::spawn(move || tx.send(n.next().map(|(info, _)| info)));
-            (id, rx)
-        })
+        .map(|n| (n.node_id().to_string(), next_on_thread(n)))
         .collect();
     wait_for_joiners(etcd, url, 1, 2);
     let leader = wait_for_leader(&etcd.endpoint(), &round_prefix(url, 1));
@@ -79,30 +89,15 @@ fn a_close_wakes_a_follower_whose_leader_is_frozen() {
     );
     // Round 0: a process (which goes straight on to round 1) and two handles.
     let leader = Node::spawn(&url, &["--rounds", "2"]);
-    let handles = {
-        let url = url.clone();
-        common::on_threads(2, move |_| {
-            let node = node(&url);
-            node.next().unwrap();
-            Arc::new(node)
-        })
-    };
+    let handles = formed(&url, 2);
     let leader_id = leader.round(15)["node"].as_str().unwrap().to_string();
     // Round 1: the process is its first joiner, hence its leader; then it is frozen.
     assert_eq!(
         wait_for_leader(&etcd.endpoint(), &round_prefix(&url, 1)),
         leader_id
     );
-    // SAFETY: kill only sends a signal to the child we spawned.
-    assert_eq!(
-        unsafe { libc::kill(leader.child.id() as i32, libc::SIGSTOP) },
-        0
-    );
-    let (tx, rx) = mpsc::channel();
-    {
-        let follower = handles[0].clone();
-        std::thread::spawn(move || tx.send(follower.next().map(|(info, _)| info)));
-    }
+    signal(&leader, libc::SIGSTOP);
+    let rx = next_on_thread(&handles[0]);
     wait_for_joiners(&etcd, &url, 1, 2);
     BlockingAdmin::new(Params::from_url(&url).unwrap())
         .unwrap()
@@ -110,17 +105,14 @@ fn a_close_wakes_a_follower_whose_leader_is_frozen() {
         .unwrap();
     let err = outcome(&rx, "follower").unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
-    assert_eq!(
-        unsafe { libc::kill(leader.child.id() as i32, libc::SIGCONT) },
-        0
-    );
+    signal(&leader, libc::SIGCONT);
 }
 
 #[test]
 fn a_drained_follower_stops_waiting_at_once_and_the_leader_waits_on() {
     let etcd = Etcd::start();
     let url = etcd.url("drain-wakes", "min_nodes=3&max_nodes=3&join_timeout=120");
-    let (_nodes, leader, waiting) = two_waiting_in_round_one(&etcd, &url);
+    let (nodes, leader, waiting) = two_waiting_in_round_one(&etcd, &url);
     let (follower, rx) = waiting.iter().find(|(id, _)| *id != leader).unwrap();
     BlockingAdmin::new(Params::from_url(&url).unwrap())
         .unwrap()
@@ -129,12 +121,20 @@ fn a_drained_follower_stops_waiting_at_once_and_the_leader_waits_on() {
     let err = outcome(rx, "drained follower").unwrap_err();
     assert_eq!(err.kind(), ErrorKind::GracefulExit, "{err}");
     assert!(err.message().contains("maintenance"), "{err}");
-    // The drain woke only the drained node: the leader still waits for its round.
+    // The drain woke only the drained node: the leader still waits, and forms round 1 with
+    // the third member of round 0 and a newcomer.
     let (_, leader_rx) = waiting.iter().find(|(id, _)| *id == leader).unwrap();
     assert!(
         leader_rx.try_recv().is_err(),
         "the leader's next ended with the drain of another node"
     );
+    let third = next_on_thread(&nodes[2]);
+    let newcomer = next_on_thread(&Arc::new(node(&url)));
+    let round = outcome(leader_rx, "leader").unwrap();
+    assert_eq!((round.round, round.world_size), (1, 3), "{round:?}");
+    for rx in [third, newcomer] {
+        assert_eq!(outcome(&rx, "joiner").unwrap().round, 1);
+    }
 }
 
 #[test]
@@ -145,26 +145,14 @@ fn a_follower_whose_lease_expired_while_frozen_joins_again_when_it_wakes() {
         "min_nodes=3&max_nodes=3&lease_ttl=2&join_timeout=120",
     );
     // The leader first, then the follower, a process of its own so it can be frozen.
-    let leader = Arc::new(node(&url));
-    let (tx, leader_rx) = mpsc::channel();
-    {
-        let leader = leader.clone();
-        std::thread::spawn(move || tx.send(leader.next().map(|(info, _)| info)));
-    }
+    let leader_rx = next_on_thread(&Arc::new(node(&url)));
     wait_for_leader(&etcd.endpoint(), &round_prefix(&url, 0));
     let follower = Node::spawn(&url, &[]);
     wait_for_joiners(&etcd, &url, 0, 2);
     // Frozen until etcd has expired its lease and deleted its join key.
-    // SAFETY: kill only sends a signal to the child we spawned.
-    assert_eq!(
-        unsafe { libc::kill(follower.child.id() as i32, libc::SIGSTOP) },
-        0
-    );
+    signal(&follower, libc::SIGSTOP);
     wait_for_joiners(&etcd, &url, 0, 1);
-    assert_eq!(
-        unsafe { libc::kill(follower.child.id() as i32, libc::SIGCONT) },
-        0
-    );
+    signal(&follower, libc::SIGCONT);
     // Awake, it learns from its lease keeper that the lease is gone, and joins again.
     wait_for_joiners(&etcd, &url, 0, 2);
     let third = node(&url);
@@ -172,9 +160,6 @@ fn a_follower_whose_lease_expired_while_frozen_joins_again_when_it_wakes() {
     assert_eq!(info.world_size, 3);
     let round = follower.round(15);
     assert_eq!(round["world_size"], 3, "{round}");
-    let leader_info = leader_rx
-        .recv_timeout(Duration::from_secs(15))
-        .unwrap()
-        .unwrap();
+    let leader_info = outcome(&leader_rx, "leader").unwrap();
     assert_eq!(leader_info.round, info.round);
 }
