@@ -63,5 +63,8 @@ pub(crate) async fn mark(
         ]
     })
     .await?;
-    written.map(|_| ()).ok_or_else(not_alive)
+    match written {
+        true => Ok(()),
+        false => Err(not_alive()),
+    }
 }

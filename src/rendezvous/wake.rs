@@ -8,7 +8,7 @@
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd};
 use crate::error::{Error, Result};
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
 /// The guard "round `round` is the one open for joining" (`current` absent means 0).
@@ -20,8 +20,8 @@ pub(crate) fn is_open(keys: &Keys, round: u64) -> Compare {
 }
 
 /// Sends `guards` then `ops(open)` in the round `open` that is open for joining, learning it
-/// from the transaction itself and sending again if a seal moved it in between. Returns
-/// `None` when `guards` failed (with the open round unchanged).
+/// from the transaction itself and sending again if a seal moved it in between. False when
+/// `guards` failed (with the open round unchanged).
 pub(crate) async fn in_open_round(
     etcd: &Etcd,
     keys: &Keys,
@@ -29,7 +29,7 @@ pub(crate) async fn in_open_round(
     deadline: Instant,
     guards: &[Compare],
     ops: impl Fn(u64) -> Vec<TxnOp>,
-) -> Result<Option<TxnResponse>> {
+) -> Result<bool> {
     let mut open = 0;
     loop {
         let txn = Txn::new()
@@ -38,14 +38,14 @@ pub(crate) async fn in_open_round(
             .or_else([TxnOp::get(keys.current(), None)]);
         let resp = etcd.txn(deadline, what, txn).await?;
         if resp.succeeded() {
-            return Ok(Some(resp));
+            return Ok(true);
         }
         let now_open = match ranges(&resp).first().and_then(|g| g.kvs().first()) {
             Some(kv) => super::records::parse_round(kv.key(), kv.value())?,
             None => 0,
         };
         if now_open == open {
-            return Ok(None);
+            return Ok(false);
         }
         if Instant::now() >= deadline {
             return Err(Error::timeout(format!(
@@ -81,8 +81,8 @@ pub(crate) async fn close(
     })
     .await?;
     match written {
-        Some(_) => Ok(()),
-        None => Err(Error::internal(format!(
+        true => Ok(()),
+        false => Err(Error::internal(format!(
             "{what}: an unguarded write was refused"
         ))),
     }
