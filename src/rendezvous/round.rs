@@ -115,8 +115,9 @@ pub(crate) async fn wait_for_seal(
         }
         let (closed_wake, my_drain_wake) =
             (keys.closed_wake(round), keys.drain_wake(round, rdzv.node()));
-        // The node's join key goes only with its lease (or by its own hand): the lease's end
-        // wakes the wait instead of a watcher on the key.
+        // The node's join key goes only with its lease, by its own hand, or in a forced purge
+        // (which deletes `leader` too): the lease's end wakes the wait instead of a watcher on
+        // the key.
         let mut lease_lost = rdzv.lease_lost().await;
         let (mut watch, seen) = match early_watch.take() {
             // Made before the join: the snapshot in hand was read after it existed, and it was

@@ -166,9 +166,9 @@ impl EtcdWith {
         let name = unique("etcd");
         let data_dir = std::env::temp_dir().join(&name);
         let _ = std::fs::remove_dir_all(&data_dir);
-        let client_port = rdzv::free_master_port();
+        let client_port = crate::common::free_port();
         let client = format!("{scheme}://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{}", rdzv::free_master_port());
+        let peer = format!("http://127.0.0.1:{}", crate::common::free_port());
         let (child, ready_rx) = crate::common::spawn_etcd(crate::common::EtcdCommand {
             name: &name,
             data_dir: &data_dir,
