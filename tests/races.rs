@@ -32,14 +32,14 @@ fn keys_under(etcd: &Etcd, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// The sealed members of `round`, in rank order, as etcd has them (its rank chunks).
+/// The sealed members of `round`, in rank order, as etcd has them (its lanes).
 fn sealed_members(etcd: &Etcd, url: &str, round: u64) -> Vec<String> {
     let key = format!("/rdzv/{}/r/{round:020}/seal/final", run_of(url));
     let (rt, mut client) = etcd_client(etcd);
     let resp = rt.block_on(client.get(key.clone(), None)).unwrap();
     let kv = resp.kvs().first().unwrap_or_else(|| panic!("{key} absent"));
     let sealed = rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
-    let ranks = format!("/rdzv/{}/r/{round:020}/ranks/", run_of(url));
+    let ranks = format!("/rdzv/{}/r/{round:020}/lane/", run_of(url));
     let options = etcd_client::GetOptions::new().with_prefix();
     let chunks = rt.block_on(client.get(ranks, Some(options))).unwrap();
     let chunks = chunks.kvs().iter().map(|kv| (kv.key(), kv.value()));

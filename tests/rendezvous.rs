@@ -420,17 +420,19 @@ fn a_live_node_that_has_not_joined_keeps_the_last_call() {
     );
 }
 
-/// A round of one rank chunk (at most 64 members) carries its member list in `final`, so its
-/// members read nothing after the seal; a larger round carries none and each member reads its
-/// chunk. Either way the list in etcd is the chunks' list, every member's rank is its place in
-/// it, and `members()` returns it.
+/// A round of one lane (`max_nodes` at most 64) carries its member list in `final`; a larger
+/// one carries none, and each member receives its rank with its lane's seal, even in a round
+/// far smaller than `max_nodes`. Either way every member's rank is its place in the list etcd
+/// holds, and `members()` returns that list.
 #[test]
-fn final_carries_the_member_list_only_in_a_round_of_one_chunk() {
+fn final_carries_the_member_list_only_in_a_round_of_one_lane() {
     let etcd = Etcd::start();
-    for n in [64usize, 65] {
+    for (n, max) in [(64usize, 64usize), (65, 65), (5, 1000)] {
+        // A first round below max_nodes seals at the end of its last call.
+        let last_call = if n == max { 60 } else { 1 };
         let url = etcd.url(
             &format!("inline{n}"),
-            &format!("min_nodes={n}&max_nodes={n}&last_call_timeout=60"),
+            &format!("min_nodes={n}&max_nodes={max}&last_call_timeout={last_call}"),
         );
         let run = common::node::run_of(&url);
         let formed = on_threads(n, {
@@ -452,16 +454,17 @@ fn final_carries_the_member_list_only_in_a_round_of_one_chunk() {
         let kv = final_.kvs().first().expect("final is written");
         let sealed = rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
         let chunks = get(
-            format!("{round}ranks/"),
+            format!("{round}lane/"),
             Some(etcd_client::GetOptions::new().with_prefix()),
         );
         let chunks = chunks.kvs().iter().map(|kv| (kv.key(), kv.value()));
         let list = rdzv::rendezvous::members_from_chunks(&sealed, chunks).unwrap();
-        match n {
-            64 => assert_eq!(sealed.members.as_deref(), Some(&list[..])),
-            _ => assert_eq!(
-                sealed.members, None,
-                "a round of {n} has more than one chunk"
+        assert_eq!(list.len(), n);
+        match max {
+            64 => assert!(sealed.members.is_some() && sealed.chunks == 1),
+            _ => assert!(
+                sealed.members.is_none() && sealed.chunks > 1,
+                "a round of max_nodes={max} has more than one lane"
             ),
         }
         for (id, info, members, _) in &formed {

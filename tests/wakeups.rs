@@ -1,9 +1,12 @@
-//! A follower (a joiner that does not lead) waits with one watcher, on its round's `seal/`
-//! keys (`docs/DESIGN.md`, "Waking a follower"). What else must end its wait reaches it there or through its lease: a close and a
-//! drain write a wake-up into the round open at that moment, and a lease that etcd expired
-//! while the node was frozen wakes it from its lease keeper. Each test uses a round after the
-//! first (a wake-up written into the wrong round wakes nobody) and a `join_timeout` far longer
-//! than the test waits, so only the wake-up can end the wait in time.
+//! A follower (a joiner that does not lead) waits with one watcher, on its lane of its round
+//! (`docs/DESIGN.md`, "Waking a follower"). What else must end its wait reaches it there or
+//! through its lease: a close and a drain write a wake-up into the lanes of the round open at
+//! that moment, and a lease that etcd expired while the node was frozen wakes it from its
+//! lease keeper. Each test uses a round after the first (a wake-up written into the wrong
+//! round wakes nobody) and a `join_timeout` far longer than the test waits, so only the
+//! wake-up can end the wait in time. The close and drain tests run with one lane
+//! (`max_nodes=3`) and with 16 (`max_nodes=1000`), where a wake-up in the wrong lane wakes
+//! nobody either.
 
 mod common;
 
@@ -72,6 +75,12 @@ fn two_waiting_in_round_one(etcd: &Etcd, url: &str) -> WaitingInRoundOne {
     (formed, leader, waiting)
 }
 
+/// Run options with one lane, and with 16 (round 0 then seals after a 1 s last call).
+const LANES: [&str; 2] = [
+    "min_nodes=3&max_nodes=3",
+    "min_nodes=3&max_nodes=1000&last_call_timeout=1",
+];
+
 fn outcome(rx: &mpsc::Receiver<Outcome>, who: &str) -> Outcome {
     rx.recv_timeout(Duration::from_secs(15))
         .unwrap_or_else(|_| panic!("the {who} was not woken within 15 s"))
@@ -83,10 +92,17 @@ fn outcome(rx: &mpsc::Receiver<Outcome>, who: &str) -> Outcome {
 #[test]
 fn a_close_wakes_a_follower_whose_leader_is_frozen() {
     let etcd = Etcd::start();
-    let url = etcd.url(
-        "close-wakes",
-        "min_nodes=3&max_nodes=3&lease_ttl=60&join_timeout=120",
-    );
+    for (i, lanes) in LANES.iter().enumerate() {
+        let url = etcd.url(
+            &format!("close-wakes-{i}"),
+            &format!("{lanes}&lease_ttl=60&join_timeout=120"),
+        );
+        close_wakes_a_follower_whose_leader_is_frozen(&etcd, &url);
+    }
+}
+
+fn close_wakes_a_follower_whose_leader_is_frozen(etcd: &Etcd, url: &str) {
+    let url = url.to_string();
     // Round 0: a process (which goes straight on to round 1) and two handles.
     let leader = Node::spawn(&url, &["--rounds", "2"]);
     let handles = formed(&url, 2);
@@ -98,21 +114,31 @@ fn a_close_wakes_a_follower_whose_leader_is_frozen() {
     );
     signal(&leader, libc::SIGSTOP);
     let rx = next_on_thread(&handles[0]);
-    wait_for_joiners(&etcd, &url, 1, 2);
+    wait_for_joiners(etcd, &url, 1, 2);
     BlockingAdmin::new(Params::from_url(&url).unwrap())
         .unwrap()
         .close()
         .unwrap();
     let err = outcome(&rx, "follower").unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Closed, "{url}: {err}");
     signal(&leader, libc::SIGCONT);
 }
 
 #[test]
 fn a_drained_follower_stops_waiting_at_once_and_the_leader_waits_on() {
     let etcd = Etcd::start();
-    let url = etcd.url("drain-wakes", "min_nodes=3&max_nodes=3&join_timeout=120");
-    let (nodes, leader, waiting) = two_waiting_in_round_one(&etcd, &url);
+    for (i, lanes) in LANES.iter().enumerate() {
+        let url = etcd.url(
+            &format!("drain-wakes-{i}"),
+            &format!("{lanes}&join_timeout=120"),
+        );
+        drained_follower_stops_waiting_and_the_leader_waits_on(&etcd, &url);
+    }
+}
+
+fn drained_follower_stops_waiting_and_the_leader_waits_on(etcd: &Etcd, url: &str) {
+    let url = url.to_string();
+    let (nodes, leader, waiting) = two_waiting_in_round_one(etcd, &url);
     let (follower, rx) = waiting.iter().find(|(id, _)| *id != leader).unwrap();
     BlockingAdmin::new(Params::from_url(&url).unwrap())
         .unwrap()
@@ -162,4 +188,32 @@ fn a_follower_whose_lease_expired_while_frozen_joins_again_when_it_wakes() {
     assert_eq!(round["world_size"], 3, "{round}");
     let leader_info = outcome(&leader_rx, "leader").unwrap();
     assert_eq!(leader_info.round, info.round);
+}
+
+/// The lanes a node watches before it joins come from its own `max_nodes`; the leader's lane
+/// count (`seal/lanes`) rules. A follower configured with another `max_nodes` than its leader
+/// must still receive the seal, whichever of the two has more lanes.
+#[test]
+fn a_follower_with_another_lane_count_than_its_leader_still_receives_the_seal() {
+    let etcd = Etcd::start();
+    let (one, many) = ("max_nodes=3", "max_nodes=1000");
+    for (i, (leader_lanes, follower_lanes)) in [(one, many), (many, one)].into_iter().enumerate() {
+        let options = format!("min_nodes=3&{leader_lanes}&last_call_timeout=1&join_timeout=120");
+        let leader_url = etcd.url(&format!("lane-counts-{i}"), &options);
+        let follower_url = leader_url.replace(leader_lanes, follower_lanes);
+        let leader_rx = next_on_thread(&Arc::new(node(&leader_url)));
+        wait_for_leader(&etcd.endpoint(), &round_prefix(&leader_url, 0));
+        let followers: Vec<_> = (0..2)
+            .map(|_| next_on_thread(&Arc::new(node(&follower_url))))
+            .collect();
+        let leader = outcome(&leader_rx, "leader").unwrap();
+        assert_eq!(
+            leader.world_size, 3,
+            "{leader_lanes} leading {follower_lanes}"
+        );
+        for rx in &followers {
+            let info = outcome(rx, "follower").unwrap();
+            assert_eq!((info.round, info.world_size), (leader.round, 3));
+        }
+    }
 }

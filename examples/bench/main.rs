@@ -211,11 +211,11 @@ async fn member_metric(endpoint: &str, name: &str) -> f64 {
 
 /// The floor for a round of `n` nodes: raw etcd-client doing the minimal etcd work of one
 /// round over one shared connection, as rdzv's in-process nodes do. Each node opens a watch on
-/// `final` and sends one join transaction; a leader, watching the join prefix, writes `final`
-/// and the rank chunks in one transaction once all have joined (as rdzv's seal: `final` is
-/// O(1), the member list is spread over chunks by node id); each node, told by its watch,
-/// reads the one chunk that holds its id and finds its rank there. Returns the time from the
-/// last call to the last node that knows its rank.
+/// its lane (a hash of its id) and sends one join transaction; a leader, watching the join
+/// prefix, writes `final` and every lane's seal in one transaction once all have joined (as
+/// rdzv's seal: each lane's value is `final` with the ranks of that lane's members); each node
+/// finds its rank in the event its watch delivers. Returns the time from the last call to the
+/// last node that knows its rank.
 async fn floor_round(endpoint: &str, n: usize, run: &str) -> (Duration, Cpu) {
     let phases = floor_phases(endpoint, n, run).await;
     (phases.total(), phases.cpu)
@@ -265,20 +265,24 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
         .await
         .unwrap();
     let ids: Vec<String> = (0..n).map(|i| format!("{:016x}", i * 7919 + 1)).collect();
+    // As many lanes as rdzv's nodes use with max_nodes = n.
     let chunks = rdzv::rendezvous::chunk_count(n);
-    let mut sealed = serde_json::json!({ "round": 0, "world_size": n, "master_addr": "localhost", "master_port": 29500, "chunks": chunks });
-    // A round of one chunk carries its member list in final, and its members read nothing more.
-    if let Some(members) = rdzv::rendezvous::inline_members(&ids) {
-        sealed["members"] = serde_json::json!(members[..]);
-    }
-    let sealed = sealed.to_string();
-    let mut writes = vec![etcd_client::TxnOp::put(final_key, sealed, None)];
-    for (k, value) in rdzv::rendezvous::rank_chunks(&ids, chunks)
+    let sealed = rdzv::rendezvous::FinalRecord {
+        round: 0,
+        world_size: n as u32,
+        master_addr: "localhost".into(),
+        master_port: 29500,
+        chunks,
+        members: rdzv::rendezvous::inline_members(&ids, chunks),
+        lane: None,
+    };
+    let mut writes = vec![etcd_client::TxnOp::put(final_key, sealed.to_json(), None)];
+    for (k, value) in rdzv::rendezvous::lane_values(&sealed, &ids)
         .into_iter()
         .enumerate()
     {
         writes.push(etcd_client::TxnOp::put(
-            format!("{prefix}ranks/{k}"),
+            format!("{prefix}lane/{k:04}/sealed"),
             value,
             None,
         ));
@@ -300,10 +304,12 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
         .into_iter()
         .map(|id| {
             let (mut c, barrier, prefix) = (client.clone(), barrier.clone(), prefix.clone());
+            let lane = format!("{prefix}lane/{:04}/", sealed.chunk_of(&id));
             tokio::spawn(async move {
                 barrier.wait().await;
                 let called = Instant::now();
-                let mut watch = c.watch(format!("{prefix}final"), None).await.unwrap();
+                let prefixed = etcd_client::WatchOptions::new().with_prefix();
+                let mut watch = c.watch(lane, Some(prefixed)).await.unwrap();
                 let join = etcd_client::Txn::new()
                     .when([etcd_client::Compare::create_revision(
                         format!("{prefix}final"),
@@ -323,16 +329,7 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
                         break rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
                     }
                 };
-                if let Some(rank) = sealed.inline_rank(&id) {
-                    assert!(rank.is_some());
-                    return (called, Instant::now());
-                }
-                // Read and parse the chunk that holds this node's rank, as a member does.
-                let chunk = format!("{prefix}ranks/{}", sealed.chunk_of(&id));
-                let resp = c.get(chunk, None).await.unwrap();
-                let kv = resp.kvs().first().unwrap();
-                let ranks = rdzv::rendezvous::parse_rank_chunk(kv.key(), kv.value()).unwrap();
-                assert!(ranks.iter().any(|(node, _)| *node == id));
+                assert!(matches!(sealed.inline_rank(&id), Some(Some(_))));
                 (called, Instant::now())
             })
         })

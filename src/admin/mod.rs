@@ -225,7 +225,7 @@ impl Admin {
             Some(r) => {
                 let reads = Txn::new().and_then([
                     TxnOp::get(k.final_(r), Some(at.clone())),
-                    TxnOp::get(k.ranks_prefix(r), Some(at.clone().with_prefix())),
+                    TxnOp::get(k.lanes_prefix(r), Some(at.clone().with_prefix())),
                 ]);
                 let resp = self.etcd.txn(deadline, "status", reads).await?;
                 let got = ranges(&resp);

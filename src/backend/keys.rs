@@ -9,15 +9,19 @@
 //! r/{round:020}/join/{node}    a node's request to join the round, bound to its lease
 //! r/{round:020}/gone/{node}    a node that withdrew its join request (cancel, timeout)
 //! r/{round:020}/seal/leader    the node that seals the round, bound to its lease
-//! r/{round:020}/seal/final     the sealed round: its size, rank 0's address, its chunk count
-//! r/{round:020}/seal/closed    written with `closed` while this round was open: wakes its joiners
-//! r/{round:020}/seal/drain/{node}  written with `drain/{node}` while this round was open
-//! r/{round:020}/ranks/{chunk}  the members whose id hashes to the chunk, with their ranks
+//! r/{round:020}/seal/lanes     how many lanes the leader uses, written and bound with `leader`
+//! r/{round:020}/seal/final     the sealed round: its size, rank 0's address, its lane count
+//! r/{round:020}/lane/{k:04}/leader  the leader's node id, a copy per lane (bound to its lease)
+//! r/{round:020}/lane/{k:04}/sealed  `final` plus the ranks of the members of lane k
+//! r/{round:020}/lane/{k:04}/closed  written with `closed` while this round was open
+//! r/{round:020}/lane/{k:04}/drain/{node}  written with `drain/{node}` while this round was open
 //! r/{round:020}/store/{key}    the round's key-value store
 //! ```
 //!
-//! Round numbers are zero-padded so a range over `r/` lists rounds in order. Everything a
-//! joiner waits for lives under its round's `seal/`, so it waits with one watcher.
+//! Round numbers are zero-padded so a range over `r/` lists rounds in order. A node's lane is
+//! a hash of its id (`records::chunk_of`); everything a joiner waits for is under its lane, so
+//! it waits with one watcher that sees only its own lane's keys: the seal reaches each node
+//! with its own rank, and no node receives the others' ranks.
 
 /// Bytes that stay as they are in an escaped run id; everything else becomes `%XX`, so a run
 /// id with `/`, `%` or control bytes cannot reach outside its own directory.
@@ -89,29 +93,48 @@ impl Keys {
     pub fn gone(&self, round: u64, node: &str) -> String {
         format!("{}gone/{node}", self.round_prefix(round))
     }
-    /// What a joiner of the round waits on: its leader, its seal, and the wake-ups below.
-    pub fn seal_prefix(&self, round: u64) -> String {
-        format!("{}seal/", self.round_prefix(round))
-    }
     pub fn leader(&self, round: u64) -> String {
-        format!("{}leader", self.seal_prefix(round))
+        format!("{}seal/leader", self.round_prefix(round))
+    }
+    /// The leader's lane count, so that joiners and closers write and watch the same lanes.
+    pub fn lanes(&self, round: u64) -> String {
+        format!("{}seal/lanes", self.round_prefix(round))
     }
     pub fn final_(&self, round: u64) -> String {
-        format!("{}final", self.seal_prefix(round))
+        format!("{}seal/final", self.round_prefix(round))
     }
-    /// Written in the same transaction as `closed`, in the round open at that moment.
-    pub fn closed_wake(&self, round: u64) -> String {
-        format!("{}closed", self.seal_prefix(round))
+    pub fn lanes_prefix(&self, round: u64) -> String {
+        format!("{}lane/", self.round_prefix(round))
     }
-    /// Written in the same transaction as `drain/{node}`, in the round open at that moment.
-    pub fn drain_wake(&self, round: u64, node: &str) -> String {
-        format!("{}drain/{node}", self.seal_prefix(round))
+    /// What the joiners of lane `lane` wait on: the keys below, and nothing else.
+    pub fn lane_prefix(&self, round: u64, lane: u32) -> String {
+        format!("{}lane/{lane:04}/", self.round_prefix(round))
     }
-    pub fn ranks_prefix(&self, round: u64) -> String {
-        format!("{}ranks/", self.round_prefix(round))
+    /// The lane's copy of `leader`: its deletion tells the lane's joiners the leader is gone.
+    pub fn lane_leader(&self, round: u64, lane: u32) -> String {
+        format!("{}leader", self.lane_prefix(round, lane))
     }
-    pub fn ranks(&self, round: u64, chunk: u32) -> String {
-        format!("{}ranks/{chunk:04}", self.round_prefix(round))
+    /// The seal as the lane's joiners receive it: `final` and the lane's ranks.
+    pub fn lane_sealed(&self, round: u64, lane: u32) -> String {
+        format!("{}sealed", self.lane_prefix(round, lane))
+    }
+    /// Written in the same transaction as `closed`, in every lane of the round open then.
+    pub fn lane_closed(&self, round: u64, lane: u32) -> String {
+        format!("{}closed", self.lane_prefix(round, lane))
+    }
+    /// Written in the same transaction as `drain/{node}`, in the node's lane of the round
+    /// open then.
+    pub fn lane_drain(&self, round: u64, lane: u32, node: &str) -> String {
+        format!("{}drain/{node}", self.lane_prefix(round, lane))
+    }
+    /// Whether `key` is a lane's `sealed` key (a read of `lane/` also returns the others,
+    /// among them `drain/{node}` of a node that may be called `sealed`).
+    pub fn is_lane_sealed(key: &[u8]) -> bool {
+        let mut parts = key.rsplit(|&b| b == b'/');
+        parts.next() == Some(b"sealed")
+            && parts
+                .next()
+                .is_some_and(|lane| !lane.is_empty() && lane.iter().all(u8::is_ascii_digit))
     }
     pub fn store_prefix(&self, round: u64) -> String {
         format!("{}store/", self.round_prefix(round))
@@ -145,24 +168,32 @@ mod tests {
         let keys = Keys::new("/p/", "job");
         assert!(keys.round_prefix(9) < keys.round_prefix(10));
         assert_eq!(keys.join(3, "n1"), "/p/job/r/00000000000000000003/join/n1");
-        // A joiner's one watcher on seal/ must see these and nothing else of the round.
-        let seal = keys.seal_prefix(3);
+        // A joiner's one watcher on its lane must see these and nothing else of the round.
+        let lane = keys.lane_prefix(3, 1);
         for key in [
-            keys.leader(3),
-            keys.final_(3),
-            keys.closed_wake(3),
-            keys.drain_wake(3, "n1"),
+            keys.lane_leader(3, 1),
+            keys.lane_sealed(3, 1),
+            keys.lane_closed(3, 1),
+            keys.lane_drain(3, 1, "n1"),
         ] {
-            assert!(key.starts_with(&seal), "{key}");
+            assert!(key.starts_with(&lane), "{key}");
         }
         for key in [
             keys.join(3, "n1"),
             keys.gone(3, "n1"),
-            keys.ranks(3, 0),
+            keys.leader(3),
+            keys.final_(3),
+            keys.lane_sealed(3, 0),
+            keys.lane_sealed(3, 10),
             keys.store_prefix(3),
         ] {
-            assert!(!key.starts_with(&seal), "{key}");
+            assert!(!key.starts_with(&lane), "{key}");
         }
+        assert!(Keys::is_lane_sealed(keys.lane_sealed(3, 7).as_bytes()));
+        assert!(!Keys::is_lane_sealed(keys.lane_leader(3, 7).as_bytes()));
+        assert!(!Keys::is_lane_sealed(
+            keys.lane_drain(3, 7, "sealed").as_bytes()
+        ));
         assert_eq!(Keys::node_of(keys.alive("n7").as_bytes()), Some("n7"));
     }
 }

@@ -56,13 +56,20 @@ pub(crate) async fn mark(
     // instead of a mark no lease will ever remove. The wake-up in the open round ends the
     // node's wait there at once, if it is waiting to join.
     let bound = || Some(PutOptions::new().with_lease(lease));
-    let written = super::wake::in_open_round(etcd, keys, "drain", deadline, &[guard], |open| {
-        vec![
-            TxnOp::put(keys.drain(node), reason, bound()),
-            TxnOp::put(keys.drain_wake(open, node), reason, bound()),
-        ]
-    })
-    .await?;
+    let written =
+        super::wake::in_open_round(etcd, keys, "drain", deadline, &[guard], |open, lanes| {
+            let mut ops = vec![TxnOp::put(keys.drain(node), reason, bound())];
+            if let Some(lanes) = lanes {
+                let lane = super::records::chunk_of(node, lanes);
+                ops.push(TxnOp::put(
+                    keys.lane_drain(open, lane, node),
+                    reason,
+                    bound(),
+                ));
+            }
+            ops
+        })
+        .await?;
     match written {
         true => Ok(()),
         false => Err(not_alive()),

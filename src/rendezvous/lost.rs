@@ -142,7 +142,7 @@ async fn first_gone(
     let round = sealed.round;
     let txn = Txn::new().and_then([
         TxnOp::get(
-            keys.ranks_prefix(round),
+            keys.lanes_prefix(round),
             Some(GetOptions::new().with_prefix()),
         ),
         TxnOp::get(

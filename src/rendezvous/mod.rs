@@ -17,7 +17,7 @@ mod round;
 pub(crate) mod wake;
 
 pub use records::{
-    chunk_count, inline_members, members_from_chunks, parse_rank_chunk, rank_chunks, FinalRecord,
+    chunk_count, inline_members, lane_values, members_from_chunks, parse_rank_chunk, FinalRecord,
     JoinRecord,
 };
 
@@ -221,7 +221,8 @@ impl Rendezvous {
             let lease = self.ensure_lease(deadline).await?;
             // Watched before joining, so the join transaction is the read after the watch: a
             // follower waits for the seal without another round trip.
-            let early_watch = round::follower_watch(self, round_guess, deadline).await?;
+            let early_watch =
+                round::follower_watch(self, round_guess, self.lanes(), deadline).await?;
             let joined = match self.join(round_guess, lease, deadline).await {
                 // Cut off longer than lease_ttl: etcd dropped our lease (and our keys with it).
                 // Take a new lease and join again, as a new arrival.
@@ -289,15 +290,18 @@ impl Rendezvous {
         }
     }
 
-    /// This node's rank in a sealed round, or None if the round left it out: from the list
-    /// `final` carries in a round of one chunk, else one read of the rank chunk its id hashes
-    /// to (a member never reads the whole list). A chunk that is gone (the round rotated out
-    /// while this node was away) also means "not in it".
+    /// This node's rank in a sealed round, or None if the round left it out: from what the
+    /// seal carries (the whole list in a round of one lane, or the ranks of this node's lane,
+    /// which is how a waiting follower receives it), else one read of this node's lane (a
+    /// member never reads the whole list). A lane that is gone (the round rotated out while
+    /// this node was away) also means "not in it".
     async fn rank_in(&self, sealed: &FinalRecord) -> Result<Option<u32>> {
         if let Some(rank) = sealed.inline_rank(&self.node) {
             return Ok(rank);
         }
-        let key = self.keys.ranks(sealed.round, sealed.chunk_of(&self.node));
+        let key = self
+            .keys
+            .lane_sealed(sealed.round, sealed.chunk_of(&self.node));
         let resp = self
             .etcd
             .get(self.quick_deadline(), "read rank", key, GetOptions::new())
@@ -312,9 +316,9 @@ impl Rendezvous {
     }
 
     /// The members of this node's last round in rank order (the same list for every member).
-    /// Read once, on first use, from the round's rank chunks: O(round size), which `next` never
-    /// pays, since a member reads only its own chunk. A round of at most 64 members has its
-    /// list in `final` already, so this reads nothing.
+    /// Read once, on first use, from the round's lanes: O(round size), which `next` never
+    /// pays, since a member receives only its own lane. A round of one lane (`max_nodes` at
+    /// most 64) has its list in `final` already, so this reads nothing.
     pub async fn members(&self) -> Result<Arc<[String]>> {
         self.check_not_shut_down()?;
         let sealed = {
@@ -340,7 +344,7 @@ impl Rendezvous {
             .get(
                 self.quick_deadline(),
                 "read members",
-                self.keys.ranks_prefix(sealed.round),
+                self.keys.lanes_prefix(sealed.round),
                 GetOptions::new().with_prefix(),
             )
             .await?;
@@ -350,7 +354,9 @@ impl Rendezvous {
         Ok(members)
     }
 
-    fn member_of(&self, sealed: FinalRecord, rank: u32) -> (RoundInfo, Store) {
+    fn member_of(&self, mut sealed: FinalRecord, rank: u32) -> (RoundInfo, Store) {
+        // The lane's ranks were for finding this node's own: not kept.
+        sealed.lane = None;
         let info = RoundInfo {
             round: sealed.round,
             rank,
@@ -400,8 +406,8 @@ impl Rendezvous {
             ops.push(TxnOp::delete(self.keys.join(prev, &self.node), None));
         }
         // The first joiner becomes the round's leader in the same round trip; the others read
-        // who leads. (Last: etcd 3.4 drops the responses of operations that follow a nested
-        // transaction.)
+        // who leads, and in how many lanes. (Last: etcd 3.4 drops the responses of operations
+        // that follow a nested transaction.)
         ops.push(TxnOp::txn(
             Txn::new()
                 .when([Compare::create_revision(
@@ -409,12 +415,11 @@ impl Rendezvous {
                     CompareOp::Equal,
                     0,
                 )])
-                .and_then([TxnOp::put(
-                    leader.clone(),
-                    self.node.clone(),
-                    Some(PutOptions::new().with_lease(lease)),
-                )])
-                .or_else([TxnOp::get(leader, None)]),
+                .and_then(round::claim_ops(self, round, lease))
+                .or_else([
+                    TxnOp::get(leader, None),
+                    TxnOp::get(self.keys.lanes(round), None),
+                ]),
         ));
         // A drained node never joins again: its departure is planned.
         let txn = Txn::new()
@@ -476,15 +481,18 @@ impl Rendezvous {
                 resp.op_responses()
             )));
         };
-        let leader = match claim.succeeded() {
-            true => Some(self.node.clone()),
-            false => ranges(&claim)
-                .first()
-                .and_then(|g| g.kvs().first())
-                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+        let (leader, lanes) = match claim.succeeded() {
+            true => (Some(self.node.clone()), Some(self.lanes())),
+            false => {
+                let got = ranges(&claim);
+                let first = |i: usize| got.get(i).and_then(|g| g.kvs().first());
+                let leader = first(0).map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+                (leader, first(1).map(round::parse_lanes).transpose()?)
+            }
         };
         Ok(round::Snapshot {
             leader,
+            lanes,
             sealed: None,
             closed: false,
             joined: true,
@@ -585,7 +593,7 @@ impl Rendezvous {
                             CompareOp::Equal,
                             self.node.clone(),
                         )])
-                        .and_then([TxnOp::delete(leader, None)]),
+                        .and_then(round::unclaim_ops(self, round)),
                 ),
             ])
             .or_else([
@@ -934,6 +942,12 @@ impl Rendezvous {
     }
     pub(crate) fn keys(&self) -> &Keys {
         &self.keys
+    }
+    /// How many lanes this node's rounds have when it leads, and which lanes it watches
+    /// before it knows the leader's (`seal/lanes`): fixed by `max_nodes`, so that every node
+    /// of a run configured alike agrees on it before joining.
+    pub(crate) fn lanes(&self) -> u32 {
+        chunk_count(self.params.max_nodes as usize)
     }
     pub(crate) fn node(&self) -> &str {
         &self.node

@@ -15,24 +15,29 @@ pub struct JoinRecord {
     pub last: Option<(u64, u32)>,
 }
 
-/// The value of `r/{round}/final`: the round's size, rank 0's bootstrap address and how many
-/// rank chunks hold the member list. Written once, never changed. Its size does not grow with
-/// the round, because every member receives it by watch: the member list itself is in
-/// `r/{round}/ranks/{chunk}` keys written by the same transaction, and a member reads only the
-/// chunk that holds its own id (`chunk_of`), so a round of N moves O(N) bytes, not O(N²).
-/// A round of one chunk (at most 64 members) also carries that chunk here, as its member list:
-/// the same bytes each member would read, without the read.
+/// The value of `r/{round}/seal/final`: the round's size, rank 0's bootstrap address and its
+/// lane count. Written once, never changed. Its size does not grow with the round. The member
+/// list is spread over the round's lanes by a hash of each id (`chunk_of`): the seal writes,
+/// in the same transaction, one `lane/{k}/sealed` per lane holding this record and the ranks of
+/// that lane's members, and each joiner watches only its own lane, so it receives its rank with
+/// the seal and a round of N moves O(N) bytes, not O(N²). A round of one lane (`max_nodes` at
+/// most 64) carries its member list in this record itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinalRecord {
     pub round: u64,
     pub world_size: u32,
     pub master_addr: String,
     pub master_port: u16,
-    /// How many `ranks/` chunks the member list is spread over.
+    /// How many lanes (chunks of the member list) the round has.
     pub chunks: u32,
     /// The member list in rank order, when the round has one chunk (`inline_members`).
     pub members: Option<std::sync::Arc<[String]>>,
+    /// Read from a lane's `sealed` key: that lane's number and its members' ranks.
+    pub lane: Option<(u32, LaneRanks)>,
 }
+
+/// The members of one lane with their ranks.
+pub type LaneRanks = std::sync::Arc<[(String, u32)]>;
 
 /// Members per rank chunk the seal aims at.
 const CHUNK_TARGET: usize = 64;
@@ -41,12 +46,14 @@ const CHUNK_TARGET: usize = 64;
 /// Beyond 6400 members the chunks grow instead (N/100 ids each).
 pub(crate) const MAX_CHUNKS: usize = 100;
 
-/// The member list `final` carries itself: a round's whole list when it fits one chunk.
-pub fn inline_members(members: &[String]) -> Option<std::sync::Arc<[String]>> {
-    (chunk_count(members.len()) == 1).then(|| members.into())
+/// The member list `final` carries itself: a round's whole list when it has one lane.
+pub fn inline_members(members: &[String], chunks: u32) -> Option<std::sync::Arc<[String]>> {
+    (chunks == 1).then(|| members.into())
 }
 
-/// How many chunks a round of `n` members is spread over.
+/// How many chunks (lanes) a round of up to `n` members is spread over: the leader's seal
+/// uses `chunk_count(max_nodes)`, fixed before anyone joins, since a joiner must know its
+/// lane before it joins.
 pub fn chunk_count(n: usize) -> u32 {
     n.div_ceil(CHUNK_TARGET).clamp(1, MAX_CHUNKS) as u32
 }
@@ -60,37 +67,61 @@ pub fn chunk_of(node: &str, chunks: u32) -> u32 {
     (hash % u64::from(chunks.max(1))) as u32
 }
 
-/// The values of a round's `ranks/{chunk}` keys, by chunk: each a JSON object from node id to
-/// rank, holding the members whose id hashes to that chunk.
-pub fn rank_chunks(members: &[String], chunks: u32) -> Vec<String> {
-    let mut out = vec![serde_json::Map::new(); chunks as usize];
-    for (rank, node) in members.iter().enumerate() {
-        out[chunk_of(node, chunks) as usize].insert(node.clone(), json!(rank));
+/// The values of a round's `lane/{k}/sealed` keys, by lane: each `sealed` with its lane's
+/// number and, unless `sealed` carries the whole list itself, a JSON object from node id to
+/// rank holding the members whose id hashes to that lane.
+pub fn lane_values(sealed: &FinalRecord, members: &[String]) -> Vec<String> {
+    let mut ranks = vec![serde_json::Map::new(); sealed.chunks as usize];
+    if sealed.members.is_none() {
+        for (rank, node) in members.iter().enumerate() {
+            ranks[chunk_of(node, sealed.chunks) as usize].insert(node.clone(), json!(rank));
+        }
     }
-    out.into_iter()
-        .map(|m| Value::Object(m).to_string())
+    let base = sealed.to_value();
+    ranks
+        .into_iter()
+        .enumerate()
+        .map(|(lane, ranks)| {
+            let mut v = base.clone();
+            v["lane"] = json!(lane);
+            if sealed.members.is_none() {
+                v["ranks"] = Value::Object(ranks);
+            }
+            v.to_string()
+        })
         .collect()
 }
 
-/// One `ranks/{chunk}` value: node ids with their ranks.
+/// The ranks in one lane's `sealed` value: node ids with their ranks.
 pub fn parse_rank_chunk(key: &[u8], value: &[u8]) -> Result<Vec<(String, u32)>> {
-    let Value::Object(map) = parse_object(key, value)? else {
-        unreachable!("parse_object checks for an object")
+    rank_map(key, parse_object(key, value)?.get("ranks"))
+}
+
+fn rank_map(key: &[u8], ranks: Option<&Value>) -> Result<Vec<(String, u32)>> {
+    let Some(Value::Object(map)) = ranks else {
+        return Err(corrupt(key, "ranks is missing or not an object"));
     };
-    map.into_iter()
-        .map(|(node, rank)| Ok((node, u32_field(key, &rank, "a rank")?)))
+    map.iter()
+        .map(|(node, rank)| Ok((node.clone(), u32_field(key, rank, "a rank")?)))
         .collect()
 }
 
-/// The member list in rank order from every chunk of a round; a state error unless the chunks
-/// hold each rank in 0..world_size exactly once.
+/// The member list in rank order: the one `sealed` carries, else from a read of the round's
+/// `lane/` keys (the keys other than the lanes' `sealed` are skipped); a state error unless
+/// the lanes hold each rank in 0..world_size exactly once.
 pub fn members_from_chunks<'a>(
     sealed: &FinalRecord,
-    chunks: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    lanes: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
 ) -> Result<std::sync::Arc<[String]>> {
+    if let Some(members) = &sealed.members {
+        return Ok(members.clone());
+    }
     let mut members: Vec<Option<String>> = vec![None; sealed.world_size as usize];
     let mut seen = 0usize;
-    for (key, value) in chunks {
+    let lanes = lanes
+        .into_iter()
+        .filter(|(key, _)| crate::backend::keys::Keys::is_lane_sealed(key));
+    for (key, value) in lanes {
         for (node, rank) in parse_rank_chunk(key, value)? {
             let slot = members.get_mut(rank as usize).ok_or_else(|| {
                 corrupt(
@@ -106,7 +137,7 @@ pub fn members_from_chunks<'a>(
     }
     if seen != members.len() {
         return Err(Error::state(format!(
-            "round {}: its rank chunks hold {seen} of its {} members (rotated out, or foreign data)",
+            "round {}: its lanes hold {seen} of its {} members (rotated out, or foreign data)",
             sealed.round, sealed.world_size
         )));
     }
@@ -143,7 +174,12 @@ impl JoinRecord {
 }
 
 impl FinalRecord {
+    /// The value of `seal/final` (a lane's `sealed` adds its lane and ranks: `lane_values`).
     pub fn to_json(&self) -> String {
+        self.to_value().to_string()
+    }
+
+    fn to_value(&self) -> Value {
         let mut v = json!({
             "round": self.round,
             "world_size": self.world_size,
@@ -154,7 +190,7 @@ impl FinalRecord {
         if let Some(members) = &self.members {
             v["members"] = json!(members[..]);
         }
-        v.to_string()
+        v
     }
 
     pub fn parse(key: &[u8], value: &[u8]) -> Result<FinalRecord> {
@@ -177,11 +213,26 @@ impl FinalRecord {
             None => None,
             Some(list) => Some(inline_list(key, list, world_size, chunks)?),
         };
+        let lane = match v.get("lane") {
+            None => None,
+            Some(lane) => {
+                let lane = u32_field(key, lane, "lane")?;
+                if lane >= chunks {
+                    return Err(corrupt(key, &format!("lane {lane} of {chunks}")));
+                }
+                let ranks = match &members {
+                    Some(_) => Vec::new(),
+                    None => rank_map(key, v.get("ranks"))?,
+                };
+                Some((lane, ranks.into()))
+            }
+        };
         Ok(FinalRecord {
             round,
             world_size,
             chunks,
             members,
+            lane,
             master_addr: str_field(key, &v, "master_addr")?,
             master_port: port
                 .as_u64()
@@ -195,11 +246,19 @@ impl FinalRecord {
         chunk_of(node, self.chunks)
     }
 
-    /// `node`'s rank from the list this record carries: `None` if it carries none (read the
-    /// node's chunk), `Some(None)` if the node is not in the round.
+    /// `node`'s rank from what this record carries (the whole list, or the ranks of `node`'s
+    /// lane): `None` if it carries neither (read the node's lane), `Some(None)` if the node is
+    /// not in the round.
     pub fn inline_rank(&self, node: &str) -> Option<Option<u32>> {
-        let members = self.members.as_ref()?;
-        Some(members.iter().position(|m| m == node).map(|r| r as u32))
+        if let Some(members) = &self.members {
+            return Some(members.iter().position(|m| m == node).map(|r| r as u32));
+        }
+        let (lane, ranks) = self
+            .lane
+            .as_ref()
+            .filter(|(l, _)| *l == self.chunk_of(node))?;
+        debug_assert_eq!(*lane, self.chunk_of(node));
+        Some(ranks.iter().find(|(m, _)| m == node).map(|(_, r)| *r))
     }
 }
 
@@ -296,11 +355,12 @@ mod tests {
             master_port: 1,
             chunks: 2,
             members: None,
+            lane: None,
         };
         assert_eq!(FinalRecord::parse(b"k", f.to_json().as_bytes()).unwrap(), f);
         let small = FinalRecord {
             chunks: 1,
-            members: inline_members(&["b".into(), "a".into(), "c".into()]),
+            members: inline_members(&["b".into(), "a".into(), "c".into()], 1),
             ..f
         };
         let parsed = FinalRecord::parse(b"k", small.to_json().as_bytes()).unwrap();
@@ -312,8 +372,8 @@ mod tests {
     #[test]
     fn only_a_round_of_one_chunk_carries_its_members_in_final() {
         let ids = |n: usize| (0..n).map(|i| format!("{i:016x}")).collect::<Vec<_>>();
-        assert_eq!(inline_members(&ids(64)).unwrap().len(), 64);
-        assert!(inline_members(&ids(65)).is_none());
+        assert_eq!(inline_members(&ids(64), 1).unwrap().len(), 64);
+        assert!(inline_members(&ids(64), 2).is_none());
         let base = r#""round":1,"master_addr":"h","master_port":1"#;
         for bad in [
             r#""world_size":2,"chunks":1,"members":["a"]"#,
@@ -329,10 +389,19 @@ mod tests {
     }
 
     #[test]
-    fn the_member_list_survives_its_chunks_and_each_node_finds_its_own() {
-        for n in [1usize, 2, 63, 64, 65, 1000, 7000] {
+    fn the_member_list_survives_its_lanes_and_each_node_finds_its_own_rank_in_its_lane() {
+        // Rounds of every size up to max_nodes, including far smaller ones.
+        for (n, max) in [
+            (1usize, 1usize),
+            (2, 64),
+            (64, 64),
+            (65, 65),
+            (3, 1024),
+            (1000, 1024),
+            (7000, 7000),
+        ] {
             let members: Vec<String> = (0..n).map(|i| format!("{i:016x}")).collect();
-            let chunks = chunk_count(n);
+            let chunks = chunk_count(max);
             assert!(chunks as usize <= MAX_CHUNKS);
             let sealed = FinalRecord {
                 round: 1,
@@ -340,24 +409,45 @@ mod tests {
                 master_addr: "h".into(),
                 master_port: 1,
                 chunks,
-                members: None,
+                members: inline_members(&members, chunks),
+                lane: None,
             };
-            let values = rank_chunks(&members, chunks);
-            let kvs = values.iter().map(|v| (&b"ranks"[..], v.as_bytes()));
-            assert_eq!(
-                &members_from_chunks(&sealed, kvs).unwrap()[..],
-                &members[..]
-            );
-            // Every node's rank is in the chunk its id names, and no chunk is far above the
-            // target size while there are chunks to spare.
+            let values = lane_values(&sealed, &members);
+            assert_eq!(values.len(), chunks as usize);
+            if chunks > 1 {
+                let kvs = values
+                    .iter()
+                    .map(|v| (&b"r/1/lane/0000/sealed"[..], v.as_bytes()));
+                assert_eq!(
+                    &members_from_chunks(&sealed, kvs).unwrap()[..],
+                    &members[..]
+                );
+            }
+            // Every node finds its rank in the lane its id names, and no lane is far above
+            // the target size while there are lanes to spare.
             for (rank, node) in members.iter().enumerate() {
                 let mine = &values[sealed.chunk_of(node) as usize];
-                let chunk = parse_rank_chunk(b"k", mine.as_bytes()).unwrap();
-                assert!(chunk.contains(&(node.clone(), rank as u32)));
+                let lane = FinalRecord::parse(b"k", mine.as_bytes()).unwrap();
+                assert_eq!(lane.inline_rank(node), Some(Some(rank as u32)), "n={n}");
+                assert_eq!((lane.world_size, lane.round), (n as u32, 1));
             }
-            if n <= MAX_CHUNKS * CHUNK_TARGET {
+            // A node that is not in the round learns so from its lane alone.
+            let outsider = "not-a-member";
+            let theirs = &values[sealed.chunk_of(outsider) as usize];
+            let lane = FinalRecord::parse(b"k", theirs.as_bytes()).unwrap();
+            assert_eq!(lane.inline_rank(outsider), Some(None));
+            // Another lane's record answers nothing about a node.
+            if chunks > 1 {
+                let other = (sealed.chunk_of(outsider) + 1) % chunks;
+                let lane = FinalRecord::parse(b"k", values[other as usize].as_bytes()).unwrap();
+                assert_eq!(lane.inline_rank(outsider), None);
+            }
+            if n <= MAX_CHUNKS * CHUNK_TARGET && n == max {
                 let largest = values.iter().map(|v| v.matches(':').count()).max().unwrap();
-                assert!(largest <= 2 * CHUNK_TARGET, "n={n}: a chunk of {largest}");
+                assert!(
+                    largest <= 2 * CHUNK_TARGET + 8,
+                    "n={n}: a lane of {largest}"
+                );
             }
         }
     }
@@ -369,19 +459,41 @@ mod tests {
             world_size: 2,
             master_addr: "h".into(),
             master_port: 1,
-            chunks: 1,
+            chunks: 2,
             members: None,
+            lane: None,
         };
-        for bad in [r#"{"a":0}"#, r#"{"a":0,"b":2}"#, r#"{"a":"x","b":1}"#, "[]"] {
-            let chunk = [(&b"r/1/ranks/0000"[..], bad.as_bytes())];
-            let err = members_from_chunks(&sealed, chunk).unwrap_err();
+        let key = &b"r/1/lane/0000/sealed"[..];
+        for bad in [
+            r#"{"ranks":{"a":0}}"#,
+            r#"{"ranks":{"a":0,"b":2}}"#,
+            r#"{"ranks":{"a":"x","b":1}}"#,
+            r#"{"ranks":[]}"#,
+            r#"{"a":0,"b":1}"#,
+            "[]",
+        ] {
+            let err = members_from_chunks(&sealed, [(key, bad.as_bytes())]).unwrap_err();
             assert_eq!(err.kind(), crate::error::ErrorKind::State, "{bad}");
         }
         let twice = [
-            (&b"c0"[..], &br#"{"a":0}"#[..]),
-            (&b"c1"[..], &br#"{"b":0,"c":1}"#[..]),
+            (key, &br#"{"ranks":{"a":0}}"#[..]),
+            (
+                &b"r/1/lane/0001/sealed"[..],
+                &br#"{"ranks":{"b":0,"c":1}}"#[..],
+            ),
         ];
         assert!(members_from_chunks(&sealed, twice).is_err());
+        // The lanes' other keys are not ranks.
+        let with_others = [
+            (key, &br#"{"ranks":{"a":0}}"#[..]),
+            (&b"r/1/lane/0000/leader"[..], &b"n1"[..]),
+            (&b"r/1/lane/0001/drain/sealed"[..], &b"preempted"[..]),
+            (&b"r/1/lane/0001/sealed"[..], &br#"{"ranks":{"b":1}}"#[..]),
+        ];
+        assert_eq!(
+            &members_from_chunks(&sealed, with_others).unwrap()[..],
+            ["a", "b"]
+        );
     }
 
     #[test]
@@ -391,6 +503,8 @@ mod tests {
             b"[1,2]",
             b"{\"round\":1}",
             b"{\"round\":1,\"world_size\":0,\"chunks\":1,\"master_addr\":\"h\",\"master_port\":1}",
+            b"{\"round\":1,\"world_size\":1,\"chunks\":2,\"master_addr\":\"h\",\"master_port\":1,\"lane\":2,\"ranks\":{}}",
+            b"{\"round\":1,\"world_size\":1,\"chunks\":2,\"master_addr\":\"h\",\"master_port\":1,\"lane\":0}",
         ] {
             let err = FinalRecord::parse(b"/rdzv/x/r/1/final", bad).unwrap_err();
             assert_eq!(err.kind(), crate::error::ErrorKind::State, "{bad:?}");

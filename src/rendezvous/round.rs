@@ -1,8 +1,9 @@
 //! Waiting for a round to be sealed, and sealing it when this node leads.
 //!
-//! Followers watch one prefix, the round's `seal/` (its leader, its seal, and the wake-ups of
-//! a close or a drain), so an arrival wakes only the leader; the end of a follower's lease
-//! wakes it from its own lease keeper. The first watch is made before the join, so the join
+//! Followers watch one prefix, their lane of the round (a copy of its leader key, the seal
+//! with their lane's ranks, and the wake-ups of a close or a drain), so an arrival wakes only
+//! the leader and the seal hands each follower its rank; the end of a follower's lease wakes
+//! it from its own lease keeper. The first watch is made before the join, so the join
 //! transaction is the read after the watch. The leader (the node holding the
 //! round's `leader` key) keeps the round's joiners and the run's live nodes in memory, fed by
 //! one watch, and seals when the round is activated and full, or its last call is over. Any
@@ -10,7 +11,7 @@
 //! watch-then-read, which is always safe because every decision is re-read from etcd and every
 //! write is guarded by compares.
 
-use super::records::{chunk_count, inline_members, members_from_chunks, rank_chunks};
+use super::records::{chunk_of, inline_members, lane_values, members_from_chunks};
 use super::{FinalRecord, JoinRecord, Outcome, Rendezvous};
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Target, Watch};
@@ -25,6 +26,8 @@ use tokio::time::Instant;
 pub(crate) struct Snapshot {
     /// The node holding the round's `leader` key, if any.
     pub leader: Option<String>,
+    /// The leader's lane count (`seal/lanes`), if the round has a leader.
+    pub lanes: Option<u32>,
     pub sealed: Option<FinalRecord>,
     pub closed: bool,
     /// Whether this node's join key still exists.
@@ -68,7 +71,6 @@ pub(crate) async fn wait_for_seal(
     // When this node started leading: its join if it was the first joiner, else its takeover.
     let mut leading_since = first_join;
     let keys = rdzv.keys();
-    let leader_key = keys.leader(round);
     // When the leader's last call ends. Kept across re-reads: a flapping connection must not
     // postpone the seal forever.
     let mut last_call: Option<Instant> = None;
@@ -113,8 +115,19 @@ pub(crate) async fn wait_for_seal(
                     "waiting for the leader to seal the round");
             }
         }
-        let (closed_wake, my_drain_wake) =
-            (keys.closed_wake(round), keys.drain_wake(round, rdzv.node()));
+        // The lanes are the leader's: a node whose max_nodes differs from the leader's watches
+        // the lane the leader writes to, not its own idea of it.
+        let lanes = snap.lanes.unwrap_or_else(|| rdzv.lanes());
+        let lane = chunk_of(rdzv.node(), lanes);
+        let (lane_leader, lane_sealed, closed_wake, my_drain_wake) = (
+            keys.lane_leader(round, lane),
+            keys.lane_sealed(round, lane),
+            keys.lane_closed(round, lane),
+            keys.lane_drain(round, lane, rdzv.node()),
+        );
+        if lanes != rdzv.lanes() {
+            early_watch = None;
+        }
         // The node's join key goes only with its lease, by its own hand, or in a forced purge
         // (which deletes `leader` too): the lease's end wakes the wait instead of a watcher on
         // the key.
@@ -124,7 +137,7 @@ pub(crate) async fn wait_for_seal(
             // checked above (sealed, closed, drained, joined, another node leads).
             Some(watch) => (watch, snap.revision),
             None => {
-                let watch = follower_watch(rdzv, round, deadline).await?;
+                let watch = follower_watch(rdzv, round, lanes, deadline).await?;
                 // Read after the watch exists, so nothing between the two is missed.
                 let fresh = read_snapshot(rdzv, round, deadline).await?;
                 let other_leader =
@@ -160,7 +173,7 @@ pub(crate) async fn wait_for_seal(
                 }
                 let key = kv.key();
                 let deleted = ev.event_type() == EventType::Delete;
-                if key == keys.final_(round).as_bytes() && !deleted {
+                if key == lane_sealed.as_bytes() && !deleted {
                     return Ok(Outcome::Sealed(FinalRecord::parse(key, kv.value())?));
                 } else if (key == closed_wake.as_bytes() || key == my_drain_wake.as_bytes())
                     && !deleted
@@ -168,7 +181,7 @@ pub(crate) async fn wait_for_seal(
                     // Re-read rather than fail at once: the round may have been sealed just
                     // before the run was closed, and the read says why this node was drained.
                     reread = true;
-                } else if key == leader_key.as_bytes() && deleted {
+                } else if key == lane_leader.as_bytes() && deleted {
                     break 'watching claim_leadership(rdzv, round, deadline).await?;
                 }
             }
@@ -186,23 +199,68 @@ async fn lease_gone(lost: &mut tokio::sync::watch::Receiver<bool>) {
     }
 }
 
-/// A follower's watch on round `round`: one watcher on the round's `seal/` keys, which hold
-/// its leader (to take over if it dies), its seal, and the wake-ups of a close or a drain
-/// (`wake.rs`). Arrivals of other nodes wake nobody but the leader.
+/// A follower's watch on round `round` of `lanes` lanes: one watcher on the keys of this
+/// node's lane, which hold a copy of the leader key (to take over if the leader dies), the
+/// seal with the lane's ranks, and the wake-ups of a close or a drain (`wake.rs`). Arrivals of
+/// other nodes wake nobody but the leader, and the seal of other lanes wakes nobody here.
 pub(crate) async fn follower_watch(
     rdzv: &Rendezvous,
     round: u64,
+    lanes: u32,
     deadline: Instant,
 ) -> Result<Watch> {
-    let seal = Target::Prefix(rdzv.keys().seal_prefix(round));
-    rdzv.etcd().watch(&[seal], deadline).await
+    let lane = chunk_of(rdzv.node(), lanes);
+    let lane = Target::Prefix(rdzv.keys().lane_prefix(round, lane));
+    rdzv.etcd().watch(&[lane], deadline).await
+}
+
+/// The writes that make this node the leader of `round`: `leader`, the lane count, and a copy
+/// of `leader` in every lane (its followers watch only their lane), all bound to its lease so
+/// they go together when it dies.
+pub(crate) fn claim_ops(rdzv: &Rendezvous, round: u64, lease: i64) -> Vec<TxnOp> {
+    let keys = rdzv.keys();
+    let bound = || Some(etcd_client::PutOptions::new().with_lease(lease));
+    let lanes = rdzv.lanes();
+    [
+        TxnOp::put(keys.leader(round), rdzv.node(), bound()),
+        TxnOp::put(keys.lanes(round), lanes.to_string(), bound()),
+    ]
+    .into_iter()
+    .chain((0..lanes).map(|lane| TxnOp::put(keys.lane_leader(round, lane), rdzv.node(), bound())))
+    .collect()
+}
+
+/// The deletions that undo `claim_ops` (a leader withdrawing).
+pub(crate) fn unclaim_ops(rdzv: &Rendezvous, round: u64) -> Vec<TxnOp> {
+    let keys = rdzv.keys();
+    [
+        TxnOp::delete(keys.leader(round), None),
+        TxnOp::delete(keys.lanes(round), None),
+    ]
+    .into_iter()
+    .chain((0..rdzv.lanes()).map(|lane| TxnOp::delete(keys.lane_leader(round, lane), None)))
+    .collect()
+}
+
+/// Parses the lane count at `seal/lanes`.
+pub(crate) fn parse_lanes(kv: &etcd_client::KeyValue) -> Result<u32> {
+    std::str::from_utf8(kv.value())
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| (1..=super::records::MAX_CHUNKS as u32).contains(&n))
+        .ok_or_else(|| {
+            Error::state(format!(
+                "corrupt or foreign data at etcd key {:?}: not a lane count",
+                String::from_utf8_lossy(kv.key())
+            ))
+        })
 }
 
 /// How many reads a snapshot takes (`snapshot_reads`).
-const SNAPSHOT_READS: usize = 5;
+const SNAPSHOT_READS: usize = 6;
 
 /// The reads every snapshot carries, in this order: leader, final, closed, own join key, own
-/// drain key.
+/// drain key, the leader's lane count.
 pub(crate) fn snapshot_reads(rdzv: &Rendezvous, round: u64) -> [TxnOp; SNAPSHOT_READS] {
     let keys = rdzv.keys();
     [
@@ -214,6 +272,7 @@ pub(crate) fn snapshot_reads(rdzv: &Rendezvous, round: u64) -> [TxnOp; SNAPSHOT_
             Some(GetOptions::new().with_count_only()),
         ),
         TxnOp::get(keys.drain(rdzv.node()), None),
+        TxnOp::get(keys.lanes(round), None),
     ]
 }
 
@@ -241,6 +300,7 @@ pub(crate) fn parse_snapshot(resp: &etcd_client::TxnResponse) -> Result<Snapshot
             .kvs()
             .first()
             .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+        lanes: got[5].kvs().first().map(parse_lanes).transpose()?,
         revision: resp.header().map_or(0, |h| h.revision()),
     })
 }
@@ -261,14 +321,10 @@ async fn claim_leadership(rdzv: &Rendezvous, round: u64, deadline: Instant) -> R
             Compare::version(keys.join(round, rdzv.node()), CompareOp::Greater, 0),
         ])
         .and_then(
-            [TxnOp::put(
-                keys.leader(round),
-                rdzv.node(),
-                Some(etcd_client::PutOptions::new().with_lease(lease)),
-            )]
-            .into_iter()
-            .chain(snapshot_reads(rdzv, round))
-            .collect::<Vec<_>>(),
+            claim_ops(rdzv, round, lease)
+                .into_iter()
+                .chain(snapshot_reads(rdzv, round))
+                .collect::<Vec<_>>(),
         )
         .or_else(snapshot_reads(rdzv, round));
     parse_snapshot(&rdzv.write(deadline, "claim leadership", txn).await?)
@@ -439,7 +495,7 @@ impl RoundView {
 
     /// The sealed record and its members in rank order: survivors of the previous round first,
     /// in their old order (so rank 0 stays rank 0), then newcomers by arrival; at most `max`.
-    fn seal_record(&self, max: usize) -> (FinalRecord, Vec<String>) {
+    fn seal_record(&self, max: usize, lanes: u32) -> (FinalRecord, Vec<String>) {
         let mut ordered: Vec<(&i64, &(String, JoinRecord))> = self.standing().collect();
         let prev_round = self.round.checked_sub(1);
         ordered.sort_by_key(|(rev, (_, rec))| match rec.last {
@@ -454,8 +510,9 @@ impl RoundView {
             world_size: members.len() as u32,
             master_addr: rank0.addr.clone(),
             master_port: rank0.port,
-            chunks: chunk_count(members.len()),
-            members: inline_members(&members),
+            chunks: lanes,
+            members: inline_members(&members, lanes),
+            lane: None,
         };
         (sealed, members)
     }
@@ -565,7 +622,7 @@ async fn lead(
         // The previous round's members: the leader is the one node that reads the whole list.
         reads.push(TxnOp::get(keys.final_(round - 1), None));
         reads.push(TxnOp::get(
-            keys.ranks_prefix(round - 1),
+            keys.lanes_prefix(round - 1),
             Some(GetOptions::new().with_prefix()),
         ));
     }
@@ -714,15 +771,19 @@ async fn seal(
 ) -> Result<Option<Outcome>> {
     let keys = rdzv.keys();
     let round = view.round;
-    let (sealed, members) = view.seal_record(max);
+    let (sealed, members) = view.seal_record(max, rdzv.lanes());
     let mut writes = vec![
         TxnOp::put(keys.final_(round), sealed.to_json(), None),
         TxnOp::put(keys.current(), (round + 1).to_string(), None),
     ];
-    // The member list, in chunks each member finds by its own id: with `final`, in this one
-    // transaction, so a sealed round always has its whole list.
-    for (chunk, value) in rank_chunks(&members, sealed.chunks).into_iter().enumerate() {
-        writes.push(TxnOp::put(keys.ranks(round, chunk as u32), value, None));
+    // The seal as each lane's followers receive it, with the ranks of that lane's members:
+    // with `final`, in this one transaction, so a sealed round always has its whole list.
+    for (lane, value) in lane_values(&sealed, &members).into_iter().enumerate() {
+        writes.push(TxnOp::put(
+            keys.lane_sealed(round, lane as u32),
+            value,
+            None,
+        ));
     }
     // Keep the previous round (its members may still read its store); drop the one before.
     if round >= 2 {

@@ -1,9 +1,12 @@
-//! Waking the joiners of the open round. A joiner waits with one watcher, on its round's
-//! `seal/` keys (who leads, the seal). Closing the run and draining a node must wake it too,
-//! so `closed` and `drain/{node}` are written in one transaction with a marker under the
-//! `seal/` of the round open for joining at that moment, guarded by `current` naming that
-//! round. Every waiting joiner is in that round: a join is guarded by `current == r`, and
-//! once `current` moves past `r`, `r` is sealed and its joiners wake for the seal.
+//! Waking the joiners of the open round. A joiner waits with one watcher, on its lane of its
+//! round (who leads, the seal). Closing the run and draining a node must wake it too, so
+//! `closed` and `drain/{node}` are written in one transaction with a marker in the lanes of
+//! the round open for joining at that moment (every lane for a close, the node's own for a
+//! drain), guarded by `current` naming that round and by its leader's lane count. Every
+//! waiting joiner is in that round: a join is guarded by `current == r`, and once `current`
+//! moves past `r`, `r` is sealed and its joiners wake for the seal. A round with no leader
+//! has no joiner waiting on a lane: each of its joiners is claiming the leadership, and the
+//! claim reads `closed` and the joiner's drain.
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd};
@@ -19,40 +22,53 @@ pub(crate) fn is_open(keys: &Keys, round: u64) -> Compare {
     }
 }
 
-/// Sends `guards` then `ops(open)` in the round `open` that is open for joining, learning it
-/// from the transaction itself and sending again if a seal moved it in between. False when
-/// `guards` failed (with the open round unchanged).
+/// Sends `guards` then `ops(open, lanes)` in the round `open` that is open for joining, where
+/// `lanes` is its leader's lane count (None: no leader), learning both from the transaction
+/// itself and sending again if a seal moved the open round or a new leader took it in
+/// between. False when `guards` failed (with the open round and its leader unchanged).
 pub(crate) async fn in_open_round(
     etcd: &Etcd,
     keys: &Keys,
     what: &str,
     deadline: Instant,
     guards: &[Compare],
-    ops: impl Fn(u64) -> Vec<TxnOp>,
+    ops: impl Fn(u64, Option<u32>) -> Vec<TxnOp>,
 ) -> Result<bool> {
-    let mut open = 0;
+    // The open round, and the revision and value of its `seal/lanes` (0 and None: absent).
+    let (mut open, mut lanes_at, mut lanes) = (0, 0, None);
     loop {
+        let same_leader = Compare::mod_revision(keys.lanes(open), CompareOp::Equal, lanes_at);
         let txn = Txn::new()
-            .when([guards, &[is_open(keys, open)]].concat())
-            .and_then(ops(open))
-            .or_else([TxnOp::get(keys.current(), None)]);
+            .when([guards, &[is_open(keys, open), same_leader]].concat())
+            .and_then(ops(open, lanes))
+            .or_else([
+                TxnOp::get(keys.current(), None),
+                TxnOp::get(keys.lanes(open), None),
+            ]);
         let resp = etcd.txn(deadline, what, txn).await?;
         if resp.succeeded() {
             return Ok(true);
         }
-        let now_open = match ranges(&resp).first().and_then(|g| g.kvs().first()) {
+        let got = ranges(&resp);
+        let now_open = match got.first().and_then(|g| g.kvs().first()) {
             Some(kv) => super::records::parse_round(kv.key(), kv.value())?,
             None => 0,
         };
         if now_open == open {
-            return Ok(false);
+            let now = got.get(1).and_then(|g| g.kvs().first());
+            let now_at = now.map_or(0, |kv| kv.mod_revision());
+            if now_at == lanes_at {
+                return Ok(false);
+            }
+            (lanes_at, lanes) = (now_at, now.map(super::round::parse_lanes).transpose()?);
+            continue;
         }
         if Instant::now() >= deadline {
             return Err(Error::timeout(format!(
                 "{what}: rounds kept being sealed while writing (the open round moved from {open} to {now_open})"
             )));
         }
-        open = now_open;
+        (open, lanes_at, lanes) = (now_open, 0, None);
     }
 }
 
@@ -73,11 +89,12 @@ pub(crate) async fn close(
         .await?
         .id();
     let bound = || Some(PutOptions::new().with_lease(lease));
-    let written = in_open_round(etcd, keys, what, deadline, &[], |open| {
-        vec![
-            TxnOp::put(keys.closed(), "1", bound()),
-            TxnOp::put(keys.closed_wake(open), "1", bound()),
-        ]
+    let written = in_open_round(etcd, keys, what, deadline, &[], |open, lanes| {
+        let wakes = (0..lanes.unwrap_or(0)).map(|lane| keys.lane_closed(open, lane));
+        std::iter::once(keys.closed())
+            .chain(wakes)
+            .map(|key| TxnOp::put(key, "1", bound()))
+            .collect()
     })
     .await?;
     match written {
