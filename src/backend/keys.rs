@@ -11,7 +11,6 @@
 //! r/{round:020}/seal/leader    the node that seals the round, bound to its lease
 //! r/{round:020}/seal/lanes     how many lanes the leader uses, written and bound with `leader`
 //! r/{round:020}/seal/final     the sealed round: its size, rank 0's address, its lane count
-//! r/{round:020}/lane/{k:04}/leader  the leader's node id, a copy per lane (bound to its lease)
 //! r/{round:020}/lane/{k:04}/sealed  `final` plus the ranks of the members of lane k
 //! r/{round:020}/lane/{k:04}/closed  written with `closed` while this round was open
 //! r/{round:020}/lane/{k:04}/drain/{node}  written with `drain/{node}` while this round was open
@@ -19,9 +18,10 @@
 //! ```
 //!
 //! Round numbers are zero-padded so a range over `r/` lists rounds in order. A node's lane is
-//! a hash of its id (`records::chunk_of`); everything a joiner waits for is under its lane, so
-//! it waits with one watcher that sees only its own lane's keys: the seal reaches each node
-//! with its own rank, and no node receives the others' ranks.
+//! a hash of its id (`records::chunk_of`); everything a joiner waits for, but its leader, is
+//! under its lane, so it waits with two watchers (`leader`, and its lane) that see only its own
+//! lane's seal: the seal reaches each node with its own rank, and no node receives the others'
+//! ranks.
 
 /// Bytes that stay as they are in an escaped run id; everything else becomes `%XX`, so a run
 /// id with `/`, `%` or control bytes cannot reach outside its own directory.
@@ -106,13 +106,9 @@ impl Keys {
     pub fn lanes_prefix(&self, round: u64) -> String {
         format!("{}lane/", self.round_prefix(round))
     }
-    /// What the joiners of lane `lane` wait on: the keys below, and nothing else.
+    /// What the joiners of lane `lane` wait on, with `leader`: the keys below.
     pub fn lane_prefix(&self, round: u64, lane: u32) -> String {
         format!("{}lane/{lane:04}/", self.round_prefix(round))
-    }
-    /// The lane's copy of `leader`: its deletion tells the lane's joiners the leader is gone.
-    pub fn lane_leader(&self, round: u64, lane: u32) -> String {
-        format!("{}leader", self.lane_prefix(round, lane))
     }
     /// The seal as the lane's joiners receive it: `final` and the lane's ranks.
     pub fn lane_sealed(&self, round: u64, lane: u32) -> String {
@@ -171,7 +167,6 @@ mod tests {
         // A joiner's one watcher on its lane must see these and nothing else of the round.
         let lane = keys.lane_prefix(3, 1);
         for key in [
-            keys.lane_leader(3, 1),
             keys.lane_sealed(3, 1),
             keys.lane_closed(3, 1),
             keys.lane_drain(3, 1, "n1"),
@@ -190,7 +185,7 @@ mod tests {
             assert!(!key.starts_with(&lane), "{key}");
         }
         assert!(Keys::is_lane_sealed(keys.lane_sealed(3, 7).as_bytes()));
-        assert!(!Keys::is_lane_sealed(keys.lane_leader(3, 7).as_bytes()));
+        assert!(!Keys::is_lane_sealed(keys.lane_closed(3, 7).as_bytes()));
         assert!(!Keys::is_lane_sealed(
             keys.lane_drain(3, 7, "sealed").as_bytes()
         ));

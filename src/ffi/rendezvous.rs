@@ -92,11 +92,11 @@ pub extern "C" fn rdzv_new(
 /// On success fills `*round` and, if `store` is not NULL, sets `*store` to a new handle on the
 /// round's store (free with `rdzv_store_free`; see `rdzv_store_t` for its lifetime).
 ///
-/// Cost, per node: one watch, one join transaction, and once the round is sealed one read of
-/// the rank chunk that holds this node (about 64 entries; a round of at most 64 carries it in
-/// the seal itself, so no read): the same at any round size, so a
-/// round of N moves O(N) bytes through etcd. Only the round's leader reads every joiner; the
-/// full member list is read by nobody else (`rdzv_admin_status` lists it, at O(N)).
+/// Cost, per node: one watch (on the node's lane of the round) and one join transaction; the
+/// seal arrives by that watch with this node's rank (the ranks of about 64 members: its lane),
+/// so nothing is read after it. The same at any round size, so a round of N moves O(N) bytes
+/// through etcd. Only the round's leader reads every joiner; the full member list is read by
+/// nobody else (`rdzv_admin_status` lists it, at O(N)).
 #[no_mangle]
 pub extern "C" fn rdzv_next(
     rdzv: *mut rdzv_t,

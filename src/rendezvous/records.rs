@@ -486,7 +486,7 @@ mod tests {
         // The lanes' other keys are not ranks.
         let with_others = [
             (key, &br#"{"ranks":{"a":0}}"#[..]),
-            (&b"r/1/lane/0000/leader"[..], &b"n1"[..]),
+            (&b"r/1/lane/0000/closed"[..], &b"1"[..]),
             (&b"r/1/lane/0001/drain/sealed"[..], &b"preempted"[..]),
             (&b"r/1/lane/0001/sealed"[..], &br#"{"ranks":{"b":1}}"#[..]),
         ];

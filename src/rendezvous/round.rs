@@ -1,9 +1,9 @@
 //! Waiting for a round to be sealed, and sealing it when this node leads.
 //!
-//! Followers watch one prefix, their lane of the round (a copy of its leader key, the seal
-//! with their lane's ranks, and the wake-ups of a close or a drain), so an arrival wakes only
-//! the leader and the seal hands each follower its rank; the end of a follower's lease wakes
-//! it from its own lease keeper. The first watch is made before the join, so the join
+//! Followers watch the round's leader key and their lane of the round (the seal with their
+//! lane's ranks, and the wake-ups of a close or a drain), so an arrival wakes only the leader
+//! and the seal hands each follower its rank; the end of a follower's lease wakes it from its
+//! own lease keeper. The first watch is made before the join, so the join
 //! transaction is the read after the watch. The leader (the node holding the
 //! round's `leader` key) keeps the round's joiners and the run's live nodes in memory, fed by
 //! one watch, and seals when the round is activated and full, or its last call is over. Any
@@ -71,6 +71,7 @@ pub(crate) async fn wait_for_seal(
     // When this node started leading: its join if it was the first joiner, else its takeover.
     let mut leading_since = first_join;
     let keys = rdzv.keys();
+    let leader_key = keys.leader(round);
     // When the leader's last call ends. Kept across re-reads: a flapping connection must not
     // postpone the seal forever.
     let mut last_call: Option<Instant> = None;
@@ -119,8 +120,7 @@ pub(crate) async fn wait_for_seal(
         // the lane the leader writes to, not its own idea of it.
         let lanes = snap.lanes.unwrap_or_else(|| rdzv.lanes());
         let lane = chunk_of(rdzv.node(), lanes);
-        let (lane_leader, lane_sealed, closed_wake, my_drain_wake) = (
-            keys.lane_leader(round, lane),
+        let (lane_sealed, closed_wake, my_drain_wake) = (
             keys.lane_sealed(round, lane),
             keys.lane_closed(round, lane),
             keys.lane_drain(round, lane, rdzv.node()),
@@ -181,7 +181,7 @@ pub(crate) async fn wait_for_seal(
                     // Re-read rather than fail at once: the round may have been sealed just
                     // before the run was closed, and the read says why this node was drained.
                     reread = true;
-                } else if key == lane_leader.as_bytes() && deleted {
+                } else if key == leader_key.as_bytes() && deleted {
                     break 'watching claim_leadership(rdzv, round, deadline).await?;
                 }
             }
@@ -199,47 +199,45 @@ async fn lease_gone(lost: &mut tokio::sync::watch::Receiver<bool>) {
     }
 }
 
-/// A follower's watch on round `round` of `lanes` lanes: one watcher on the keys of this
-/// node's lane, which hold a copy of the leader key (to take over if the leader dies), the
-/// seal with the lane's ranks, and the wake-ups of a close or a drain (`wake.rs`). Arrivals of
-/// other nodes wake nobody but the leader, and the seal of other lanes wakes nobody here.
+/// A follower's watch on round `round` of `lanes` lanes, on one stream: the round's `leader`
+/// key (to take over if the leader dies) and the keys of this node's lane, which hold the seal
+/// with the lane's ranks and the wake-ups of a close or a drain (`wake.rs`). Arrivals of other
+/// nodes wake nobody but the leader, and the seal of other lanes wakes nobody here.
+///
+/// The leader key is watched where it is rather than copied into every lane: the copies would
+/// have to be written by the claim, which rides in every join transaction (as the branch taken
+/// only by the first joiner), and etcd logs a transaction whole, branches not taken included.
+/// Copies in 64 lanes made every join ~6 KB and a round of 4096 half again slower.
 pub(crate) async fn follower_watch(
     rdzv: &Rendezvous,
     round: u64,
     lanes: u32,
     deadline: Instant,
 ) -> Result<Watch> {
-    let lane = chunk_of(rdzv.node(), lanes);
-    let lane = Target::Prefix(rdzv.keys().lane_prefix(round, lane));
-    rdzv.etcd().watch(&[lane], deadline).await
+    let keys = rdzv.keys();
+    let lane = keys.lane_prefix(round, chunk_of(rdzv.node(), lanes));
+    let targets = [Target::Key(keys.leader(round)), Target::Prefix(lane)];
+    rdzv.etcd().watch(&targets, deadline).await
 }
 
-/// The writes that make this node the leader of `round`: `leader`, the lane count, and a copy
-/// of `leader` in every lane (its followers watch only their lane), all bound to its lease so
-/// they go together when it dies.
-pub(crate) fn claim_ops(rdzv: &Rendezvous, round: u64, lease: i64) -> Vec<TxnOp> {
+/// The writes that make this node the leader of `round`: `leader` and the lane count, bound to
+/// its lease so they go together when it dies.
+pub(crate) fn claim_ops(rdzv: &Rendezvous, round: u64, lease: i64) -> [TxnOp; 2] {
     let keys = rdzv.keys();
     let bound = || Some(etcd_client::PutOptions::new().with_lease(lease));
-    let lanes = rdzv.lanes();
     [
         TxnOp::put(keys.leader(round), rdzv.node(), bound()),
-        TxnOp::put(keys.lanes(round), lanes.to_string(), bound()),
+        TxnOp::put(keys.lanes(round), rdzv.lanes().to_string(), bound()),
     ]
-    .into_iter()
-    .chain((0..lanes).map(|lane| TxnOp::put(keys.lane_leader(round, lane), rdzv.node(), bound())))
-    .collect()
 }
 
 /// The deletions that undo `claim_ops` (a leader withdrawing).
-pub(crate) fn unclaim_ops(rdzv: &Rendezvous, round: u64) -> Vec<TxnOp> {
+pub(crate) fn unclaim_ops(rdzv: &Rendezvous, round: u64) -> [TxnOp; 2] {
     let keys = rdzv.keys();
     [
         TxnOp::delete(keys.leader(round), None),
         TxnOp::delete(keys.lanes(round), None),
     ]
-    .into_iter()
-    .chain((0..rdzv.lanes()).map(|lane| TxnOp::delete(keys.lane_leader(round, lane), None)))
-    .collect()
 }
 
 /// Parses the lane count at `seal/lanes`.
