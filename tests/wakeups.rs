@@ -1,6 +1,6 @@
-//! A follower (a joiner that does not lead) waits with one watcher, on its lane of its round
-//! (`docs/DESIGN.md`, "Waking a follower"). What else must end its wait reaches it there or
-//! through its lease: a close and a drain write a wake-up into the lanes of the round open at
+//! A follower (a joiner that does not lead) waits on its round's leader key and its lane of
+//! the round (`docs/DESIGN.md`, "Waking a follower"). What else must end its wait reaches it
+//! there or through its lease: a close and a drain write a wake-up into the lanes of the round open at
 //! that moment, and a lease that etcd expired while the node was frozen wakes it from its
 //! lease keeper. Each test uses a round after the first (a wake-up written into the wrong
 //! round wakes nobody) and a `join_timeout` far longer than the test waits, so only the

@@ -164,7 +164,7 @@ mod tests {
         let keys = Keys::new("/p/", "job");
         assert!(keys.round_prefix(9) < keys.round_prefix(10));
         assert_eq!(keys.join(3, "n1"), "/p/job/r/00000000000000000003/join/n1");
-        // A joiner's one watcher on its lane must see these and nothing else of the round.
+        // A joiner's watcher on its lane must see these and nothing else of the round.
         let lane = keys.lane_prefix(3, 1);
         for key in [
             keys.lane_sealed(3, 1),

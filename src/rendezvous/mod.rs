@@ -3,10 +3,11 @@
 //! A node joins round `r` by writing one key, `r/{r}/join/{node}`, bound to its lease, in a
 //! transaction guarded by `current == r` (one round trip, no retry loop under contention).
 //! The first joiner also claims the round's `leader` key in that transaction; every other
-//! joiner watches one prefix, the round's `seal/` (its leader, its seal, and the wake-ups of
-//! a close or a drain). The leader watches the round's join keys and the `alive/` keys, and
-//! seals the round by writing `final` (O(1): its size, rank 0, its rank chunks' count) and
-//! `current = r + 1` in one transaction guarded by "final absent".
+//! joiner watches the `leader` key and its lane of the round, `lane/{k}/` with k a hash of its
+//! id (where the seal and the wake-ups of a close or a drain reach it). The leader watches the
+//! round's join keys and the `alive/` keys, and seals the round by writing `final` (O(1): its
+//! size, rank 0, its lane count), each lane's `sealed` (`final` with the ranks of that lane's
+//! members) and `current = r + 1` in one transaction guarded by "final absent".
 //! So a round of N nodes costs N join writes plus one seal, and a sealed membership never
 //! changes. `docs/DESIGN.md` has the state machine and the argument for its correctness.
 

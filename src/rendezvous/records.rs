@@ -39,7 +39,7 @@ pub struct FinalRecord {
 /// The members of one lane with their ranks.
 pub type LaneRanks = std::sync::Arc<[(String, u32)]>;
 
-/// Members per rank chunk the seal aims at.
+/// Members per lane the seal aims at.
 const CHUNK_TARGET: usize = 64;
 /// The most chunks a seal writes: the seal is one transaction, and etcd refuses one of more
 /// than 128 operations by default (`--max-txn-ops`); the seal's other writes fit in the rest.
