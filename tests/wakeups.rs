@@ -1,12 +1,11 @@
-//! A follower (a joiner that does not lead) waits on its round's leader key and its lane of
-//! the round (`docs/DESIGN.md`, "Waking a follower"). What else must end its wait reaches it
-//! there or through its lease: a close and a drain write a wake-up into the lanes of the round open at
-//! that moment, and a lease that etcd expired while the node was frozen wakes it from its
-//! lease keeper. Each test uses a round after the first (a wake-up written into the wrong
-//! round wakes nobody) and a `join_timeout` far longer than the test waits, so only the
-//! wake-up can end the wait in time. The close and drain tests run with one lane
-//! (`max_nodes=3`) and with 16 (`max_nodes=1000`), where a wake-up in the wrong lane wakes
-//! nobody either.
+//! A follower (a joiner that does not lead) waits on its round's leader key and its lane of the
+//! round (`docs/DESIGN.md`, "Waking a follower"). What else must end its wait reaches it there
+//! or through its lease: a close and a drain write a wake-up into the lanes of the round open
+//! at that moment, and a lease that etcd expired while the node was frozen wakes it from its
+//! lease keeper. Each test uses a round after the first (a wake-up written into the wrong round
+//! wakes nobody) and a `join_timeout` far longer than the test waits, so only the wake-up can
+//! end the wait in time. The close and drain tests run with one lane (`max_nodes=3`) and with
+//! 16 (`max_nodes=1000`), where a wake-up in the wrong lane wakes nobody either.
 
 mod common;
 

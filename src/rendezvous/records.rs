@@ -503,8 +503,9 @@ mod tests {
             b"[1,2]",
             b"{\"round\":1}",
             b"{\"round\":1,\"world_size\":0,\"chunks\":1,\"master_addr\":\"h\",\"master_port\":1}",
-            b"{\"round\":1,\"world_size\":1,\"chunks\":2,\"master_addr\":\"h\",\"master_port\":1,\"lane\":2,\"ranks\":{}}",
-            b"{\"round\":1,\"world_size\":1,\"chunks\":2,\"master_addr\":\"h\",\"master_port\":1,\"lane\":0}",
+            // A lane beyond the lane count, and a lane without its ranks.
+            br#"{"round":1,"world_size":1,"chunks":2,"master_addr":"h","master_port":1,"lane":2,"ranks":{}}"#,
+            br#"{"round":1,"world_size":1,"chunks":2,"master_addr":"h","master_port":1,"lane":0}"#,
         ] {
             let err = FinalRecord::parse(b"/rdzv/x/r/1/final", bad).unwrap_err();
             assert_eq!(err.kind(), crate::error::ErrorKind::State, "{bad:?}");

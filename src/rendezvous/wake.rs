@@ -2,11 +2,11 @@
 //! lane of the round (the seal), with one stream. Closing the run and draining a node must
 //! wake it too, so `closed` and `drain/{node}` are written in one transaction with a marker in
 //! the lanes of the round open for joining at that moment (every lane for a close, the node's
-//! own for a drain), guarded by `current` naming that round and by its leader's lane count. Every
-//! waiting joiner is in that round: a join is guarded by `current == r`, and once `current`
-//! moves past `r`, `r` is sealed and its joiners wake for the seal. A round with no leader
-//! has no joiner waiting on a lane: each of its joiners is claiming the leadership, and the
-//! claim reads `closed` and the joiner's drain.
+//! own for a drain), guarded by `current` naming that round and by its leader's lane count.
+//! Every waiting joiner is in that round: a join is guarded by `current == r`, and once
+//! `current` moves past `r`, `r` is sealed and its joiners wake for the seal. A round with no
+//! leader has no joiner waiting on a lane: each of its joiners is claiming the leadership, and
+//! the claim reads `closed` and the joiner's drain.
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd};
