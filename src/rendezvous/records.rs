@@ -253,11 +253,11 @@ impl FinalRecord {
         if let Some(members) = &self.members {
             return Some(members.iter().position(|m| m == node).map(|r| r as u32));
         }
-        let (lane, ranks) = self
+        // A lane answers only for the ids that hash to it.
+        let (_, ranks) = self
             .lane
             .as_ref()
-            .filter(|(l, _)| *l == self.chunk_of(node))?;
-        debug_assert_eq!(*lane, self.chunk_of(node));
+            .filter(|(lane, _)| *lane == self.chunk_of(node))?;
         Some(ranks.iter().find(|(m, _)| m == node).map(|(_, r)| *r))
     }
 }
