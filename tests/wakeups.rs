@@ -88,33 +88,38 @@ fn outcome(rx: &mpsc::Receiver<Outcome>, who: &str) -> Outcome {
 /// The leader of a round, woken by the close, withdraws and so deletes the `leader` key,
 /// which wakes its followers too. Here the leader is frozen, so only the wake-up the close
 /// wrote into the open round can end the follower's wait.
-#[test]
-fn a_close_wakes_a_follower_whose_leader_is_frozen() {
+/// Runs `check` once for each entry of `LANES`, each time on a run of its own with `options`.
+fn with_each_lane_count(run: &str, options: &str, check: fn(&Etcd, &str)) {
     let etcd = Etcd::start();
     for (i, lanes) in LANES.iter().enumerate() {
-        let url = etcd.url(
-            &format!("close-wakes-{i}"),
-            &format!("{lanes}&lease_ttl=60&join_timeout=120"),
-        );
-        close_wakes_a_follower_whose_leader_is_frozen(&etcd, &url);
+        let url = etcd.url(&format!("{run}-{i}"), &format!("{lanes}&{options}"));
+        check(&etcd, &url);
     }
 }
 
+#[test]
+fn a_close_wakes_a_follower_whose_leader_is_frozen() {
+    with_each_lane_count(
+        "close-wakes",
+        "lease_ttl=60&join_timeout=120",
+        close_wakes_a_follower_whose_leader_is_frozen,
+    );
+}
+
 fn close_wakes_a_follower_whose_leader_is_frozen(etcd: &Etcd, url: &str) {
-    let url = url.to_string();
     // Round 0: a process (which goes straight on to round 1) and two handles.
-    let leader = Node::spawn(&url, &["--rounds", "2"]);
-    let handles = formed(&url, 2);
+    let leader = Node::spawn(url, &["--rounds", "2"]);
+    let handles = formed(url, 2);
     let leader_id = leader.round(15)["node"].as_str().unwrap().to_string();
     // Round 1: the process is its first joiner, hence its leader; then it is frozen.
     assert_eq!(
-        wait_for_leader(&etcd.endpoint(), &round_prefix(&url, 1)),
+        wait_for_leader(&etcd.endpoint(), &round_prefix(url, 1)),
         leader_id
     );
     signal(&leader, libc::SIGSTOP);
     let rx = next_on_thread(&handles[0]);
-    wait_for_joiners(etcd, &url, 1, 2);
-    BlockingAdmin::new(Params::from_url(&url).unwrap())
+    wait_for_joiners(etcd, url, 1, 2);
+    BlockingAdmin::new(Params::from_url(url).unwrap())
         .unwrap()
         .close()
         .unwrap();
@@ -125,21 +130,17 @@ fn close_wakes_a_follower_whose_leader_is_frozen(etcd: &Etcd, url: &str) {
 
 #[test]
 fn a_drained_follower_stops_waiting_at_once_and_the_leader_waits_on() {
-    let etcd = Etcd::start();
-    for (i, lanes) in LANES.iter().enumerate() {
-        let url = etcd.url(
-            &format!("drain-wakes-{i}"),
-            &format!("{lanes}&join_timeout=120"),
-        );
-        drained_follower_stops_waiting_and_the_leader_waits_on(&etcd, &url);
-    }
+    with_each_lane_count(
+        "drain-wakes",
+        "join_timeout=120",
+        drained_follower_stops_waiting_and_the_leader_waits_on,
+    );
 }
 
 fn drained_follower_stops_waiting_and_the_leader_waits_on(etcd: &Etcd, url: &str) {
-    let url = url.to_string();
-    let (nodes, leader, waiting) = two_waiting_in_round_one(etcd, &url);
+    let (nodes, leader, waiting) = two_waiting_in_round_one(etcd, url);
     let (follower, rx) = waiting.iter().find(|(id, _)| *id != leader).unwrap();
-    BlockingAdmin::new(Params::from_url(&url).unwrap())
+    BlockingAdmin::new(Params::from_url(url).unwrap())
         .unwrap()
         .drain(follower, "maintenance")
         .unwrap();
@@ -154,7 +155,7 @@ fn drained_follower_stops_waiting_and_the_leader_waits_on(etcd: &Etcd, url: &str
         "the leader's next ended with the drain of another node"
     );
     let third = next_on_thread(&nodes[2]);
-    let newcomer = next_on_thread(&Arc::new(node(&url)));
+    let newcomer = next_on_thread(&Arc::new(node(url)));
     let round = outcome(leader_rx, "leader").unwrap();
     assert_eq!((round.round, round.world_size), (1, 3), "{round:?}");
     for rx in [third, newcomer] {
