@@ -217,3 +217,31 @@ fn a_follower_with_another_lane_count_than_its_leader_still_receives_the_seal() 
         }
     }
 }
+
+/// A takeover by a leader with another lane count: the round's first leader (16 lanes) is
+/// killed, a follower (one lane) takes over and seals into its one lane, and the other
+/// follower, which waited on its lane of the first leader's 16, must move to that one.
+#[test]
+fn a_takeover_by_a_leader_with_another_lane_count_reaches_every_follower() {
+    let etcd = Etcd::start();
+    let options = "min_nodes=2&max_nodes=1000&lease_ttl=2&last_call_timeout=60&join_timeout=120";
+    let first_url = etcd.url("takeover-lanes", options);
+    let follower_url = first_url
+        .replace("max_nodes=1000", "max_nodes=4")
+        .replace("last_call_timeout=60", "last_call_timeout=1");
+    let mut first = Node::spawn(&first_url, &[]);
+    wait_for_leader(&etcd.endpoint(), &round_prefix(&first_url, 0));
+    let followers: Vec<_> = (0..2)
+        .map(|_| next_on_thread(&Arc::new(node(&follower_url))))
+        .collect();
+    // The first leader's last call (60 s) keeps the round open until it is killed.
+    wait_for_joiners(&etcd, &first_url, 0, 3);
+    first.child.kill().unwrap();
+    let infos: Vec<RoundInfo> = followers
+        .iter()
+        .map(|rx| outcome(rx, "follower").unwrap())
+        .collect();
+    assert_eq!((infos[0].round, infos[0].world_size), (0, 2), "{infos:?}");
+    assert_eq!((infos[1].round, infos[1].world_size), (0, 2), "{infos:?}");
+    assert_ne!(infos[0].rank, infos[1].rank);
+}

@@ -142,11 +142,15 @@ pub(crate) async fn wait_for_seal(
                 let fresh = read_snapshot(rdzv, round, deadline).await?;
                 let other_leader =
                     fresh.leader.is_some() && fresh.leader != Some(rdzv.node().to_string());
+                // A new leader with another lane count took over meanwhile: its seal goes to
+                // another lane than the one just watched.
+                let lane_moved = fresh.lanes.unwrap_or_else(|| rdzv.lanes()) != lanes;
                 if fresh.closed
                     || fresh.sealed.is_some()
                     || fresh.drained.is_some()
                     || !fresh.joined
                     || !other_leader
+                    || lane_moved
                 {
                     snap = fresh;
                     continue;
