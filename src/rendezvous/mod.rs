@@ -488,7 +488,7 @@ impl Rendezvous {
                 let got = ranges(&claim);
                 let first = |i: usize| got.get(i).and_then(|g| g.kvs().first());
                 let leader = first(0).map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
-                (leader, first(1).map(round::parse_lanes).transpose()?)
+                (leader, first(1).map(records::parse_lanes).transpose()?)
             }
         };
         Ok(round::Snapshot {

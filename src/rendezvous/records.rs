@@ -328,6 +328,15 @@ fn port_field(key: &[u8], v: &Value) -> Result<u16> {
         .ok_or_else(|| corrupt(key, "port is missing or out of range"))
 }
 
+/// Parses the lane count stored at `seal/lanes` (1 to `MAX_CHUNKS`).
+pub(crate) fn parse_lanes(kv: &etcd_client::KeyValue) -> Result<u32> {
+    std::str::from_utf8(kv.value())
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| (1..=MAX_CHUNKS as u32).contains(&n))
+        .ok_or_else(|| corrupt(kv.key(), "not a lane count"))
+}
+
 /// Parses the decimal round number stored at `current`.
 pub fn parse_round(key: &[u8], value: &[u8]) -> Result<u64> {
     std::str::from_utf8(value)
@@ -443,11 +452,12 @@ mod tests {
                 assert_eq!(lane.inline_rank(outsider), None);
             }
             if n <= MAX_CHUNKS * CHUNK_TARGET && n == max {
-                let largest = values.iter().map(|v| v.matches(':').count()).max().unwrap();
-                assert!(
-                    largest <= 2 * CHUNK_TARGET + 8,
-                    "n={n}: a lane of {largest}"
-                );
+                let largest = values
+                    .iter()
+                    .map(|v| parse_rank_chunk(b"k", v.as_bytes()).map_or(0, |r| r.len()))
+                    .max()
+                    .unwrap();
+                assert!(largest <= 2 * CHUNK_TARGET, "n={n}: a lane of {largest}");
             }
         }
     }

@@ -11,7 +11,7 @@
 //! watch-then-read, which is always safe because every decision is re-read from etcd and every
 //! write is guarded by compares.
 
-use super::records::{chunk_of, inline_members, lane_values, members_from_chunks};
+use super::records::{chunk_of, inline_members, lane_values, members_from_chunks, parse_lanes};
 use super::{FinalRecord, JoinRecord, Outcome, Rendezvous};
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Target, Watch};
@@ -242,20 +242,6 @@ pub(crate) fn unclaim_ops(rdzv: &Rendezvous, round: u64) -> [TxnOp; 2] {
         TxnOp::delete(keys.leader(round), None),
         TxnOp::delete(keys.lanes(round), None),
     ]
-}
-
-/// Parses the lane count at `seal/lanes`.
-pub(crate) fn parse_lanes(kv: &etcd_client::KeyValue) -> Result<u32> {
-    std::str::from_utf8(kv.value())
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|&n| (1..=super::records::MAX_CHUNKS as u32).contains(&n))
-        .ok_or_else(|| {
-            Error::state(format!(
-                "corrupt or foreign data at etcd key {:?}: not a lane count",
-                String::from_utf8_lossy(kv.key())
-            ))
-        })
 }
 
 /// How many reads a snapshot takes (`snapshot_reads`).

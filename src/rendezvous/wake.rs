@@ -60,7 +60,7 @@ pub(crate) async fn in_open_round(
             if now_at == lanes_at {
                 return Ok(false);
             }
-            (lanes_at, lanes) = (now_at, now.map(super::round::parse_lanes).transpose()?);
+            (lanes_at, lanes) = (now_at, now.map(super::records::parse_lanes).transpose()?);
             continue;
         }
         if Instant::now() >= deadline {
