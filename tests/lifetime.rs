@@ -1,6 +1,7 @@
 //! How long things live: store waits end when they can no longer succeed (run closed, node
 //! shut down, cancelled), a store whose round was deleted refuses to write, a finished run
-//! leaves nothing in etcd, and a refused connection is reported at once. Real etcd.
+//! leaves nothing in etcd, a refused connection is reported at once, and the handles of one
+//! process share one connection, even when created at once. Real etcd.
 
 mod common;
 
@@ -11,7 +12,11 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 fn node(url: &str) -> BlockingRendezvous {
-    BlockingRendezvous::new(Params::from_url(url).unwrap()).unwrap()
+    node_result(url).unwrap()
+}
+
+fn node_result(url: &str) -> rdzv::Result<BlockingRendezvous> {
+    BlockingRendezvous::new(Params::from_url(url).unwrap())
 }
 
 fn count_under(etcd: &Etcd, prefix: &str) -> i64 {
@@ -175,6 +180,104 @@ fn a_refused_connection_is_reported_at_once() {
         started.elapsed() < Duration::from_secs(2),
         "took {:?} of connect_timeout=10",
         started.elapsed()
+    );
+}
+
+/// Creates `n` handles from `n` threads at once; each thread's result.
+fn handles_at_once(url: &str, n: usize) -> Vec<rdzv::Result<BlockingRendezvous>> {
+    let start = Arc::new(std::sync::Barrier::new(n));
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let (url, start) = (url.to_string(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                BlockingRendezvous::new(Params::from_url(&url).unwrap())
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// This process's established TCP connections to `port` (Linux: /proc).
+fn connections_to(port: u16) -> usize {
+    let own_sockets: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|link| {
+            let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
+            Some(inode.to_string())
+        })
+        .collect();
+    let remote = format!(":{port:04X}");
+    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .flat_map(|table| {
+            std::fs::read_to_string(table)
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .filter(|line| {
+            // sl, local, remote, state (01: established), queues, timer, retransmits, uid,
+            // timeout, inode
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            cols.len() > 9
+                && cols[2].ends_with(&remote)
+                && cols[3] == "01"
+                && own_sockets.contains(cols[9])
+        })
+        .count()
+}
+
+#[test]
+fn handles_created_at_once_share_one_connection() {
+    let etcd = Etcd::start();
+    let port: u16 = etcd.endpoint().rsplit(':').next().unwrap().parse().unwrap();
+    let url = etcd.url("shared", "min_nodes=1");
+    let nodes: Vec<_> = handles_at_once(&url, 32)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // Each handle used to open its own connection when none was there yet.
+    assert_eq!(
+        connections_to(port),
+        1,
+        "32 handles created at once, one process"
+    );
+    drop(nodes);
+}
+
+#[test]
+fn a_connect_waiting_behind_another_fails_within_its_own_connect_timeout() {
+    // Listening (the kernel completes the TCP handshake) but never answering.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let url = |timeout: u32| format!("etcd://127.0.0.1:{port}/silent?connect_timeout={timeout}");
+    let patient = {
+        let url = url(8);
+        std::thread::spawn(move || {
+            BlockingRendezvous::new(Params::from_url(&url).unwrap()).map(|_| ())
+        })
+    };
+    // Its first connection: the patient handle is connecting and holds the process's connect.
+    let _held = silent.accept().unwrap();
+    let started = Instant::now();
+    let err = node_result(&url(1)).map(|_| ()).unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
+    assert!(err.message().contains("within 1.0 s"), "{err}");
+    // Queued behind the patient one, it would fail only when that one gives up (8 s).
+    assert!(
+        took < Duration::from_secs(6),
+        "took {took:?} with connect_timeout=1"
+    );
+    drop(silent);
+    assert_eq!(
+        patient.join().unwrap().unwrap_err().kind(),
+        ErrorKind::Connection
     );
 }
 

@@ -85,28 +85,50 @@ struct ConnectionKey {
 static CONNECTIONS: Lazy<Mutex<HashMap<ConnectionKey, Weak<Connection>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
 
+/// One connect at a time per connection key: handles created at once in one process wait for
+/// the first one's connection instead of each opening their own.
+static CONNECTING: Lazy<Mutex<HashMap<ConnectionKey, Arc<tokio::sync::Mutex<()>>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
 impl Etcd {
     /// Connects (or reuses this process's connection) and checks that etcd answers, retrying
     /// until `connect_timeout`.
     pub async fn connect(params: &Params) -> Result<Etcd> {
         let key = connection_key(params);
-        let cached = CONNECTIONS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .and_then(Weak::upgrade);
         let attempt_timeout = params.connect_timeout;
-        if let Some(shared) = cached {
-            return Ok(Etcd {
+        let reuse = |key: &ConnectionKey| {
+            let cached = CONNECTIONS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(key)
+                .and_then(Weak::upgrade);
+            cached.map(|shared| Etcd {
                 shared,
                 attempt_timeout,
                 restart_on_new_term: false,
                 who: Who::default(),
-            });
+            })
+        };
+        if let Some(etcd) = reuse(&key) {
+            return Ok(etcd);
         }
         let endpoints = params.endpoints.join(",");
-        let options = connect_options(params)?;
         let deadline = Instant::now() + params.connect_timeout;
+        let gate = CONNECTING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        // Waiting counts against this caller's own connect_timeout: if the connect ahead of it
+        // hangs until its own timeout, this one fails at its deadline instead of queueing.
+        let Ok(_one_at_a_time) = tokio::time::timeout_at(deadline, gate.lock()).await else {
+            return Err(unreachable(&endpoints, params.connect_timeout));
+        };
+        if let Some(etcd) = reuse(&key) {
+            return Ok(etcd);
+        }
+        let options = connect_options(params)?;
         let urls: Vec<String> = params
             .endpoints
             .iter()
@@ -123,12 +145,7 @@ impl Etcd {
             let err = match tokio::time::timeout_at(deadline, try_connect).await {
                 Ok(Ok(client)) => break client,
                 Ok(Err(e)) => e,
-                Err(_) => {
-                    return Err(Error::connection(format!(
-                        "etcd at {endpoints} unreachable: no connection within {:.1} s",
-                        params.connect_timeout.as_secs_f64()
-                    )))
-                }
+                Err(_) => return Err(unreachable(&endpoints, params.connect_timeout)),
             };
             match classify(&err) {
                 Failure::Transient if Instant::now() < deadline => {
@@ -551,6 +568,13 @@ pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error 
         other => error_chain(other),
     };
     Error::connection(format!("etcd at {endpoints} failed {what}: {cause}"))
+}
+
+fn unreachable(endpoints: &str, connect_timeout: Duration) -> Error {
+    Error::connection(format!(
+        "etcd at {endpoints} unreachable: no connection within {:.1} s",
+        connect_timeout.as_secs_f64()
+    ))
 }
 
 fn connection_key(params: &Params) -> ConnectionKey {
