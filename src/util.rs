@@ -75,14 +75,19 @@ fn master_ports() -> Option<(u16, u16)> {
     }
 }
 
-/// The kernel's ephemeral port range (Linux's default if it cannot be read).
+/// The kernel's ephemeral port range (Linux's default if it cannot be read), read once per
+/// process: every join picks a port, and reading the file each time took 4% of the CPU time
+/// of a round of 1024 nodes in one process.
 fn ephemeral_ports() -> (u16, u16) {
-    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok();
-    let parsed = range.and_then(|r| {
-        let mut it = r.split_whitespace().map(|n| n.parse::<u16>().ok());
-        Some((it.next()??, it.next()??))
+    static RANGE: once_cell::sync::Lazy<(u16, u16)> = once_cell::sync::Lazy::new(|| {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok();
+        let parsed = range.and_then(|r| {
+            let mut it = r.split_whitespace().map(|n| n.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        });
+        parsed.unwrap_or((32768, 60999))
     });
-    parsed.unwrap_or((32768, 60999))
+    *RANGE
 }
 
 #[cfg(test)]

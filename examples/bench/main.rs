@@ -553,9 +553,12 @@ async fn store_bench(endpoint: &str) {
 
 fn main() {
     let mut args = std::env::args().skip(1).peekable();
-    let endpoint = args
-        .next()
-        .expect("usage: bench HOST:PORT [N ...] | --phases N");
+    const USAGE: &str =
+        "usage: bench HOST:PORT[,HOST:PORT...] [N ... | --phases N | --leader-kill PID,... [N ...]]";
+    let Some(endpoint) = args.next().filter(|e| !e.starts_with('-')) else {
+        eprintln!("{USAGE}");
+        std::process::exit(2);
+    };
     if args.peek().map(String::as_str) == Some("--leader-kill") {
         let pids = args.nth(1).expect("--leader-kill PID,PID,... [N ...]");
         let sizes: Vec<usize> = args

@@ -272,12 +272,32 @@ impl Etcd {
         &self,
         deadline: Instant,
         what: &str,
-        mut give_up: Option<tokio::sync::watch::Receiver<bool>>,
-        mut op: F,
+        give_up: Option<tokio::sync::watch::Receiver<bool>>,
+        op: F,
     ) -> Result<T>
     where
         T: RaftTerm,
         F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.call_on(deadline, what, give_up, Client::clone, op)
+            .await
+    }
+
+    /// As `call_until`, with `op` given only the part of the client it uses (`part`, such as
+    /// `Client::kv_client`): a whole client clones a channel for each of etcd's services, on
+    /// every attempt of every request.
+    async fn call_on<C, T, F, Fut>(
+        &self,
+        deadline: Instant,
+        what: &str,
+        mut give_up: Option<tokio::sync::watch::Receiver<bool>>,
+        part: fn(&Client) -> C,
+        mut op: F,
+    ) -> Result<T>
+    where
+        T: RaftTerm,
+        F: FnMut(C) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let mut attempt = 0u32;
@@ -287,7 +307,7 @@ impl Etcd {
             let attempt_deadline = deadline.min(Instant::now() + self.attempt_timeout);
             let term = *self.shared.term.borrow();
             let answered = tokio::select! {
-                answered = tokio::time::timeout_at(attempt_deadline, op(self.client())) => Some(answered),
+                answered = tokio::time::timeout_at(attempt_deadline, op(part(&self.shared.client))) => Some(answered),
                 _ = self.new_leader_since(term), if self.restart_on_new_term => None,
             };
             let last = match answered {
@@ -705,9 +725,9 @@ impl Etcd {
         key: String,
         options: etcd_client::GetOptions,
     ) -> Result<etcd_client::GetResponse> {
-        self.call(deadline, what, move |mut c| {
+        self.call_on(deadline, what, None, Client::kv_client, move |mut kv| {
             let (key, options) = (key.clone(), options.clone());
-            async move { c.get(key, Some(options)).await }
+            async move { kv.get(key, Some(options)).await }
         })
         .await
     }
@@ -731,9 +751,9 @@ impl Etcd {
         give_up: Option<tokio::sync::watch::Receiver<bool>>,
         txn: etcd_client::Txn,
     ) -> Result<etcd_client::TxnResponse> {
-        self.call_until(deadline, what, give_up, move |mut c| {
+        self.call_on(deadline, what, give_up, Client::kv_client, move |mut kv| {
             let txn = txn.clone();
-            async move { c.txn(txn).await }
+            async move { kv.txn(txn).await }
         })
         .await
     }
@@ -747,7 +767,7 @@ impl Etcd {
     /// etcd's 100 ms catch-up loop, which made small rounds slow.
     pub async fn watch(&self, targets: &[Target], deadline: Instant) -> Result<Watch> {
         let targets = targets.to_vec();
-        self.call(deadline, "watch", move |mut c| {
+        let open = move |mut c: etcd_client::WatchClient| {
             let targets = targets.clone();
             async move {
                 let mut stream: Option<etcd_client::WatchStream> = None;
@@ -774,8 +794,9 @@ impl Etcd {
                 }
                 Ok(Watch::forward(stream, pending))
             }
-        })
-        .await
+        };
+        self.call_on(deadline, "watch", None, Client::watch_client, open)
+            .await
     }
 }
 

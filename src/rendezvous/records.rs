@@ -94,15 +94,19 @@ pub fn lane_values(sealed: &FinalRecord, members: &[String]) -> Vec<String> {
 
 /// The ranks in one lane's `sealed` value: node ids with their ranks.
 pub fn parse_rank_chunk(key: &[u8], value: &[u8]) -> Result<Vec<(String, u32)>> {
-    rank_map(key, parse_object(key, value)?.get("ranks"))
+    rank_map(
+        key,
+        parse_object(key, value)?.get_mut("ranks").map(Value::take),
+    )
 }
 
-fn rank_map(key: &[u8], ranks: Option<&Value>) -> Result<Vec<(String, u32)>> {
+fn rank_map(key: &[u8], ranks: Option<Value>) -> Result<Vec<(String, u32)>> {
     let Some(Value::Object(map)) = ranks else {
         return Err(corrupt(key, "ranks is missing or not an object"));
     };
-    map.iter()
-        .map(|(node, rank)| Ok((node.clone(), u32_field(key, rank, "a rank")?)))
+    // Moved out, not cloned: a follower parses its lane's seal on the round's critical path.
+    map.into_iter()
+        .map(|(node, rank)| Ok((node, u32_field(key, &rank, "a rank")?)))
         .collect()
 }
 
@@ -194,7 +198,7 @@ impl FinalRecord {
     }
 
     pub fn parse(key: &[u8], value: &[u8]) -> Result<FinalRecord> {
-        let v = parse_object(key, value)?;
+        let mut v = parse_object(key, value)?;
         let round = v
             .get("round")
             .and_then(Value::as_u64)
@@ -222,7 +226,7 @@ impl FinalRecord {
                 }
                 let ranks = match &members {
                     Some(_) => Vec::new(),
-                    None => rank_map(key, v.get("ranks"))?,
+                    None => rank_map(key, v.get_mut("ranks").map(Value::take))?,
                 };
                 Some((lane, ranks.into()))
             }
