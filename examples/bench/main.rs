@@ -214,11 +214,22 @@ async fn member_metric(endpoint: &str, name: &str) -> f64 {
 /// its lane (a hash of its id) and sends one join transaction; a leader, watching the join
 /// prefix, writes `final` and every lane's seal in one transaction once all have joined (as
 /// rdzv's seal: each lane's value is `final` with the ranks of that lane's members); each node
-/// finds its rank in the event its watch delivers. Returns the time from the last call to the
-/// last node that knows its rank.
-async fn floor_round(endpoint: &str, n: usize, run: &str) -> (Duration, Cpu) {
-    let phases = floor_phases(endpoint, n, run).await;
+/// finds its rank in the event its watch delivers. `Floor::Live` adds what a design that
+/// notices dead nodes and a dead leader cannot do without (see `Floor`). Returns the time from
+/// the last call to the last node that knows its rank.
+async fn floor_round(endpoint: &str, n: usize, run: &str, floor: Floor) -> (Duration, Cpu) {
+    let phases = floor_phases(endpoint, n, run, floor).await;
     (phases.total(), phases.cpu)
+}
+
+/// Which floor: the bare one, or one that also does what the design needs to notice deaths.
+#[derive(Clone, Copy, PartialEq)]
+enum Floor {
+    Bare,
+    /// Each node also holds a lease with its keep-alive stream open (granted before the round,
+    /// as rdzv's handles do), binds its join key to it, and watches the round's leader key
+    /// beside its lane: what lets a round drop a dead node and followers replace a dead leader.
+    Live,
 }
 
 /// Where a round's time goes, from the last call of next: until etcd reported the last join,
@@ -249,7 +260,7 @@ impl Phases {
     }
 }
 
-async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
+async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phases {
     let client = etcd_client::Client::connect(endpoint.split(',').collect::<Vec<_>>(), None)
         .await
         .unwrap();
@@ -287,6 +298,28 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
             None,
         ));
     }
+    // Granted before the round, as rdzv's handles hold theirs; kept alive through it.
+    let leases: Vec<
+        Option<(
+            i64,
+            etcd_client::LeaseKeeper,
+            etcd_client::LeaseKeepAliveStream,
+        )>,
+    > = match floor {
+        Floor::Bare => (0..n).map(|_| None).collect(),
+        Floor::Live => {
+            let grants = (0..n).map(|_| {
+                let mut c = client.clone();
+                async move {
+                    let id = c.lease_grant(10, None).await.unwrap().id();
+                    let (keeper, stream) = c.lease_keep_alive(id).await.unwrap();
+                    Some((id, keeper, stream))
+                }
+            });
+            futures_lite(grants).await
+        }
+    };
+    let lease_ids: Vec<Option<i64>> = leases.iter().map(|l| l.as_ref().map(|l| l.0)).collect();
     let cpu = Cpu::start(endpoint).await;
     let seal = tokio::spawn(async move {
         let mut seen = 0;
@@ -302,7 +335,8 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks: Vec<_> = ids
         .into_iter()
-        .map(|id| {
+        .zip(lease_ids)
+        .map(|(id, lease)| {
             let (mut c, barrier, prefix) = (client.clone(), barrier.clone(), prefix.clone());
             let lane = format!("{prefix}lane/{:04}/", sealed.chunk_of(&id));
             tokio::spawn(async move {
@@ -310,6 +344,14 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
                 let called = Instant::now();
                 let prefixed = etcd_client::WatchOptions::new().with_prefix();
                 let mut watch = c.watch(lane, Some(prefixed)).await.unwrap();
+                if lease.is_some() {
+                    // The leader key on the same stream, confirmed before the join (as rdzv).
+                    watch.watch(format!("{prefix}leader"), None).await.unwrap();
+                    let mut created = 0;
+                    while created < 2 {
+                        created += usize::from(watch.message().await.unwrap().unwrap().created());
+                    }
+                }
                 let join = etcd_client::Txn::new()
                     .when([etcd_client::Compare::create_revision(
                         format!("{prefix}final"),
@@ -319,7 +361,7 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
                     .and_then([etcd_client::TxnOp::put(
                         format!("{prefix}join/{id}"),
                         "{\"addr\":\"localhost\",\"port\":29500}",
-                        None,
+                        lease.map(|l| etcd_client::PutOptions::new().with_lease(l)),
                     )]);
                 c.txn(join).await.unwrap();
                 let sealed = loop {
@@ -341,6 +383,15 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str) -> Phases {
     seal.await.unwrap();
     let cpu = cpu.stop(endpoint).await;
     let (last_joined, sealed) = observer.await.unwrap();
+    // Revoked now rather than left to expire during a later round's measurement.
+    let revokes = leases.into_iter().flatten().map(|(id, keeper, stream)| {
+        let mut c = client.clone();
+        async move {
+            drop((keeper, stream));
+            c.lease_revoke(id).await.unwrap();
+        }
+    });
+    futures_lite(revokes).await;
     Phases {
         last_call: times.iter().map(|t| t.0).max().unwrap(),
         last_joined,
@@ -624,26 +675,35 @@ fn main() {
             let min = *times.iter().min().unwrap();
             let max = *times.iter().max().unwrap();
             let (mut floors, mut floor_cpu) = (Vec::new(), Vec::new());
+            let (mut live_floors, mut live_cpu) = (Vec::new(), Vec::new());
             for r in 0..repeats {
-                let (took, cpu) = floor_round(&endpoint, n, &format!("floor-{n}-{r}-{tag}")).await;
+                let run = format!("floor-{n}-{r}-{tag}");
+                let (took, cpu) = floor_round(&endpoint, n, &run, Floor::Bare).await;
                 floors.push(took);
                 floor_cpu.push(cpu);
+                let run = format!("live-floor-{n}-{r}-{tag}");
+                let (took, cpu) = floor_round(&endpoint, n, &run, Floor::Live).await;
+                live_floors.push(took);
+                live_cpu.push(cpu);
             }
-            let (rdzv, floor) = (median(times), median(floors));
+            let (rdzv, floor, live) = (median(times), median(floors), median(live_floors));
             println!(
-                "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {}  floor {:>10}  ratio {:.2}x",
+                "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {}  floor {:>10}  ratio {:.2}x  floor with liveness {:>10}  ratio {:.2}x",
                 ms(rdzv),
                 ms(min),
                 ms(max),
                 rounds[0].writes,
                 ms(floor),
-                rdzv.as_secs_f64() / floor.as_secs_f64()
+                rdzv.as_secs_f64() / floor.as_secs_f64(),
+                ms(live),
+                rdzv.as_secs_f64() / live.as_secs_f64()
             );
             let rdzv_cpu: Vec<Cpu> = rounds.iter().map(|r| r.cpu).collect();
             println!(
-                "         rdzv {}   floor {}",
+                "         rdzv {}   floor {}   floor with liveness {}",
                 Cpu::mean(&rdzv_cpu),
-                Cpu::mean(&floor_cpu)
+                Cpu::mean(&floor_cpu),
+                Cpu::mean(&live_cpu)
             );
             let per = |f: fn(&Round) -> i64| {
                 let mut v: Vec<i64> = rounds.iter().map(f).collect();
@@ -668,7 +728,8 @@ fn main() {
     });
 }
 
-/// Where the time of a round of `n` goes, for rdzv and the floor (median of 5 of each by total).
+/// Where the time of a round of `n` goes, for rdzv, the floor and the floor with liveness
+/// ("live"; median of 5 of each by total).
 fn phases(endpoint: &str, n: usize) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -678,12 +739,15 @@ fn phases(endpoint: &str, n: usize) {
         let tag = std::process::id();
         println!("phases of a round of N={n}, from the last call of next (median of 5 by total)");
         let mut rdzv = Vec::new();
-        let mut floor = Vec::new();
+        let (mut floor, mut live) = (Vec::new(), Vec::new());
         for r in 0..5 {
             rdzv.push(rdzv_phases(endpoint, n, &format!("phases-{n}-{r}-{tag}")).await);
-            floor.push(floor_phases(endpoint, n, &format!("floor-phases-{n}-{r}-{tag}")).await);
+            let run = format!("floor-phases-{n}-{r}-{tag}");
+            floor.push(floor_phases(endpoint, n, &run, Floor::Bare).await);
+            let run = format!("live-floor-phases-{n}-{r}-{tag}");
+            live.push(floor_phases(endpoint, n, &run, Floor::Live).await);
         }
-        for (what, mut runs) in [("rdzv", rdzv), ("floor", floor)] {
+        for (what, mut runs) in [("rdzv", rdzv), ("floor", floor), ("live", live)] {
             runs.sort_by_key(Phases::total);
             runs[runs.len() / 2].print(what);
         }
