@@ -191,7 +191,7 @@ fn handles_at_once(url: &str, n: usize) -> Vec<rdzv::Result<BlockingRendezvous>>
             let (url, start) = (url.to_string(), start.clone());
             std::thread::spawn(move || {
                 start.wait();
-                BlockingRendezvous::new(Params::from_url(&url).unwrap())
+                node_result(&url)
             })
         })
         .collect();
@@ -258,11 +258,17 @@ fn a_connect_waiting_behind_another_fails_within_its_own_connect_timeout() {
     let url = |timeout: u32| format!("etcd://127.0.0.1:{port}/silent?connect_timeout={timeout}");
     let patient = {
         let url = url(8);
-        std::thread::spawn(move || {
-            BlockingRendezvous::new(Params::from_url(&url).unwrap()).map(|_| ())
-        })
+        std::thread::spawn(move || node_result(&url).map(|_| ()))
     };
     // Its first connection: the patient handle is connecting and holds the process's connect.
+    let mut pending = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&silent),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let ready = unsafe { libc::poll(&mut pending, 1, 30_000) };
+    assert_eq!(ready, 1, "the first handle never connected");
     let _held = silent.accept().unwrap();
     let started = Instant::now();
     let err = node_result(&url(1)).map(|_| ()).unwrap_err();
