@@ -544,9 +544,10 @@ rdzv_status_t rdzv_new(const rdzv_params_t *params, rdzv_t **out, rdzv_error_t *
  *
  * Cost, per node: one watch (one stream watching the round's leader key and the node's lane of
  * the round) and one join transaction; the seal arrives by that watch with this node's rank
- * (the ranks of about 64 members: its lane), so nothing is read after it. The same at any round size, so a round of N moves O(N) bytes
- * through etcd. Only the round's leader reads every joiner; the full member list is read by
- * nobody else (`rdzv_admin_status` lists it, at O(N)).
+ * (the ranks of about 64 members: its lane), so nothing is read after it. The same at any
+ * round size, so a round of N moves O(N) bytes through etcd. Only the round's leader reads
+ * every joiner; the full member list is read by nobody else (`rdzv_admin_status` lists it, at
+ * O(N)).
  */
 rdzv_status_t rdzv_next(rdzv_t *rdzv,
                         rdzv_round_t *round,

@@ -85,9 +85,6 @@ fn outcome(rx: &mpsc::Receiver<Outcome>, who: &str) -> Outcome {
         .unwrap_or_else(|_| panic!("the {who} was not woken within 15 s"))
 }
 
-/// The leader of a round, woken by the close, withdraws and so deletes the `leader` key,
-/// which wakes its followers too. Here the leader is frozen, so only the wake-up the close
-/// wrote into the open round can end the follower's wait.
 /// Runs `check` once for each entry of `LANES`, each time on a run of its own with `options`.
 fn with_each_lane_count(run: &str, options: &str, check: fn(&Etcd, &str)) {
     let etcd = Etcd::start();
@@ -97,6 +94,9 @@ fn with_each_lane_count(run: &str, options: &str, check: fn(&Etcd, &str)) {
     }
 }
 
+/// The leader of a round, woken by the close, withdraws and so deletes the `leader` key,
+/// which wakes its followers too. Here the leader is frozen, so only the wake-up the close
+/// wrote into the open round can end the follower's wait.
 #[test]
 fn a_close_wakes_a_follower_whose_leader_is_frozen() {
     with_each_lane_count(

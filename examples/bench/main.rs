@@ -223,7 +223,7 @@ async fn floor_round(endpoint: &str, n: usize, run: &str, floor: Floor) -> (Dura
 }
 
 /// Which floor: the bare one, or one that also does what the design needs to notice deaths.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Floor {
     Bare,
     /// Each node also holds a lease with its keep-alive stream open (granted before the round,
@@ -299,13 +299,12 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
         ));
     }
     // Granted before the round, as rdzv's handles hold theirs; kept alive through it.
-    let leases: Vec<
-        Option<(
-            i64,
-            etcd_client::LeaseKeeper,
-            etcd_client::LeaseKeepAliveStream,
-        )>,
-    > = match floor {
+    type Held = (
+        i64,
+        etcd_client::LeaseKeeper,
+        etcd_client::LeaseKeepAliveStream,
+    );
+    let leases: Vec<Option<Held>> = match floor {
         Floor::Bare => (0..n).map(|_| None).collect(),
         Floor::Live => {
             let grants = (0..n).map(|_| {
