@@ -1,11 +1,15 @@
 //! The test harness itself: what a test starts ends with the test process, even when that
 //! process is killed (a watchdog, a CI timeout) and runs no destructor. Four etcd servers
-//! were once found orphaned after such runs.
+//! were once found orphaned after such runs; network namespaces left by such runs once made a
+//! later chaos run fail (their /30s were given out again).
 
 mod common;
 
-use common::{Etcd, SpawnTied};
-use std::io::{BufRead, BufReader};
+use common::netns::block_network;
+use common::{Etcd, NetNs, SpawnTied};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -37,7 +41,7 @@ fn etcd_dies_with_a_killed_test_process() {
         // The killed test: starts etcd from a test thread that ends before the kill, says
         // its pid, then waits to be killed.
         let etcd = std::thread::spawn(Etcd::start).join().unwrap();
-        println!("etcd-pid {}", etcd.pid());
+        println!("etcd-pid {} {}", etcd.pid(), etcd.data_dir.display());
         let mut line = String::new();
         let _ = std::io::stdin().read_line(&mut line);
         return;
@@ -53,15 +57,164 @@ fn etcd_dies_with_a_killed_test_process() {
         .stdout(Stdio::piped())
         .spawn_tied()
         .unwrap();
-    let etcd_pid: u32 = BufReader::new(test.stdout.take().unwrap())
+    let said = BufReader::new(test.stdout.take().unwrap())
         .lines()
         .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("etcd-pid ").map(|p| p.parse().unwrap()))
+        .find_map(|l| l.strip_prefix("etcd-pid ").map(str::to_string))
         .expect("the test process started etcd");
+    let (etcd_pid, data_dir) = said.split_once(' ').unwrap();
+    let (etcd_pid, data_dir): (u32, &Path) = (etcd_pid.parse().unwrap(), Path::new(data_dir));
+    assert!(data_dir.exists(), "no {}", data_dir.display());
     test.kill().unwrap(); // SIGKILL: no destructor runs
     test.wait().unwrap();
     assert!(
         wait_for_exit(etcd_pid, Duration::from_secs(10)),
         "etcd (pid {etcd_pid}) outlived the killed test process"
+    );
+
+    // Its data directory outlives it (no destructor ran); the next etcd a test starts, in any
+    // test process, removes it.
+    let _etcd = Etcd::start();
+    assert!(
+        !data_dir.exists(),
+        "the data directory of the killed test's etcd is still there: {}",
+        data_dir.display()
+    );
+}
+
+/// The network namespaces the machine has, by name.
+fn namespaces() -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// True if an interface on this machine holds `address`.
+fn address_held(address: &str) -> bool {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .any(|w| w.split('/').next() == Some(address))
+}
+
+fn skip(test: &str, why: &str) {
+    // Straight to stderr, past libtest's capture, so the skip shows in every run.
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
+#[test]
+fn a_namespace_left_by_a_killed_test_process_is_removed_by_the_next_one() {
+    const TEST: &str = "a_namespace_left_by_a_killed_test_process_is_removed_by_the_next_one";
+    if std::env::var_os(ROLE).is_some() {
+        // The killed test: creates a namespace, says which, then waits to be killed.
+        let ns = NetNs::create();
+        match &ns {
+            Ok(ns) => println!("netns {} {}", ns.name, ns.host_addr),
+            Err(why) => println!("skip cannot create a network namespace here ({why})"),
+        }
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        return;
+    }
+    let mut test = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", TEST, "--nocapture"])
+        .env(ROLE, "killed")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn_tied()
+        .unwrap();
+    let said = BufReader::new(test.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("netns ") || l.starts_with("skip "))
+        .expect("the test process said what it created");
+    let (name, host_addr) = match said.strip_prefix("netns ") {
+        Some(created) => created.split_once(' ').unwrap(),
+        None => {
+            let _ = test.kill();
+            let _ = test.wait();
+            return skip(TEST, &said["skip ".len()..]);
+        }
+    };
+    assert!(
+        namespaces().iter().any(|n| n == name) && address_held(host_addr),
+        "the namespace {name} ({host_addr}) the other process made is not there"
+    );
+    test.kill().unwrap(); // SIGKILL: no destructor runs
+    test.wait().unwrap();
+
+    // (Another test of this binary creating a namespace now may remove it first: either way
+    // it must be gone once this process has created one.)
+    let _ns = NetNs::create().expect("a namespace here, as in the killed process");
+    assert!(
+        !namespaces().iter().any(|n| n == name),
+        "namespace {name} of a dead process is still there"
+    );
+    assert!(
+        !address_held(host_addr),
+        "the veth of a dead process still holds {host_addr}"
+    );
+}
+
+/// A veth pair, deleted on drop.
+struct Veth(String);
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
+    }
+}
+
+#[test]
+fn a_namespace_skips_a_30_that_an_interface_on_the_machine_already_holds() {
+    const TEST: &str = "a_namespace_skips_a_30_that_an_interface_on_the_machine_already_holds";
+    // A /30 of 10.213.0.0/16 on an interface of the host, as a namespace of another process
+    // would hold it; the namespace's search for a /30 starts there.
+    let block = std::process::id() % 16384;
+    let taken = Ipv4Addr::from(block_network(block) + 1).to_string();
+    // Named like the veth of a namespace of this process: removed as a leftover if this test
+    // is killed.
+    let pid = std::process::id() % 10_000_000;
+    let veth = Veth(format!("rz{pid}h9999"));
+    let peer = format!("rz{pid}n9999");
+    let add = |args: &[&str]| Command::new("ip").args(args).status().unwrap().success();
+    if !add(&[
+        "link", "add", &veth.0, "type", "veth", "peer", "name", &peer,
+    ]) || !add(&["addr", "add", &format!("{taken}/30"), "dev", &veth.0])
+        || !add(&["link", "set", &veth.0, "up"])
+    {
+        return skip(TEST, "cannot add a veth pair here");
+    }
+
+    let ns = match NetNs::create_from(block) {
+        Ok(ns) => ns,
+        Err(why) => {
+            return skip(
+                TEST,
+                &format!("cannot create a network namespace here ({why})"),
+            )
+        }
+    };
+    assert_ne!(ns.host_addr, taken, "the namespace took a /30 already held");
+    // Packets from inside reach the host and the answers come back: a TCP connection from the
+    // namespace to a listener on the host side completes (bounded: a lost SYN-ACK would be
+    // retried for two minutes).
+    let listener = TcpListener::bind((ns.host_addr.as_str(), 0)).unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let connected = ns
+        .command("timeout")
+        .args(["10", "bash", "-c", "exec 3<>/dev/tcp/$0/$1"])
+        .args([&ns.host_addr, &port])
+        .status()
+        .unwrap();
+    assert!(
+        connected.success(),
+        "no TCP connection from the namespace to {}:{port} ({connected})",
+        ns.host_addr
     );
 }

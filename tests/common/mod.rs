@@ -3,7 +3,12 @@
 #![allow(dead_code)]
 
 pub mod launch;
+pub mod leftovers;
+pub mod netns;
 pub mod node;
+
+#[allow(unused_imports)]
+pub use netns::NetNs;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -51,6 +56,7 @@ fn version_in_log(line: &str) -> Option<&str> {
 /// says it is ready to serve clients (its own log line, not a guessed delay). Says on stderr
 /// which etcd version became ready where (shown with a failing test's output).
 pub fn spawn_etcd(cmd: EtcdCommand<'_>) -> (Child, mpsc::Receiver<()>) {
+    leftovers::remove_data_dirs_of_dead_processes();
     let mut etcd = Command::new("etcd");
     etcd.args(["--name", cmd.name, "--data-dir"])
         .arg(cmd.data_dir)
@@ -628,114 +634,4 @@ impl Drop for EtcdCluster {
 /// Waits until the number of keys under `prefix` satisfies `done`.
 pub fn wait_for_key_count(endpoint: &str, prefix: &str, done: impl Fn(usize) -> bool) {
     watch_until(endpoint, prefix, |kvs| done(kvs.len()).then_some(()))
-}
-
-/// A network namespace joined to this one by a veth pair with a private /30: the host side
-/// is `host_addr`, the namespace side `ns_addr`. Traffic never leaves the machine. The link can
-/// be cut (`cut`) to partition whatever runs inside. Removed on drop, even after a failure.
-pub struct NetNs {
-    pub name: String,
-    host_veth: String,
-    pub host_addr: String,
-    pub ns_addr: String,
-    created_ns: bool,
-    created_veth: bool,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl NetNs {
-    /// Creates the namespace and veth pair, or says why it could not (no root, no netns
-    /// support in this sandbox). Names and the /30 are derived from the pid, so concurrent
-    /// runs do not collide.
-    pub fn create() -> Result<NetNs, String> {
-        let pid = std::process::id();
-        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        // 10.213.0.0/16 split into /30s: 16384 of them, chosen by pid and sequence.
-        let block = (pid.wrapping_mul(7).wrapping_add(seq)) % 16384;
-        let (third, fourth) = (block / 64, (block % 64) * 4);
-        let mut ns = NetNs {
-            name: format!("rdzv-{pid}-{seq}"),
-            // Interface names are limited to 15 bytes.
-            host_veth: format!("rz{}h{seq}", pid % 10_000_000),
-            host_addr: format!("10.213.{third}.{}", fourth + 1),
-            ns_addr: format!("10.213.{third}.{}", fourth + 2),
-            created_ns: false,
-            created_veth: false,
-        };
-        let ns_veth = format!("rz{}n{seq}", pid % 10_000_000);
-        ip(&["netns", "add", &ns.name])?;
-        ns.created_ns = true;
-        ip(&[
-            "link",
-            "add",
-            &ns.host_veth,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &ns_veth,
-        ])?;
-        ns.created_veth = true;
-        ip(&["link", "set", &ns_veth, "netns", &ns.name])?;
-        let host_cidr = format!("{}/30", ns.host_addr);
-        let ns_cidr = format!("{}/30", ns.ns_addr);
-        ip(&["addr", "add", &host_cidr, "dev", &ns.host_veth])?;
-        ip(&["link", "set", &ns.host_veth, "up"])?;
-        let inside = |args: &[&str]| {
-            let mut all = vec!["netns", "exec", ns.name.as_str(), "ip"];
-            all.extend_from_slice(args);
-            ip(&all)
-        };
-        inside(&["addr", "add", &ns_cidr, "dev", &ns_veth])?;
-        inside(&["link", "set", &ns_veth, "up"])?;
-        inside(&["link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-
-    /// A command that runs `program` inside the namespace.
-    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).arg(program);
-        c
-    }
-
-    /// Cuts the namespace off: the host side of the veth goes down, so nothing passes either
-    /// way (no resets, no errors: packets are simply not delivered).
-    pub fn cut(&self) {
-        ip(&["link", "set", &self.host_veth, "down"]).expect("cannot cut the veth link");
-    }
-
-    /// Undoes `cut`: the link comes back up, and connections that were cut off carry on.
-    pub fn heal(&self) {
-        ip(&["link", "set", &self.host_veth, "up"]).expect("cannot bring the veth link up");
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        if self.created_veth {
-            // Deleting one end deletes the pair (the other end may already be gone with the
-            // namespace).
-            let _ = ip(&["link", "del", &self.host_veth]);
-        }
-        if self.created_ns {
-            let _ = ip(&["netns", "del", &self.name]);
-        }
-    }
 }
