@@ -89,6 +89,8 @@ struct Slot {
     /// Index into `Runner::processes` of the process now in this slot.
     current: usize,
     generation: usize,
+    /// Where the process now in this slot writes its output.
+    log: PathBuf,
 }
 
 struct Runner {
@@ -163,6 +165,7 @@ impl Runner {
                 child: None,
                 current: 0,
                 generation: 0,
+                log: PathBuf::new(),
             })
             .collect();
         let mut runner = Runner {
@@ -193,7 +196,8 @@ impl Runner {
         let name = format!("node-{slot}-{}", s.generation);
         s.generation += 1;
         let history = self.dir.join(format!("{name}.jsonl"));
-        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        s.log = self.dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&s.log).unwrap();
         let (mut command, url) = match &s.ns {
             Some(ns) => (
                 ns.command(NODE_BIN),
@@ -238,7 +242,12 @@ impl Runner {
                 continue;
             };
             if let Ok(Some(status)) = child.try_wait() {
-                say(&format!("node in slot {i} exited on its own: {status}"));
+                // Its last line says why (a CI log shows this, not the run's files).
+                let text = std::fs::read_to_string(&s.log).unwrap_or_default();
+                let last = text.lines().last().unwrap_or("(no output)");
+                say(&format!(
+                    "node in slot {i} exited on its own: {status}; it said: {last}"
+                ));
                 self.processes[s.current].ended = Some(now());
                 self.unexpected_exits.push((i, status.code()));
                 s.child = None;
