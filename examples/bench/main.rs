@@ -222,14 +222,23 @@ async fn floor_round(endpoint: &str, n: usize, run: &str, floor: Floor) -> (Dura
     (phases.total(), phases.cpu)
 }
 
-/// Which floor: the bare one, or one that also does what the design needs to notice deaths.
-#[derive(Clone, Copy)]
+/// Which floor: the bare one, one that also does what the design needs to notice deaths, or
+/// one that also sends the design's own transactions.
+#[derive(Clone, Copy, PartialEq)]
 enum Floor {
     Bare,
     /// Each node also holds a lease with its keep-alive stream open (granted before the round,
     /// as rdzv's handles do), binds its join key to it, and watches the round's leader key
     /// beside its lane: what lets a round drop a dead node and followers replace a dead leader.
     Live,
+    /// `Live`, with the join and the seal sent as rdzv's transactions are, guards and all: the
+    /// join checks that the round is open, the run not closed and the node not drained, and
+    /// the first joiner claims the lead in it (the others read who leads); the seal checks
+    /// that the round is unsealed, the run open, the leader's claim and join there, and that
+    /// no member left and no node was drained since the leader's view, and moves `current`.
+    /// The difference from `Live` is what the guarantees cost in etcd; from this to rdzv, what
+    /// the library adds.
+    Guarded,
 }
 
 /// Where a round's time goes, from the last call of next: until etcd reported the last join,
@@ -260,6 +269,43 @@ impl Phases {
     }
 }
 
+/// A join as rdzv sends it (round 0): guarded by the round being open, the run not closed and
+/// the node not drained; the first joiner claims the lead (and the lane count) with its lease,
+/// the others read both.
+fn guarded_join(
+    prefix: &str,
+    id: &str,
+    put_join: etcd_client::TxnOp,
+    bound: Option<etcd_client::PutOptions>,
+) -> etcd_client::Txn {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let (leader, lanes) = (format!("{prefix}leader"), format!("{prefix}lanes"));
+    let claim = Txn::new()
+        .when([Compare::create_revision(
+            leader.clone(),
+            CompareOp::Equal,
+            0,
+        )])
+        .and_then([
+            TxnOp::put(leader.clone(), id, bound.clone()),
+            TxnOp::put(lanes.clone(), "1", bound),
+        ])
+        .or_else([TxnOp::get(leader, None), TxnOp::get(lanes, None)]);
+    Txn::new()
+        .when([
+            Compare::create_revision(format!("{prefix}current"), CompareOp::Equal, 0),
+            Compare::create_revision(format!("{prefix}closed"), CompareOp::Equal, 0),
+            Compare::create_revision(format!("{prefix}drain/{id}"), CompareOp::Equal, 0),
+        ])
+        .and_then([put_join, TxnOp::txn(claim)])
+        .or_else([
+            TxnOp::get(format!("{prefix}current"), None),
+            TxnOp::get(format!("{prefix}closed"), None),
+            TxnOp::get(format!("{prefix}final"), None),
+            TxnOp::get(format!("{prefix}drain/{id}"), None),
+        ])
+}
+
 async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phases {
     let client = etcd_client::Client::connect(endpoint.split(',').collect::<Vec<_>>(), None)
         .await
@@ -287,7 +333,18 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
         members: rdzv::rendezvous::inline_members(&ids, chunks),
         lane: None,
     };
-    let mut writes = vec![etcd_client::TxnOp::put(final_key, sealed.to_json(), None)];
+    let mut writes = vec![etcd_client::TxnOp::put(
+        final_key.clone(),
+        sealed.to_json(),
+        None,
+    )];
+    if floor == Floor::Guarded {
+        writes.push(etcd_client::TxnOp::put(
+            format!("{prefix}current"),
+            "1",
+            None,
+        ));
+    }
     for (k, value) in rdzv::rendezvous::lane_values(&sealed, &ids)
         .into_iter()
         .enumerate()
@@ -306,7 +363,7 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
     );
     let leases: Vec<Option<Held>> = match floor {
         Floor::Bare => (0..n).map(|_| None).collect(),
-        Floor::Live => {
+        Floor::Live | Floor::Guarded => {
             let grants = (0..n).map(|_| {
                 let mut c = client.clone();
                 async move {
@@ -320,16 +377,51 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
     };
     let lease_ids: Vec<Option<i64>> = leases.iter().map(|l| l.as_ref().map(|l| l.0)).collect();
     let cpu = Cpu::start(endpoint).await;
+    let guarded_seal = {
+        let prefix = prefix.clone();
+        move |first: &str, seen_at: i64| {
+            use etcd_client::{Compare, CompareOp};
+            vec![
+                Compare::create_revision(final_key.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(format!("{prefix}closed"), CompareOp::Equal, 0),
+                Compare::version(format!("{prefix}join/{first}"), CompareOp::Greater, 0),
+                Compare::value(format!("{prefix}leader"), CompareOp::Equal, first),
+                Compare::mod_revision(format!("{prefix}gone/"), CompareOp::Less, seen_at + 1)
+                    .with_prefix(),
+                Compare::mod_revision(format!("{prefix}drain/"), CompareOp::Less, seen_at + 1)
+                    .with_prefix(),
+            ]
+        }
+    };
     let seal = tokio::spawn(async move {
-        let mut seen = 0;
+        let (mut seen, mut first, mut seen_at) = (0, None, 0);
         while seen < n {
             let resp = joins.message().await.unwrap().unwrap();
             seen += resp.events().len();
+            seen_at = resp.header().map_or(0, |h| h.revision());
+            if first.is_none() {
+                let key = resp
+                    .events()
+                    .first()
+                    .and_then(|e| e.kv())
+                    .map(|kv| kv.key());
+                first = key.map(|k| {
+                    String::from_utf8_lossy(k)
+                        .rsplit('/')
+                        .next()
+                        .unwrap()
+                        .to_string()
+                });
+            }
         }
-        leader
-            .txn(etcd_client::Txn::new().and_then(writes))
-            .await
-            .unwrap();
+        let txn = match floor {
+            Floor::Guarded => etcd_client::Txn::new()
+                .when(guarded_seal(first.as_deref().unwrap(), seen_at))
+                .and_then(writes),
+            _ => etcd_client::Txn::new().and_then(writes),
+        };
+        let resp = leader.txn(txn).await.unwrap();
+        assert!(resp.succeeded(), "the floor's seal was refused");
     });
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks: Vec<_> = ids
@@ -338,6 +430,7 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
         .map(|(id, lease)| {
             let (mut c, barrier, prefix) = (client.clone(), barrier.clone(), prefix.clone());
             let lane = format!("{prefix}lane/{:04}/", sealed.chunk_of(&id));
+            let guarded = floor == Floor::Guarded;
             tokio::spawn(async move {
                 barrier.wait().await;
                 let called = Instant::now();
@@ -351,23 +444,32 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
                         created += usize::from(watch.message().await.unwrap().unwrap().created());
                     }
                 }
-                let join = etcd_client::Txn::new()
-                    .when([etcd_client::Compare::create_revision(
-                        format!("{prefix}final"),
-                        etcd_client::CompareOp::Equal,
-                        0,
-                    )])
-                    .and_then([etcd_client::TxnOp::put(
-                        format!("{prefix}join/{id}"),
-                        "{\"addr\":\"localhost\",\"port\":29500}",
-                        lease.map(|l| etcd_client::PutOptions::new().with_lease(l)),
-                    )]);
-                c.txn(join).await.unwrap();
-                let sealed = loop {
+                let bound = || lease.map(|l| etcd_client::PutOptions::new().with_lease(l));
+                let put_join = etcd_client::TxnOp::put(
+                    format!("{prefix}join/{id}"),
+                    "{\"addr\":\"localhost\",\"port\":29500}",
+                    bound(),
+                );
+                let join = match guarded {
+                    false => etcd_client::Txn::new()
+                        .when([etcd_client::Compare::create_revision(
+                            format!("{prefix}final"),
+                            etcd_client::CompareOp::Equal,
+                            0,
+                        )])
+                        .and_then([put_join]),
+                    true => guarded_join(&prefix, &id, put_join, bound()),
+                };
+                let resp = c.txn(join).await.unwrap();
+                assert!(resp.succeeded(), "a floor's join was refused");
+                let sealed = 'sealed: loop {
                     let resp = watch.message().await.unwrap().unwrap();
-                    if let Some(ev) = resp.events().first() {
-                        let kv = ev.kv().unwrap();
-                        break rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
+                    // The lane's seal; the leader key's claim (`Guarded`) is not waited for.
+                    for kv in resp.events().iter().filter_map(|e| e.kv()) {
+                        if !kv.key().ends_with(b"leader") {
+                            let parsed = rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value());
+                            break 'sealed parsed.unwrap();
+                        }
                     }
                 };
                 assert!(matches!(sealed.inline_rank(&id), Some(Some(_))));
@@ -675,6 +777,7 @@ fn main() {
             let max = *times.iter().max().unwrap();
             let (mut floors, mut floor_cpu) = (Vec::new(), Vec::new());
             let (mut live_floors, mut live_cpu) = (Vec::new(), Vec::new());
+            let (mut design_floors, mut design_cpu) = (Vec::new(), Vec::new());
             for r in 0..repeats {
                 let run = format!("floor-{n}-{r}-{tag}");
                 let (took, cpu) = floor_round(&endpoint, n, &run, Floor::Bare).await;
@@ -684,25 +787,34 @@ fn main() {
                 let (took, cpu) = floor_round(&endpoint, n, &run, Floor::Live).await;
                 live_floors.push(took);
                 live_cpu.push(cpu);
+                let run = format!("design-floor-{n}-{r}-{tag}");
+                let (took, cpu) = floor_round(&endpoint, n, &run, Floor::Guarded).await;
+                design_floors.push(took);
+                design_cpu.push(cpu);
             }
-            let (rdzv, floor, live) = (median(times), median(floors), median(live_floors));
+            let (rdzv, floor) = (median(times), median(floors));
+            let (live, design) = (median(live_floors), median(design_floors));
+            let ratio = |f: Duration| rdzv.as_secs_f64() / f.as_secs_f64();
             println!(
-                "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {}  floor {:>10}  ratio {:.2}x  floor with liveness {:>10}  ratio {:.2}x",
+                "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {}  floor {:>10}  ratio {:.2}x  floor with liveness {:>10}  ratio {:.2}x  with the design's transactions {:>10}  ratio {:.2}x",
                 ms(rdzv),
                 ms(min),
                 ms(max),
                 rounds[0].writes,
                 ms(floor),
-                rdzv.as_secs_f64() / floor.as_secs_f64(),
+                ratio(floor),
                 ms(live),
-                rdzv.as_secs_f64() / live.as_secs_f64()
+                ratio(live),
+                ms(design),
+                ratio(design)
             );
             let rdzv_cpu: Vec<Cpu> = rounds.iter().map(|r| r.cpu).collect();
             println!(
-                "         rdzv {}   floor {}   floor with liveness {}",
+                "         rdzv {}   floor {}   floor with liveness {}   with the design's transactions {}",
                 Cpu::mean(&rdzv_cpu),
                 Cpu::mean(&floor_cpu),
-                Cpu::mean(&live_cpu)
+                Cpu::mean(&live_cpu),
+                Cpu::mean(&design_cpu)
             );
             let per = |f: fn(&Round) -> i64| {
                 let mut v: Vec<i64> = rounds.iter().map(f).collect();
@@ -727,8 +839,8 @@ fn main() {
     });
 }
 
-/// Where the time of a round of `n` goes, for rdzv, the floor and the floor with liveness
-/// ("live"; median of 5 of each by total).
+/// Where the time of a round of `n` goes, for rdzv, the floor, the floor with liveness ("live")
+/// and that with the design's transactions ("design"); median of 5 of each by total.
 fn phases(endpoint: &str, n: usize) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -738,15 +850,23 @@ fn phases(endpoint: &str, n: usize) {
         let tag = std::process::id();
         println!("phases of a round of N={n}, from the last call of next (median of 5 by total)");
         let mut rdzv = Vec::new();
-        let (mut floor, mut live) = (Vec::new(), Vec::new());
+        let (mut floor, mut live, mut design) = (Vec::new(), Vec::new(), Vec::new());
         for r in 0..5 {
             rdzv.push(rdzv_phases(endpoint, n, &format!("phases-{n}-{r}-{tag}")).await);
             let run = format!("floor-phases-{n}-{r}-{tag}");
             floor.push(floor_phases(endpoint, n, &run, Floor::Bare).await);
             let run = format!("live-floor-phases-{n}-{r}-{tag}");
             live.push(floor_phases(endpoint, n, &run, Floor::Live).await);
+            let run = format!("design-floor-phases-{n}-{r}-{tag}");
+            design.push(floor_phases(endpoint, n, &run, Floor::Guarded).await);
         }
-        for (what, mut runs) in [("rdzv", rdzv), ("floor", floor), ("live", live)] {
+        let all = [
+            ("rdzv", rdzv),
+            ("floor", floor),
+            ("live", live),
+            ("design", design),
+        ];
+        for (what, mut runs) in all {
             runs.sort_by_key(Phases::total);
             runs[runs.len() / 2].print(what);
         }
