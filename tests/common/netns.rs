@@ -1,8 +1,8 @@
 //! Network namespaces for partition tests. A test process killed by SIGKILL runs no destructor,
 //! so its namespaces and veth pairs outlive it, holding their /30s. One CI run failed for that:
-//! 7 of its 8 chaos nodes were given /30s still routed to such leftovers, so their packets to
-//! etcd went nowhere. Creating a namespace therefore first removes what dead test processes
-//! left, then takes a /30 no interface on the machine overlaps, all under one lock shared by
+//! 7 of its 8 chaos nodes were given /30s still routed to such leftovers, so etcd's answers
+//! never reached them. Creating a namespace therefore first removes what dead test processes
+//! left, then takes a /30 that no interface on the machine holds, all under one lock shared by
 //! every test process.
 
 use std::os::fd::AsRawFd;
