@@ -241,6 +241,37 @@ enum Floor {
     Guarded,
 }
 
+impl Floor {
+    const ALL: [Floor; 3] = [Floor::Bare, Floor::Live, Floor::Guarded];
+
+    /// Its name in the benchmark's lines.
+    fn name(self) -> &'static str {
+        match self {
+            Floor::Bare => "floor",
+            Floor::Live => "floor with liveness",
+            Floor::Guarded => "with the design's transactions",
+        }
+    }
+
+    /// Its name in `--phases`' rows.
+    fn short_name(self) -> &'static str {
+        match self {
+            Floor::Bare => "floor",
+            Floor::Live => "live",
+            Floor::Guarded => "design",
+        }
+    }
+
+    /// The start of its run ids.
+    fn run_prefix(self) -> &'static str {
+        match self {
+            Floor::Bare => "floor",
+            Floor::Live => "live-floor",
+            Floor::Guarded => "design-floor",
+        }
+    }
+}
+
 /// Where a round's time goes, from the last call of next: until etcd reported the last join,
 /// then until it reported the seal, then until the last node returned.
 #[derive(Clone, Copy)]
@@ -775,47 +806,34 @@ fn main() {
             let times: Vec<Duration> = rounds.iter().map(|r| r.took).collect();
             let min = *times.iter().min().unwrap();
             let max = *times.iter().max().unwrap();
-            let (mut floors, mut floor_cpu) = (Vec::new(), Vec::new());
-            let (mut live_floors, mut live_cpu) = (Vec::new(), Vec::new());
-            let (mut design_floors, mut design_cpu) = (Vec::new(), Vec::new());
+            // Each floor's rounds and CPU, the floors alternating within each repetition.
+            let mut floors = Floor::ALL.map(|floor| (floor, Vec::new(), Vec::new()));
             for r in 0..repeats {
-                let run = format!("floor-{n}-{r}-{tag}");
-                let (took, cpu) = floor_round(&endpoint, n, &run, Floor::Bare).await;
-                floors.push(took);
-                floor_cpu.push(cpu);
-                let run = format!("live-floor-{n}-{r}-{tag}");
-                let (took, cpu) = floor_round(&endpoint, n, &run, Floor::Live).await;
-                live_floors.push(took);
-                live_cpu.push(cpu);
-                let run = format!("design-floor-{n}-{r}-{tag}");
-                let (took, cpu) = floor_round(&endpoint, n, &run, Floor::Guarded).await;
-                design_floors.push(took);
-                design_cpu.push(cpu);
+                for (floor, took, cpu) in &mut floors {
+                    let run = format!("{}-{n}-{r}-{tag}", floor.run_prefix());
+                    let (t, c) = floor_round(&endpoint, n, &run, *floor).await;
+                    took.push(t);
+                    cpu.push(c);
+                }
             }
-            let (rdzv, floor) = (median(times), median(floors));
-            let (live, design) = (median(live_floors), median(design_floors));
-            let ratio = |f: Duration| rdzv.as_secs_f64() / f.as_secs_f64();
-            println!(
-                "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {}  floor {:>10}  ratio {:.2}x  floor with liveness {:>10}  ratio {:.2}x  with the design's transactions {:>10}  ratio {:.2}x",
+            let rdzv = median(times);
+            let mut line = format!(
+                "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {}",
                 ms(rdzv),
                 ms(min),
                 ms(max),
-                rounds[0].writes,
-                ms(floor),
-                ratio(floor),
-                ms(live),
-                ratio(live),
-                ms(design),
-                ratio(design)
+                rounds[0].writes
             );
             let rdzv_cpu: Vec<Cpu> = rounds.iter().map(|r| r.cpu).collect();
-            println!(
-                "         rdzv {}   floor {}   floor with liveness {}   with the design's transactions {}",
-                Cpu::mean(&rdzv_cpu),
-                Cpu::mean(&floor_cpu),
-                Cpu::mean(&live_cpu),
-                Cpu::mean(&design_cpu)
-            );
+            let mut cpu_line = format!("         rdzv {}", Cpu::mean(&rdzv_cpu));
+            for (floor, took, cpu) in floors {
+                let took = median(took);
+                let ratio = rdzv.as_secs_f64() / took.as_secs_f64();
+                line += &format!("  {} {:>10}  ratio {ratio:.2}x", floor.name(), ms(took));
+                cpu_line += &format!("   {} {}", floor.name(), Cpu::mean(&cpu));
+            }
+            println!("{line}");
+            println!("{cpu_line}");
             let per = |f: fn(&Round) -> i64| {
                 let mut v: Vec<i64> = rounds.iter().map(f).collect();
                 v.sort();
@@ -850,23 +868,16 @@ fn phases(endpoint: &str, n: usize) {
         let tag = std::process::id();
         println!("phases of a round of N={n}, from the last call of next (median of 5 by total)");
         let mut rdzv = Vec::new();
-        let (mut floor, mut live, mut design) = (Vec::new(), Vec::new(), Vec::new());
+        let mut floors = Floor::ALL.map(|floor| (floor, Vec::new()));
         for r in 0..5 {
             rdzv.push(rdzv_phases(endpoint, n, &format!("phases-{n}-{r}-{tag}")).await);
-            let run = format!("floor-phases-{n}-{r}-{tag}");
-            floor.push(floor_phases(endpoint, n, &run, Floor::Bare).await);
-            let run = format!("live-floor-phases-{n}-{r}-{tag}");
-            live.push(floor_phases(endpoint, n, &run, Floor::Live).await);
-            let run = format!("design-floor-phases-{n}-{r}-{tag}");
-            design.push(floor_phases(endpoint, n, &run, Floor::Guarded).await);
+            for (floor, runs) in &mut floors {
+                let run = format!("{}-phases-{n}-{r}-{tag}", floor.run_prefix());
+                runs.push(floor_phases(endpoint, n, &run, *floor).await);
+            }
         }
-        let all = [
-            ("rdzv", rdzv),
-            ("floor", floor),
-            ("live", live),
-            ("design", design),
-        ];
-        for (what, mut runs) in all {
+        let floors = floors.map(|(floor, runs)| (floor.short_name(), runs));
+        for (what, mut runs) in std::iter::once(("rdzv", rdzv)).chain(floors) {
             runs.sort_by_key(Phases::total);
             runs[runs.len() / 2].print(what);
         }
