@@ -35,6 +35,30 @@ fn wait_for_exit(pid: u32, timeout: Duration) -> bool {
     }
 }
 
+/// Starts a copy of this test binary that runs only `test` in the role of the test process to
+/// be killed; returns it with the first line it prints that starts with one of `prefixes`.
+fn start_the_killed_copy(test: &str, prefixes: &[&str]) -> (std::process::Child, String) {
+    let mut copy = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env(ROLE, "killed")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn_tied()
+        .unwrap();
+    let said = BufReader::new(copy.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        .unwrap_or_else(|| panic!("the test process said none of {prefixes:?}"));
+    (copy, said)
+}
+
+/// In the copy: waits to be killed (or for the test's end, which closes stdin).
+fn wait_to_be_killed() {
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
 #[test]
 fn etcd_dies_with_a_killed_test_process() {
     if std::env::var_os(ROLE).is_some() {
@@ -42,27 +66,11 @@ fn etcd_dies_with_a_killed_test_process() {
         // its pid, then waits to be killed.
         let etcd = std::thread::spawn(Etcd::start).join().unwrap();
         println!("etcd-pid {} {}", etcd.pid(), etcd.data_dir.display());
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
-        return;
+        return wait_to_be_killed();
     }
-    let mut test = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "etcd_dies_with_a_killed_test_process",
-            "--nocapture",
-        ])
-        .env(ROLE, "killed")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn_tied()
-        .unwrap();
-    let said = BufReader::new(test.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("etcd-pid ").map(str::to_string))
-        .expect("the test process started etcd");
-    let (etcd_pid, data_dir) = said.split_once(' ').unwrap();
+    let (mut test, said) =
+        start_the_killed_copy("etcd_dies_with_a_killed_test_process", &["etcd-pid "]);
+    let (etcd_pid, data_dir) = said["etcd-pid ".len()..].split_once(' ').unwrap();
     let (etcd_pid, data_dir): (u32, &Path) = (etcd_pid.parse().unwrap(), Path::new(data_dir));
     assert!(data_dir.exists(), "no {}", data_dir.display());
     test.kill().unwrap(); // SIGKILL: no destructor runs
@@ -117,22 +125,9 @@ fn a_namespace_left_by_a_killed_test_process_is_removed_by_the_next_one() {
             Ok(ns) => println!("netns {} {}", ns.name, ns.host_addr),
             Err(why) => println!("skip cannot create a network namespace here ({why})"),
         }
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
-        return;
+        return wait_to_be_killed();
     }
-    let mut test = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", TEST, "--nocapture"])
-        .env(ROLE, "killed")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn_tied()
-        .unwrap();
-    let said = BufReader::new(test.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .find(|l| l.starts_with("netns ") || l.starts_with("skip "))
-        .expect("the test process said what it created");
+    let (mut test, said) = start_the_killed_copy(TEST, &["netns ", "skip "]);
     let (name, host_addr) = match said.strip_prefix("netns ") {
         Some(created) => created.split_once(' ').unwrap(),
         None => {

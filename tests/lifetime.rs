@@ -235,7 +235,7 @@ fn connections_to(port: u16) -> usize {
 #[test]
 fn handles_created_at_once_share_one_connection() {
     let etcd = Etcd::start();
-    let port: u16 = etcd.endpoint().rsplit(':').next().unwrap().parse().unwrap();
+    let port = etcd.client_port;
     let url = etcd.url("shared", "min_nodes=1");
     let nodes: Vec<_> = handles_at_once(&url, 32)
         .into_iter()
