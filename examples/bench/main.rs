@@ -5,6 +5,35 @@
 
 mod cluster;
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// The system allocator, counting: allocations per node in a round are a measure of the
+/// library's own work that does not move with the machine's load, as its times and CPU do.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static ALLOCATED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call goes to the system allocator with the caller's arguments unchanged.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        ALLOCATED_BYTES.fetch_add(layout.size() as u64, Relaxed);
+        std::alloc::System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        std::alloc::System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        ALLOCATED_BYTES.fetch_add(size as u64, Relaxed);
+        std::alloc::System.realloc(ptr, layout, size)
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
 use rdzv::{Params, Rendezvous};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,7 +97,7 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> Round {
         .unwrap();
     let before = revision(&mut client).await;
     let watchers = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await;
-    let cpu = Cpu::start(endpoint).await;
+    let cpu = Cpu::start(endpoint, n).await;
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks: Vec<_> = nodes
         .iter()
@@ -151,19 +180,26 @@ fn own_cpu() -> Duration {
 }
 
 /// CPU time used over an interval by this process and by etcd (its members summed; etcd
-/// reports it in steps of 10 ms, so read it over several rounds).
+/// reports it in steps of 10 ms, so read it over several rounds), and this process's
+/// allocations over it, for a round of `nodes` nodes.
 #[derive(Clone, Copy, Default)]
 struct Cpu {
     client: Duration,
     etcd: Duration,
+    allocations: u64,
+    allocated_bytes: u64,
+    nodes: u64,
 }
 
 impl Cpu {
-    async fn start(endpoint: &str) -> Cpu {
+    async fn start(endpoint: &str, nodes: usize) -> Cpu {
         let etcd = metric_f64(endpoint, "process_cpu_seconds_total").await;
         Cpu {
             client: own_cpu(),
             etcd: Duration::from_secs_f64(etcd),
+            allocations: ALLOCATIONS.load(Relaxed),
+            allocated_bytes: ALLOCATED_BYTES.load(Relaxed),
+            nodes: nodes as u64,
         }
     }
     async fn stop(self, endpoint: &str) -> Cpu {
@@ -171,14 +207,26 @@ impl Cpu {
         Cpu {
             client: own_cpu() - self.client,
             etcd: etcd.saturating_sub(self.etcd),
+            allocations: ALLOCATIONS.load(Relaxed) - self.allocations,
+            allocated_bytes: ALLOCATED_BYTES.load(Relaxed) - self.allocated_bytes,
+            nodes: self.nodes,
         }
     }
-    /// Mean client and etcd CPU per round over `rounds`.
+    /// Mean client and etcd CPU per round over `rounds`, and the nodes' allocations per node.
     fn mean(rounds: &[Cpu]) -> String {
         let n = rounds.len().max(1) as u32;
         let client: Duration = rounds.iter().map(|c| c.client).sum();
         let etcd: Duration = rounds.iter().map(|c| c.etcd).sum();
-        format!("cpu/round: nodes {} etcd {}", ms(client / n), ms(etcd / n))
+        let nodes: u64 = rounds.iter().map(|c| c.nodes).sum::<u64>().max(1);
+        let allocations: u64 = rounds.iter().map(|c| c.allocations).sum();
+        let kib = rounds.iter().map(|c| c.allocated_bytes).sum::<u64>() as f64 / 1024.0;
+        format!(
+            "cpu/round: nodes {} etcd {}, allocations/node {} ({:.1} KiB)",
+            ms(client / n),
+            ms(etcd / n),
+            allocations / nodes,
+            kib / nodes as f64
+        )
     }
 }
 
@@ -407,7 +455,7 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
         }
     };
     let lease_ids: Vec<Option<i64>> = leases.iter().map(|l| l.as_ref().map(|l| l.0)).collect();
-    let cpu = Cpu::start(endpoint).await;
+    let cpu = Cpu::start(endpoint, n).await;
     let guarded_seal = {
         let prefix = prefix.clone();
         move |first: &str, seen_at: i64| {
@@ -572,7 +620,7 @@ async fn rdzv_phases(endpoint: &str, n: usize, run: &str) -> Phases {
         .map(|node| Arc::new(node.unwrap()))
         .collect();
     let observer = observe(endpoint, format!("/rdzv/{run}/r/")).await;
-    let cpu = Cpu::start(endpoint).await;
+    let cpu = Cpu::start(endpoint, n).await;
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks = nodes.iter().map(|node| {
         let (node, barrier) = (node.clone(), barrier.clone());
