@@ -1,11 +1,15 @@
-//! Benchmark: prints rendezvous latency for N nodes, etcd writes per round, and the store's
+//! Benchmark: prints rendezvous latency for N nodes, etcd writes, CPU and allocations per
+//! round (beside three floors: raw etcd-client doing the design's etcd work), and the store's
 //! set/get latency and throughput next to raw etcd-client put/get measured in the same run.
 //! Run with `scripts/bench.sh` (starts a local etcd) or `cargo run --release --example bench
 //! -- HOST:PORT [N ...]`. Numbers are medians; the machine is shared, so compare ratios.
 
 mod cluster;
 
+use rdzv::{Params, Rendezvous};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The system allocator, counting: allocations per node in a round are a measure of the
 /// library's own work that does not move with the machine's load, as its times and CPU do.
@@ -33,10 +37,6 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
-
-use rdzv::{Params, Rendezvous};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
