@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 /// The system allocator, counting: allocations per node in a round are a measure of the
 /// library's own work that does not move with the machine's load, as its times and CPU do.
+/// A reallocation counts as one allocation of its new size.
 struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
@@ -212,7 +213,8 @@ impl Cpu {
             nodes: self.nodes,
         }
     }
-    /// Mean client and etcd CPU per round over `rounds`, and the nodes' allocations per node.
+    /// Mean client and etcd CPU per round over `rounds`, and this process's allocations per
+    /// node (the nodes', and in `--phases` also the observer's).
     fn mean(rounds: &[Cpu]) -> String {
         let n = rounds.len().max(1) as u32;
         let client: Duration = rounds.iter().map(|c| c.client).sum();
