@@ -92,6 +92,43 @@ fn cancel_ends_a_store_wait_and_the_store_stays_usable() {
     assert_eq!(store.get("after", Some(Duration::ZERO)).unwrap(), b"1");
 }
 
+/// A cancel made after a store wait is called, before its future is first polled, ends it
+/// (see `a_cancel_made_before_next_is_first_polled_is_not_lost`).
+#[test]
+fn a_cancel_made_before_a_store_wait_is_first_polled_is_not_lost() {
+    let etcd = Etcd::start();
+    let url = etcd.url("store-cancel-early", "min_nodes=1");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let member = rt
+        .block_on(rdzv::Rendezvous::new(Params::from_url(&url).unwrap()))
+        .unwrap();
+    let (_, store) = rt.block_on(member.next()).unwrap();
+    let forever = Some(Duration::from_secs(3600));
+    let keys = ["never-set"];
+    for what in ["get", "wait", "multi_get"] {
+        // Each call is made here; its future is first polled below, after the cancel.
+        let wait: std::pin::Pin<Box<dyn std::future::Future<Output = rdzv::Result<()>>>> =
+            match what {
+                "get" => {
+                    let call = store.get("never-set", forever);
+                    Box::pin(async move { call.await.map(|_| ()) })
+                }
+                "wait" => Box::pin(store.wait(&keys, forever)),
+                _ => {
+                    let call = store.multi_get(&keys, forever);
+                    Box::pin(async move { call.await.map(|_| ()) })
+                }
+            };
+        store.cancel();
+        let got = rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(20), wait).await })
+            .unwrap_or_else(|_| panic!("{what}: cancelled before its first poll, it kept waiting"));
+        assert_eq!(got.unwrap_err().kind(), ErrorKind::Cancelled, "{what}");
+    }
+    rt.block_on(store.set("after", b"1")).unwrap();
+    assert_eq!(rt.block_on(store.get("after", None)).unwrap(), b"1");
+}
+
 #[test]
 fn a_store_whose_round_was_deleted_refuses_to_write() {
     let etcd = Etcd::start();

@@ -175,6 +175,30 @@ fn shutdown_and_cancel_wake_a_blocked_next() {
     n.shutdown().unwrap(); // idempotent
 }
 
+/// The launcher races `next` against its signals and cancels on a signal, which may be
+/// pending when the race starts: `cancel` then runs before the `next` future is first polled.
+/// A cancel lost there hung a SIGTERMed launcher until `join_timeout`; the cancel must end
+/// `next`, and the handle must still join a round afterwards.
+#[test]
+fn a_cancel_made_before_next_is_first_polled_is_not_lost() {
+    let etcd = Etcd::start();
+    let url = etcd.url("cancel-early", "min_nodes=2&max_nodes=2&join_timeout=120");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let params = || Params::from_url(&url).unwrap();
+    let n = rt.block_on(rdzv::Rendezvous::new(params())).unwrap();
+    let next = n.next();
+    n.cancel();
+    let got = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(20), next).await })
+        .expect("a next cancelled before its first poll kept waiting");
+    assert_eq!(got.map(|_| ()).unwrap_err().kind(), ErrorKind::Cancelled);
+    // A cancel before `next` is called is for no call: this next waits for its partner.
+    n.cancel();
+    let other = rt.block_on(rdzv::Rendezvous::new(params())).unwrap();
+    let (a, b) = rt.block_on(async { tokio::join!(n.next(), other.next()) });
+    assert_one_world(&[a.unwrap().0, b.unwrap().0]);
+}
+
 #[test]
 fn etcd_restart_during_join_still_forms_the_round() {
     let mut etcd = Etcd::start();

@@ -159,10 +159,21 @@ impl Rendezvous {
     /// is closed, or the handle is shut down or cancelled. A round is never left waiting on a
     /// node that gave up: a failed `next` withdraws its join request, and if the round was
     /// sealed with this node in it first, `next` returns that round instead of the error.
-    pub async fn next(&self) -> Result<(RoundInfo, Store)> {
-        // Subscribe before anything else, so a cancel made once next is entered is not lost.
-        let mut cancel = self.cancel.subscribe();
-        let mut shutdown = self.shutdown.subscribe();
+    ///
+    /// A `cancel` made once `next` is called ends it, even before the returned future is first
+    /// polled: a caller may race the future against a signal and cancel on the signal.
+    pub fn next(&self) -> impl std::future::Future<Output = Result<(RoundInfo, Store)>> + '_ {
+        // Subscribed here, not in the future's body, which runs only when first polled.
+        let cancel = self.cancel.subscribe();
+        let shutdown = self.shutdown.subscribe();
+        self.next_subscribed(cancel, shutdown)
+    }
+
+    async fn next_subscribed(
+        &self,
+        mut cancel: watch::Receiver<u64>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(RoundInfo, Store)> {
         if self.is_shut_down() {
             return Err(Error::shutdown());
         }
@@ -722,7 +733,8 @@ impl Rendezvous {
     }
 
     /// Makes a `next` running on this handle return `Cancelled` and withdraw its join request;
-    /// the handle stays usable. No effect when no `next` is running.
+    /// the handle stays usable. "Running" starts when `next` is called, not when its future is
+    /// first polled. No effect when no `next` is running.
     pub fn cancel(&self) {
         self.cancel.send_modify(|generation| *generation += 1);
     }

@@ -13,6 +13,7 @@ use crate::backend::{ranges, Etcd, Target, RDZV_MAX_VALUE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use etcd_client::{Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, TxnResponse};
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -23,6 +24,14 @@ pub const RDZV_MAX_KEY_BYTES: usize = 4096;
 
 /// Longer waits are capped here, so "forever" (e.g. `i64::MAX` ms) cannot overflow a clock.
 pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A store wait as it was called: see `Store::waiting`.
+struct Waiting {
+    deadline: Instant,
+    /// As the caller gave it (None: the store's default), for the timeout's message.
+    timeout: Option<Duration>,
+    cancel: watch::Receiver<u64>,
+}
 
 #[derive(Clone)]
 pub struct Store {
@@ -79,7 +88,8 @@ impl Store {
     }
 
     /// Makes `get`, `wait` and `multi_get` calls running on this store (or a clone) return
-    /// `Cancelled`. No effect on calls that start later.
+    /// `Cancelled`; a call is running from the moment it is made, before its future is first
+    /// polled. No effect on calls that start later.
     pub fn cancel(&self) {
         self.cancel.send_modify(|generation| *generation += 1);
     }
@@ -115,9 +125,15 @@ impl Store {
                 .clamp(Duration::from_secs(5), Duration::from_secs(30))
     }
 
-    fn wait_deadline(&self, timeout: Option<Duration>) -> Instant {
-        let timeout = timeout.unwrap_or_else(|| self.timeout()).min(MAX_WAIT);
-        Instant::now() + timeout
+    /// A wait that starts now: its deadline, and a subscription to `cancel` taken at the call,
+    /// not when the wait's future is first polled, so a cancel in between is not lost.
+    fn waiting(&self, timeout: Option<Duration>) -> Waiting {
+        let waited = timeout.unwrap_or_else(|| self.timeout()).min(MAX_WAIT);
+        Waiting {
+            deadline: Instant::now() + waited,
+            timeout,
+            cancel: self.cancel.subscribe(),
+        }
     }
 
     fn round_exists(&self) -> Compare {
@@ -183,12 +199,20 @@ impl Store {
     }
 
     /// Waits up to `timeout` (or the store's default) for `key` to exist, then returns it.
-    pub async fn get(&self, key: &str, timeout: Option<Duration>) -> Result<Vec<u8>> {
-        Ok(self
-            .multi_get(&[key], timeout)
-            .await?
-            .pop()
-            .unwrap_or_default())
+    pub fn get<'a>(
+        &'a self,
+        key: &'a str,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Vec<u8>>> + 'a {
+        let waiting = self.waiting(timeout);
+        async move {
+            let keys = [key];
+            Ok(self
+                .wait_for(&keys, waiting)
+                .await?
+                .pop()
+                .unwrap_or_default())
+        }
     }
 
     /// Adds `delta` to the integer at `key` (absent counts as 0) and returns the new value.
@@ -262,10 +286,13 @@ impl Store {
     }
 
     /// Waits until every key exists.
-    pub async fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<()> {
-        self.wait_for(keys, self.wait_deadline(timeout), timeout)
-            .await
-            .map(|_| ())
+    pub fn wait<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let waiting = self.waiting(timeout);
+        async move { self.wait_for(keys, waiting).await.map(|_| ()) }
     }
 
     /// True if every key exists right now.
@@ -315,13 +342,13 @@ impl Store {
     }
 
     /// Waits for all keys, then returns their values in order, read at one revision.
-    pub async fn multi_get(
-        &self,
-        keys: &[&str],
+    pub fn multi_get<'a>(
+        &'a self,
+        keys: &'a [&'a str],
         timeout: Option<Duration>,
-    ) -> Result<Vec<Vec<u8>>> {
-        self.wait_for(keys, self.wait_deadline(timeout), timeout)
-            .await
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>>> + 'a {
+        let waiting = self.waiting(timeout);
+        self.wait_for(keys, waiting)
     }
 
     /// Sets every key in one transaction: all or nothing.
@@ -380,14 +407,9 @@ impl Store {
     /// Read, then watch the store until every missing key appears. Ends early, with the
     /// matching error, when the keys can no longer appear for this caller: the run was closed
     /// with keys still missing, the round's data was deleted, the node shut down, or `cancel`.
-    async fn wait_for(
-        &self,
-        keys: &[&str],
-        deadline: Instant,
-        timeout: Option<Duration>,
-    ) -> Result<Vec<Vec<u8>>> {
+    async fn wait_for(&self, keys: &[&str], waiting: Waiting) -> Result<Vec<Vec<u8>>> {
         let started = Instant::now();
-        let result = self.wait_for_keys(keys, deadline, timeout).await;
+        let result = self.wait_for_keys(keys, waiting).await;
         let who = self.etcd.who();
         tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
             keys = %keys.join(","), waited_ms = started.elapsed().as_millis() as u64,
@@ -395,16 +417,15 @@ impl Store {
         result
     }
 
-    async fn wait_for_keys(
-        &self,
-        keys: &[&str],
-        deadline: Instant,
-        timeout: Option<Duration>,
-    ) -> Result<Vec<Vec<u8>>> {
+    async fn wait_for_keys(&self, keys: &[&str], waiting: Waiting) -> Result<Vec<Vec<u8>>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let mut cancel = self.cancel.subscribe();
+        let Waiting {
+            deadline,
+            timeout,
+            mut cancel,
+        } = waiting;
         let mut shutdown = self.shutdown.clone();
         let names = |missing: &HashSet<String>| -> Vec<&str> {
             keys.iter()
