@@ -78,11 +78,22 @@ struct Round {
 }
 
 /// One round of `n` nodes: handles are created first (not timed), then all call next at once.
-async fn one_round(endpoint: &str, n: usize, run: &str) -> Round {
+/// One round of `n` nodes. With `measure_memory`, the allocator's free pages are returned
+/// before and after it, so resident memory shows what the handles and the round hold; only the
+/// memory round does that. A trimmed heap makes the round fault its memory in again (page
+/// faults were 12% of the nodes' CPU at 4096), a cost the floors' rounds, never trimmed, do not
+/// pay, and neither does a node's process in a job, which reuses its heap round after round.
+async fn one_round(endpoint: &str, n: usize, run: &str, measure_memory: bool) -> Round {
     let url = format!("etcd://{endpoint}/{run}?min_nodes={n}&max_nodes={n}&join_timeout=120");
     let params = Params::from_url(&url).unwrap();
-    // SAFETY: as below; the baseline then holds no free pages either.
-    unsafe { libc::malloc_trim(0) };
+    let trim = || {
+        if measure_memory {
+            // SAFETY: malloc_trim only releases free memory of glibc's allocator.
+            unsafe { libc::malloc_trim(0) };
+        }
+    };
+    // The baseline then holds no free pages either.
+    trim();
     let rss_before = resident_bytes();
     let mut nodes = Vec::with_capacity(n);
     for chunk in 0..n.div_ceil(64) {
@@ -118,8 +129,7 @@ async fn one_round(endpoint: &str, n: usize, run: &str) -> Round {
     let rss_round = resident_bytes();
     // Resident memory keeps the round's peak (freed memory stays with the allocator); what
     // the nodes still hold is what is left once the allocator returns its free pages.
-    // SAFETY: malloc_trim only releases free memory of glibc's allocator.
-    unsafe { libc::malloc_trim(0) };
+    trim();
     let rss_held = resident_bytes();
     // Every node polls num_lost once, which starts its watch on the live nodes. Wait until
     // etcd has dropped the round's own watches and holds one per node before shutting down.
@@ -835,7 +845,7 @@ fn main() {
         println!("rendezvous: time from the last node's call of next to the last return");
         // Memory first, while the heap holds nothing freed by earlier rounds to reuse.
         let largest = *sizes.iter().max().unwrap();
-        let fresh = one_round(&endpoint, largest, &format!("bench-memory-{tag}")).await;
+        let fresh = one_round(&endpoint, largest, &format!("bench-memory-{tag}"), true).await;
         println!(
             "memory: N={largest}: {:.1} KiB per node handle, {:.1} KiB per node once the round formed \
              ({:.1} KiB still held once the allocator returned its free pages)",
@@ -851,7 +861,7 @@ fn main() {
             let repeats = match n { 0..=64 => 7, 65..=256 => 3, _ => 3 };
             let mut rounds = Vec::new();
             for r in 0..repeats {
-                rounds.push(one_round(&endpoint, n, &format!("bench-{n}-{r}-{tag}")).await);
+                rounds.push(one_round(&endpoint, n, &format!("bench-{n}-{r}-{tag}"), false).await);
             }
             let times: Vec<Duration> = rounds.iter().map(|r| r.took).collect();
             let min = *times.iter().min().unwrap();
