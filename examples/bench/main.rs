@@ -78,11 +78,11 @@ struct Round {
 }
 
 /// One round of `n` nodes: handles are created first (not timed), then all call next at once.
-/// One round of `n` nodes. With `measure_memory`, the allocator's free pages are returned
-/// before and after it, so resident memory shows what the handles and the round hold; only the
-/// memory round does that. A trimmed heap makes the round fault its memory in again (page
-/// faults were 12% of the nodes' CPU at 4096), a cost the floors' rounds, never trimmed, do not
-/// pay, and neither does a node's process in a job, which reuses its heap round after round.
+/// With `measure_memory`, the allocator's free pages are returned before and after it, so
+/// resident memory shows what the handles and the round hold; only the memory round does that.
+/// A trimmed heap makes the round fault its memory in again (page faults were 12% of the nodes'
+/// CPU samples at 4096), a cost the floors' rounds, never trimmed, do not pay, and neither does
+/// a node's process in a job, which reuses its heap round after round.
 async fn one_round(endpoint: &str, n: usize, run: &str, measure_memory: bool) -> Round {
     let url = format!("etcd://{endpoint}/{run}?min_nodes={n}&max_nodes={n}&join_timeout=120");
     let params = Params::from_url(&url).unwrap();
