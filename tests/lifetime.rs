@@ -334,3 +334,159 @@ fn next_after_the_run_closed_fails_and_does_not_return_the_old_round() {
     let err = member.next().map(|(info, _)| info).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
 }
+
+/// The keys under a run's prefix, relative to it.
+fn keys_under(kvs: &[etcd_client::KeyValue], run: &str) -> Vec<String> {
+    kvs.iter()
+        .map(|kv| kv.key_str().unwrap().trim_start_matches(run).to_string())
+        .collect()
+}
+
+/// Waits (by watch, at most 30 s) until the run's prefix holds exactly `expected`.
+fn wait_until_only(etcd: &Etcd, run: &str, expected: &[&str]) {
+    let mut last = Vec::new();
+    let matched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        common::watch_until(&etcd.endpoint(), run, |kvs| {
+            last = keys_under(kvs, run);
+            (last == expected).then_some(())
+        })
+    }));
+    assert!(
+        matched.is_ok(),
+        "the run left keys behind: {last:?}, expected only {expected:?}"
+    );
+}
+
+/// A member SIGKILLed while the others shut down within its lease: its `alive` key outlives
+/// them, so none of them is the last node out, and nobody deletes the run's keys. The run's
+/// lease, which only live nodes refresh, takes them once it expires.
+#[test]
+fn a_run_whose_member_died_leaves_nothing_once_its_leases_expire() {
+    let etcd = Etcd::start();
+    let url = etcd.url("died", "min_nodes=3&max_nodes=3&lease_ttl=2");
+    let run = format!("/rdzv/{}/", run_of(&url));
+    let victim = Node::spawn(&url, &["--rounds", "forever", "--follow"]);
+    let others = common::on_threads(2, {
+        let url = url.clone();
+        move |_| {
+            let node = node(&url);
+            let (_, store) = node.next().unwrap();
+            store.set("x", b"1").unwrap();
+            node
+        }
+    });
+    assert_eq!(victim.round(30)["world_size"], 3);
+    let mut victim = victim;
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    for node in others {
+        node.shutdown().unwrap();
+    }
+    // Within 30 s: the victim's lease (2 s) and the run's lease (2 s after the last node).
+    wait_until_only(&etcd, &run, &[]);
+}
+
+/// The same when the dead node was drained first (a preemption notice, then the machine
+/// disappears): the survivors re-form, close the run and shut down within its lease; only
+/// `closed` stays.
+#[test]
+fn a_drained_then_killed_node_leaves_only_the_closed_marker() {
+    let etcd = Etcd::start();
+    let url = etcd.url(
+        "drained-died",
+        "min_nodes=2&max_nodes=3&last_call_timeout=0.5&lease_ttl=2",
+    );
+    let run = format!("/rdzv/{}/", run_of(&url));
+    let victim = Node::spawn(&url, &["--rounds", "forever", "--follow"]);
+    let mut others = common::on_threads(2, {
+        let url = url.clone();
+        move |_| {
+            let node = node(&url);
+            node.next().unwrap();
+            node
+        }
+    });
+    let round = victim.round(30);
+    assert_eq!(round["world_size"], 3);
+    let operator = rdzv::BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap();
+    let sealed = operator.status().unwrap().sealed.unwrap();
+    let victim_rank = round["rank"].as_u64().unwrap() as u32;
+    let victim_id = &sealed
+        .members
+        .iter()
+        .find(|m| m.rank == victim_rank)
+        .unwrap()
+        .node;
+    operator.drain(victim_id, "preempted").unwrap();
+    let mut victim = victim;
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    // The survivors re-form without it (at once: a drained node is not waited for).
+    let survivors = common::on_threads(2, {
+        let nodes: Vec<_> = others.drain(..).map(Arc::new).collect();
+        move |i| {
+            let (info, store) = nodes[i].next().unwrap();
+            store.set("y", b"1").unwrap();
+            (info.round, nodes[i].clone())
+        }
+    });
+    assert!(survivors.iter().all(|(round, _)| *round == 1));
+    survivors[0].1.set_closed().unwrap();
+    for (_, node) in survivors {
+        node.shutdown().unwrap();
+    }
+    wait_until_only(&etcd, &run, &["closed"]);
+}
+
+/// The other side of the run's lease: a node that lives keeps the run, however the others
+/// left. The victim registers first, so it creates the run's lease; once its own lease has
+/// expired, the survivor must have refreshed the run's lease since, and its next round and
+/// its store are intact.
+#[test]
+fn a_live_node_keeps_the_run_after_the_node_that_created_it_died() {
+    let etcd = Etcd::start();
+    let url = etcd.url(
+        "keeps",
+        "min_nodes=1&max_nodes=2&last_call_timeout=30&lease_ttl=2",
+    );
+    let run = format!("/rdzv/{}/", run_of(&url));
+    let mut victim = Node::spawn(&url, &["--rounds", "forever", "--follow"]);
+    let run_lease = common::watch_until(&etcd.endpoint(), &run, |kvs| {
+        kvs.iter()
+            .find(|kv| kv.key_str().unwrap().ends_with("/lease"))
+            .map(|kv| kv.lease())
+    });
+    let survivor = node(&url);
+    let (first, store) = survivor.next().unwrap();
+    assert_eq!((first.round, first.world_size), (0, 2));
+    store.set("x", b"kept").unwrap();
+    victim.round(30);
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    // The victim's `alive` key goes with its lease.
+    common::wait_for_key_count(&etcd.endpoint(), &format!("{run}alive/"), |n| n == 1);
+    // A full lease TTL later (a lease of the test's own, granted now, has expired), the run's
+    // lease still exists: the survivor alone refreshed it.
+    let (rt, mut client) = common::etcd_client(&etcd);
+    let sentinel = rt.block_on(client.lease_grant(2, None)).unwrap().id();
+    let put = etcd_client::PutOptions::new().with_lease(sentinel);
+    rt.block_on(client.put("/sentinel/ttl", "1", Some(put)))
+        .unwrap();
+    common::wait_for_key_count(&etcd.endpoint(), "/sentinel/", |n| n == 0);
+    let ttl = rt
+        .block_on(client.lease_time_to_live(run_lease, None))
+        .unwrap();
+    assert!(
+        ttl.ttl() > 0,
+        "the run's lease expired while a node was alive"
+    );
+    let (second, _) = survivor.next().unwrap();
+    assert_eq!((second.round, second.world_size), (1, 1), "the run went on");
+    assert_eq!(store.get("x", None).unwrap(), b"kept");
+    survivor.shutdown().unwrap();
+    assert_eq!(
+        count_under(&etcd, &run),
+        0,
+        "the last node out deletes the run"
+    );
+}

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! closed                       present once the run is closed (bound to a retention lease)
+//! lease                        the id of the run's lease, bound to that lease
 //! current                      the number of the round open for joining; absent means 0
 //! alive/{node}                 one per live node, bound to the node's lease
 //! drain/{node}                 the node is leaving (planned): bound to the node's lease
@@ -62,6 +63,11 @@ impl Keys {
     }
     pub fn current(&self) -> String {
         format!("{}current", self.namespace)
+    }
+    /// The run's lease: every key of the run that no single node owns is bound to it, and
+    /// every live node refreshes it, so those keys expire once no node is left to refresh it.
+    pub fn run_lease(&self) -> String {
+        format!("{}lease", self.namespace)
     }
     pub fn alive_prefix(&self) -> String {
         format!("{}alive/", self.namespace)

@@ -1,6 +1,8 @@
-//! A node's etcd lease and the task that keeps it alive. All of a node's keys (its `alive`
-//! key and its join requests) are bound to this lease, so when the node dies or is cut off
-//! for longer than the TTL, etcd deletes them and the other nodes see it by watch.
+//! An etcd lease and the task that keeps it alive. All of a node's keys (its `alive` key and
+//! its join requests) are bound to the node's own lease, so when the node dies or is cut off
+//! for longer than the TTL, etcd deletes them and the other nodes see it by watch. The keys of
+//! the run that no node owns (`current`, the rounds' seals and stores) are bound to the run's
+//! lease, which every live node refreshes beside its own: they expire once no node is left.
 
 use super::{backoff, Etcd};
 use crate::error::Result;
@@ -19,16 +21,28 @@ pub struct Lease {
 impl Lease {
     /// Grants a lease of `ttl` and starts refreshing it every third of the TTL.
     pub async fn grant(etcd: &Etcd, ttl: Duration, deadline: Instant) -> Result<Lease> {
+        let id = Self::grant_id(etcd, ttl, deadline).await?;
+        Ok(Self::adopt(etcd, id, ttl))
+    }
+
+    /// Grants a lease of `ttl` that nobody refreshes yet.
+    pub async fn grant_id(etcd: &Etcd, ttl: Duration, deadline: Instant) -> Result<i64> {
         let secs = ttl.as_secs().max(1) as i64;
         let granted = etcd
             .call(deadline, "lease grant", |mut c| async move {
                 c.lease_grant(secs, None).await
             })
             .await?;
-        let id = granted.id();
+        Ok(granted.id())
+    }
+
+    /// Starts refreshing a lease that exists already (granted by this node or another), every
+    /// third of `ttl` or of the lease's own TTL, whichever is shorter: a lease granted by a
+    /// node with a shorter `lease_ttl` must not expire between two refreshes.
+    pub fn adopt(etcd: &Etcd, id: i64, ttl: Duration) -> Lease {
         let lost = Arc::new(tokio::sync::watch::Sender::new(false));
         let keeper = tokio::spawn(keep_alive(etcd.clone(), id, ttl, lost.clone()));
-        Ok(Lease { id, lost, keeper })
+        Lease { id, lost, keeper }
     }
 
     /// True once etcd has said the lease no longer exists.
@@ -49,16 +63,20 @@ impl Lease {
     /// Stops refreshing and deletes the lease (and with it every key bound to it).
     pub async fn revoke(self, etcd: &Etcd, deadline: Instant) -> Result<()> {
         self.keeper.abort();
-        let id = self.id;
-        let revoked = etcd
-            .call(deadline, "lease revoke", |mut c| async move {
-                c.lease_revoke(id).await
-            })
-            .await;
-        match revoked {
-            Err(e) if e.kind() == crate::error::ErrorKind::LeaseLost => Ok(()),
-            other => other.map(|_| ()),
-        }
+        revoke(etcd, self.id, deadline).await
+    }
+}
+
+/// Deletes a lease by id (and every key bound to it); one that is gone already is no error.
+pub async fn revoke(etcd: &Etcd, id: i64, deadline: Instant) -> Result<()> {
+    let revoked = etcd
+        .call(deadline, "lease revoke", |mut c| async move {
+            c.lease_revoke(id).await
+        })
+        .await;
+    match revoked {
+        Err(e) if e.kind() == crate::error::ErrorKind::LeaseLost => Ok(()),
+        other => other.map(|_| ()),
     }
 }
 
@@ -76,7 +94,7 @@ async fn keep_alive(
     ttl: Duration,
     lost: Arc<tokio::sync::watch::Sender<bool>>,
 ) {
-    let period = ttl / 3;
+    let mut period = ttl / 3;
     let mut attempt = 0u32;
     let who = etcd.who().clone();
     let (run, node) = (who.run.as_deref(), who.node.as_deref());
@@ -101,13 +119,14 @@ async fn keep_alive(
                         run,
                         node,
                         lease = id,
-                        "lease lost: etcd expired it (cut off longer than lease_ttl)"
+                        "lease lost: etcd expired it (not refreshed within its TTL)"
                     );
                     lost.send_replace(true);
                     return;
                 }
                 Ok(Ok(Some(resp))) => {
                     attempt = 0;
+                    period = period.min(Duration::from_secs(resp.ttl() as u64) / 3);
                     if let Some(header) = resp.header() {
                         etcd.saw_term(header.raft_term());
                     }

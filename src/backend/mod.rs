@@ -3,7 +3,7 @@
 //! restarting) retried with backoff, and failures classified into rdzv's error family.
 
 pub mod keys;
-mod lease;
+pub(crate) mod lease;
 
 pub use lease::Lease;
 
@@ -453,7 +453,8 @@ raft_term_from_header!(
     etcd_client::PutResponse,
     etcd_client::TxnResponse,
     etcd_client::LeaseGrantResponse,
-    etcd_client::LeaseRevokeResponse
+    etcd_client::LeaseRevokeResponse,
+    etcd_client::LeaseTimeToLiveResponse
 );
 
 impl RaftTerm for Watch {
@@ -563,7 +564,7 @@ pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error 
             Code::NotFound if m.contains("lease not found") => {
                 return Error::new(
                     ErrorKind::LeaseLost,
-                    "this node's etcd lease expired: etcd did not hear from it within lease_ttl",
+                    "an etcd lease of this node (its own, or the run's) expired: etcd did not hear from it within the lease's TTL",
                 )
             }
             Code::InvalidArgument if m.contains("too large") => {

@@ -59,8 +59,8 @@ pub(crate) async fn mark(
     let written =
         super::wake::in_open_round(etcd, keys, "drain", deadline, &[guard], |open, lanes| {
             let mut ops = vec![TxnOp::put(keys.drain(node), reason, bound())];
-            if let Some(lanes) = lanes {
-                let lane = super::records::chunk_of(node, lanes);
+            if let Some(leader) = lanes {
+                let lane = super::records::chunk_of(node, leader.lanes);
                 ops.push(TxnOp::put(
                     keys.lane_drain(open, lane, node),
                     reason,

@@ -56,6 +56,8 @@ pub struct Rendezvous {
     node: String,
     addr: String,
     lease: tokio::sync::Mutex<Option<Lease>>,
+    /// The run's lease, which this node refreshes while it lives (`backend::keys::run_lease`).
+    run_lease: Mutex<Option<Lease>>,
     state: Mutex<NodeState>,
     next_running: tokio::sync::Mutex<()>,
     shutdown: watch::Sender<bool>,
@@ -118,6 +120,7 @@ impl Rendezvous {
             keys,
             node,
             lease: tokio::sync::Mutex::new(None),
+            run_lease: Mutex::new(None),
             state: Mutex::new(NodeState::default()),
             next_running: tokio::sync::Mutex::new(()),
             shutdown: watch::channel(false).0,
@@ -153,6 +156,10 @@ impl Rendezvous {
 
     fn state(&self) -> std::sync::MutexGuard<'_, NodeState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn run_lease(&self) -> std::sync::MutexGuard<'_, Option<Lease>> {
+        self.run_lease.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Blocks until this node is a member of a completed round, `join_timeout` passes, the run
@@ -380,6 +387,7 @@ impl Rendezvous {
             self.etcd.in_round(sealed.round),
             &self.keys,
             sealed.round,
+            self.run_lease().as_ref().map(|l| l.id),
             self.params.store_timeout,
             self.shutdown.subscribe(),
         );
@@ -533,38 +541,106 @@ impl Rendezvous {
             .map_err(|e| Error::internal(format!("{what}: the write task failed: {e}")))?
     }
 
-    /// Grants a lease and writes the `alive` key when this node has none or lost it.
+    /// Grants a lease and writes the `alive` key when this node has none or lost it, and
+    /// joins the run's lease (reading it, or creating it when no node holds one) when this
+    /// node does not refresh it yet or it expired. Returns this node's own lease.
+    ///
+    /// The `alive` key is written in the transaction that reads the run's lease: the last node
+    /// out deletes the run's lease key only when no `alive` key exists, so a node that read the
+    /// id is always seen by that cleanup (`delete_finished_run`).
     async fn ensure_lease(&self, deadline: Instant) -> Result<i64> {
+        // Held throughout: one node's leases are replaced by one call at a time.
         let mut slot = self.lease.lock().await;
-        if let Some(lease) = slot.as_ref().filter(|l| !l.is_lost()) {
-            return Ok(lease.id);
+        let own = slot.as_ref().filter(|l| !l.is_lost()).map(|l| l.id);
+        let run_ok = self.run_lease_id().is_ok();
+        if let (Some(id), true) = (own, run_ok) {
+            return Ok(id);
         }
-        // A lost lease is gone from etcd already: nothing to revoke (and no time to spend on it
-        // inside next's deadline). Dropping it stops its refresh task.
-        let lost = slot.take().map(|old| old.id);
-        let lease = Lease::grant(&self.etcd, self.params.lease_ttl, deadline).await?;
-        let id = lease.id;
-        let alive = self.keys.alive(&self.node);
-        let addr = self.addr.clone();
-        self.etcd
-            .call(deadline, "register alive", move |mut c| {
-                let (alive, addr) = (alive.clone(), addr.clone());
-                async move {
-                    c.put(alive, addr, Some(PutOptions::new().with_lease(id)))
-                        .await
-                }
-            })
+        let mut ops = Vec::new();
+        let (id, lost) = match own {
+            Some(id) => (id, None),
+            None => {
+                // A lost lease is gone from etcd already: nothing to revoke (and no time to
+                // spend on it inside next's deadline). Dropping it stops its refresh task.
+                let lost = slot.take().map(|old| old.id);
+                let lease = Lease::grant(&self.etcd, self.params.lease_ttl, deadline).await?;
+                let id = lease.id;
+                *slot = Some(lease);
+                let alive = self.keys.alive(&self.node);
+                let bound = PutOptions::new().with_lease(id);
+                ops.push(TxnOp::put(alive, self.addr.clone(), Some(bound)));
+                (id, Some(lost))
+            }
+        };
+        if !run_ok {
+            ops.push(TxnOp::get(self.keys.run_lease(), None));
+        }
+        let resp = self
+            .etcd
+            .txn(deadline, "register alive", Txn::new().and_then(ops))
             .await?;
         match lost {
-            Some(old) => tracing::info!(run = %self.params.run_id, node = %self.node, lease = id,
-                lost_lease = old, "lease re-acquired: registered alive under a new lease"),
-            None => tracing::debug!(run = %self.params.run_id, node = %self.node, lease = id,
+            Some(Some(old)) => {
+                tracing::info!(run = %self.params.run_id, node = %self.node, lease = id,
+                lost_lease = old, "lease re-acquired: registered alive under a new lease")
+            }
+            Some(None) => tracing::debug!(run = %self.params.run_id, node = %self.node, lease = id,
                 "registered alive under a lease"),
+            None => {}
         }
-        *slot = Some(lease);
-        // A new lease means the old join key is gone with the old lease.
-        self.state().joined = None;
+        if lost.is_some() {
+            // A new lease means the old join key is gone with the old lease.
+            self.state().joined = None;
+        }
+        if !run_ok {
+            let held = ranges(&resp).pop().and_then(|g| g.kvs().first().cloned());
+            let run_id = match held {
+                Some(kv) => records::parse_lease_id(kv.key(), kv.value())?,
+                None => self.create_run_lease(deadline).await?,
+            };
+            tracing::debug!(run = %self.params.run_id, node = %self.node, run_lease = run_id,
+                "refreshing the run's lease");
+            let adopted = Lease::adopt(&self.etcd, run_id, self.params.lease_ttl);
+            *self.run_lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(adopted);
+        }
         Ok(id)
+    }
+
+    /// Grants the run's lease and publishes its id, unless another node published one first
+    /// (then that one is the run's, and this grant is revoked). Returns the run's lease id.
+    async fn create_run_lease(&self, deadline: Instant) -> Result<i64> {
+        let granted = Lease::grant_id(&self.etcd, self.params.lease_ttl, deadline).await?;
+        let key = self.keys.run_lease();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                granted.to_string(),
+                Some(PutOptions::new().with_lease(granted)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self
+            .etcd
+            .txn(deadline, "create the run's lease", txn)
+            .await?;
+        if resp.succeeded() {
+            tracing::info!(run = %self.params.run_id, node = %self.node, run_lease = granted,
+                "created the run's lease");
+            return Ok(granted);
+        }
+        let etcd = self.etcd.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let _ = crate::backend::lease::revoke(&etcd, granted, deadline).await;
+        });
+        match ranges(&resp).first().and_then(|g| g.kvs().first()) {
+            Some(kv) => records::parse_lease_id(kv.key(), kv.value()),
+            // Published and expired in between: nobody refreshes it, so take ours after all.
+            None => Err(Error::new(
+                ErrorKind::LeaseLost,
+                "the run's lease expired while this node was joining it",
+            )),
+        }
     }
 
     /// After a failed `next`: waits for a round write still in flight, then takes back this
@@ -588,6 +664,10 @@ impl Rendezvous {
         let join = self.keys.join(round, &self.node);
         let leader = self.keys.leader(round);
         let sealed = self.keys.final_(round);
+        // With the run's shared keys: it goes with the round, or with the run.
+        let gone = self
+            .run_lease_id()
+            .map(|id| PutOptions::new().with_lease(id));
         let txn = Txn::new()
             .when([
                 Compare::create_revision(sealed.clone(), CompareOp::Equal, 0),
@@ -596,7 +676,7 @@ impl Rendezvous {
             .and_then([
                 TxnOp::delete(join.clone(), None),
                 // Fails a seal computed before this withdrawal was seen (round.rs, seal).
-                TxnOp::put(self.keys.gone(round, &self.node), "1", None),
+                TxnOp::put(self.keys.gone(round, &self.node), "1", gone.clone().ok()),
                 // Last: etcd 3.4 drops the responses of operations after a nested transaction.
                 TxnOp::txn(
                     Txn::new()
@@ -613,7 +693,10 @@ impl Rendezvous {
                 TxnOp::get(join, Some(GetOptions::new().with_count_only())),
             ]);
         let deadline = Instant::now() + WITHDRAW_GRACE;
-        let outcome = self.etcd.txn(deadline, "withdraw", txn).await;
+        let outcome = match gone {
+            Ok(_) => self.etcd.txn(deadline, "withdraw", txn).await,
+            Err(e) => Err(e),
+        };
         drop(gate);
         let resp = match outcome {
             Ok(resp) => resp,
@@ -645,16 +728,53 @@ impl Rendezvous {
         Some((sealed, rank?))
     }
 
-    /// Marks the lease as gone, so the next `ensure_lease` grants a new one.
+    /// After etcd refused a lease: marks whichever of this node's leases etcd no longer knows
+    /// as gone, so the next `ensure_lease` replaces it (the node's own lease, if that cannot
+    /// be told).
     async fn forget_lease(&self) {
-        if let Some(lease) = self.lease.lock().await.as_ref() {
-            lease.mark_lost();
+        let deadline = self.quick_deadline();
+        let own = self.lease.lock().await.as_ref().map(|l| l.id);
+        let run = self.run_lease_id().ok();
+        for (id, is_own) in [(own, true), (run, false)] {
+            let Some(id) = id else { continue };
+            let ttl = self
+                .etcd
+                .call(deadline, "lease time to live", move |mut c| async move {
+                    c.lease_time_to_live(id, None).await
+                })
+                .await;
+            let gone = match ttl {
+                Ok(resp) => resp.ttl() <= 0,
+                Err(e) => e.kind() == ErrorKind::LeaseLost || is_own,
+            };
+            if !gone {
+                continue;
+            }
+            if is_own {
+                if let Some(lease) = self.lease.lock().await.as_ref() {
+                    lease.mark_lost();
+                }
+            } else if let Some(lease) = self.run_lease().as_ref() {
+                lease.mark_lost();
+            }
         }
     }
 
     /// The id of this node's current lease (0 if it has none).
     pub(crate) async fn lease_id(&self) -> i64 {
         self.lease.lock().await.as_ref().map_or(0, |l| l.id)
+    }
+
+    /// The id of the run's lease, to which this node binds the run's shared keys. A node that
+    /// holds none (it expired, or the node is shutting down) must not write them unbound.
+    pub(crate) fn run_lease_id(&self) -> Result<i64> {
+        match self.run_lease().as_ref() {
+            Some(lease) if !lease.is_lost() => Ok(lease.id),
+            _ => Err(Error::new(
+                ErrorKind::LeaseLost,
+                "the run's lease expired: no node refreshed it within its TTL",
+            )),
+        }
     }
 
     /// Turns true once etcd has said this node's current lease is gone (never, if it has none).
@@ -876,8 +996,10 @@ impl Rendezvous {
 
     /// Releases this node: wakes a blocked `next` on this handle (and store waits of its
     /// rounds), revokes the lease (which deletes the node's keys, so the others see it leave),
-    /// and, if this was the last live node of the run, deletes the run's rounds and stores. Does
-    /// not close the run. Idempotent.
+    /// stops refreshing the run's lease, and, if this was the last live node of the run,
+    /// deletes the run's rounds and stores. If other nodes' keys are still there (nodes that
+    /// died within their lease), the run's keys expire with the run's lease once no node
+    /// refreshes it. Does not close the run. Idempotent.
     pub async fn shutdown(&self) -> Result<()> {
         if self.shutdown.send_replace(true) {
             return Ok(());
@@ -889,16 +1011,19 @@ impl Rendezvous {
         if let Some(lease) = self.lease.lock().await.take() {
             lease.revoke(&self.etcd, deadline).await?;
         }
-        self.delete_finished_run(deadline).await?;
+        // Dropped: no longer refreshed by this node.
+        let run_lease = self.run_lease().take().map(|l| l.id);
+        self.delete_finished_run(run_lease, deadline).await?;
         tracing::info!(run = %self.params.run_id, node = %self.node, "shut down");
         Ok(())
     }
 
-    /// The last node out of a run deletes its rounds, stores and round counter, so a finished
-    /// job leaves nothing behind and a later job with the same id starts from round 0. `closed`
-    /// stays until its retention lease expires. Guarded by "no live node": a node that is
-    /// still there (even one that is only waiting) keeps the run as it is.
-    async fn delete_finished_run(&self, deadline: Instant) -> Result<()> {
+    /// The last node out of a run deletes its rounds, stores, round counter and lease, so a
+    /// finished job leaves nothing behind and a later job with the same id starts from round 0.
+    /// `closed` stays until its retention lease expires. Guarded by "no live node": a node that
+    /// is still there (even one that is only waiting, or one that died and whose lease has not
+    /// expired yet) keeps the run as it is; the run's lease then removes it later.
+    async fn delete_finished_run(&self, run_lease: Option<i64>, deadline: Instant) -> Result<()> {
         // The transaction's guard reads every live node's key; one read that stops at the
         // first of them is enough to know this is not the last node. Without it a job of N
         // nodes leaving costs etcd N²/2 key reads (22 s of shutdowns at 4096 nodes).
@@ -929,11 +1054,17 @@ impl Rendezvous {
                     Some(DeleteOptions::new().with_prefix()),
                 ),
                 TxnOp::delete(self.keys.current(), None),
+                TxnOp::delete(self.keys.run_lease(), None),
             ]);
         let resp = self
             .etcd
             .txn(deadline, "clean up finished run", txn)
             .await?;
+        // Nothing of the run is bound to it any more, and no node can have adopted it since
+        // (a node reads the id in the transaction that writes its `alive` key): give it back.
+        if let (true, Some(id)) = (resp.succeeded(), run_lease) {
+            let _ = crate::backend::lease::revoke(&self.etcd, id, deadline).await;
+        }
         // Logged by the node whose cleanup deleted something (two last nodes may both run it).
         let deleted: i64 = resp
             .op_responses()

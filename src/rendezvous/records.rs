@@ -342,6 +342,15 @@ pub(crate) fn parse_lanes(kv: &etcd_client::KeyValue) -> Result<u32> {
 }
 
 /// Parses the decimal round number stored at `current`.
+/// The id in the run's `lease` key.
+pub fn parse_lease_id(key: &[u8], value: &[u8]) -> Result<i64> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&id: &i64| id != 0)
+        .ok_or_else(|| corrupt(key, "not a lease id"))
+}
+
 pub fn parse_round(key: &[u8], value: &[u8]) -> Result<u64> {
     std::str::from_utf8(value)
         .ok()

@@ -759,10 +759,13 @@ async fn seal(
 ) -> Result<Option<Outcome>> {
     let keys = rdzv.keys();
     let round = view.round;
+    let run_lease = rdzv.run_lease_id()?;
     let (sealed, members) = view.seal_record(max, rdzv.lanes());
+    // Bound to the run's lease: they outlive their writer, and expire once no node is left.
+    let shared = || Some(etcd_client::PutOptions::new().with_lease(run_lease));
     let mut writes = vec![
-        TxnOp::put(keys.final_(round), sealed.to_json(), None),
-        TxnOp::put(keys.current(), (round + 1).to_string(), None),
+        TxnOp::put(keys.final_(round), sealed.to_json(), shared()),
+        TxnOp::put(keys.current(), (round + 1).to_string(), shared()),
     ];
     // The seal as each lane's followers receive it, with the ranks of that lane's members:
     // with `final`, in this one transaction, so a sealed round always has its whole list.
@@ -770,7 +773,7 @@ async fn seal(
         writes.push(TxnOp::put(
             keys.lane_sealed(round, lane as u32),
             value,
-            None,
+            shared(),
         ));
     }
     // Keep the previous round (its members may still read its store); drop the one before.

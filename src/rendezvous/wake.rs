@@ -22,17 +22,27 @@ pub(crate) fn is_open(keys: &Keys, round: u64) -> Compare {
     }
 }
 
-/// Sends `guards` then `ops(open, lanes)` in the round `open` that is open for joining, where
-/// `lanes` is its leader's lane count (None: no leader), learning both from the transaction
-/// itself and sending again if a seal moved the open round or a new leader took it in
-/// between. False when `guards` failed (with the open round and its leader unchanged).
+/// The leader of the round open for joining, as a closer or drainer sees it.
+#[derive(Clone, Copy)]
+pub(crate) struct Leader {
+    /// Its lane count: the lanes its followers wait on.
+    pub lanes: u32,
+    /// Its lease (that of `seal/lanes`): a wake-up is bound to it, so that it goes when the
+    /// followers stop waiting on this leader, and never outlives the run.
+    pub lease: i64,
+}
+
+/// Sends `guards` then `ops(open, leader)` in the round `open` that is open for joining, where
+/// `leader` is its leader's lane count and lease (None: no leader), learning both from the
+/// transaction itself and sending again if a seal moved the open round or a new leader took it
+/// in between. False when `guards` failed (with the open round and its leader unchanged).
 pub(crate) async fn in_open_round(
     etcd: &Etcd,
     keys: &Keys,
     what: &str,
     deadline: Instant,
     guards: &[Compare],
-    ops: impl Fn(u64, Option<u32>) -> Vec<TxnOp>,
+    ops: impl Fn(u64, Option<Leader>) -> Vec<TxnOp>,
 ) -> Result<bool> {
     // The open round, and the revision and value of its `seal/lanes` (0 and None: absent).
     let (mut open, mut lanes_at, mut lanes) = (0, 0, None);
@@ -60,7 +70,14 @@ pub(crate) async fn in_open_round(
             if now_at == lanes_at {
                 return Ok(false);
             }
-            (lanes_at, lanes) = (now_at, now.map(super::records::parse_lanes).transpose()?);
+            lanes_at = now_at;
+            lanes = match now {
+                Some(kv) => Some(Leader {
+                    lanes: super::records::parse_lanes(kv)?,
+                    lease: kv.lease(),
+                }),
+                None => None,
+            };
             continue;
         }
         if Instant::now() >= deadline {
@@ -73,7 +90,8 @@ pub(crate) async fn in_open_round(
 }
 
 /// Closes the run: `closed` (bound to a lease of `retention`, so the run id can be used again
-/// once it expires), with the wake-up of the open round's joiners bound to the same lease.
+/// once it expires), with the wake-up of the open round's joiners (bound to their leader's
+/// lease, so that a finished run leaves nothing but `closed`).
 pub(crate) async fn close(
     etcd: &Etcd,
     keys: &Keys,
@@ -88,12 +106,14 @@ pub(crate) async fn close(
         })
         .await?
         .id();
-    let bound = || Some(PutOptions::new().with_lease(lease));
-    let written = in_open_round(etcd, keys, what, deadline, &[], |open, lanes| {
-        let wakes = (0..lanes.unwrap_or(0)).map(|lane| keys.lane_closed(open, lane));
-        std::iter::once(keys.closed())
+    let bound = |lease| Some(PutOptions::new().with_lease(lease));
+    let written = in_open_round(etcd, keys, what, deadline, &[], |open, leader| {
+        let wakes = leader.into_iter().flat_map(|leader| {
+            (0..leader.lanes)
+                .map(move |lane| TxnOp::put(keys.lane_closed(open, lane), "1", bound(leader.lease)))
+        });
+        std::iter::once(TxnOp::put(keys.closed(), "1", bound(lease)))
             .chain(wakes)
-            .map(|key| TxnOp::put(key, "1", bound()))
             .collect()
     })
     .await?;

@@ -11,7 +11,7 @@
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Target, RDZV_MAX_VALUE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
-use etcd_client::{Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnResponse};
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -41,6 +41,9 @@ pub struct Store {
     /// The round's `final` key: the store exists while it does.
     sealed: String,
     closed: String,
+    /// The run's lease, to which every value is bound (as the round's `final` is): a store
+    /// whose nodes are all gone expires with the rest of the run.
+    lease: Option<i64>,
     timeout: Arc<Mutex<Duration>>,
     /// The owning node's shutdown flag: once set, every call fails with `Shutdown`.
     shutdown: watch::Receiver<bool>,
@@ -59,6 +62,7 @@ impl Store {
         etcd: Etcd,
         keys: &Keys,
         round: u64,
+        lease: Option<i64>,
         timeout: Duration,
         shutdown: watch::Receiver<bool>,
     ) -> Store {
@@ -68,6 +72,7 @@ impl Store {
             prefix: keys.store_prefix(round),
             sealed: keys.final_(round),
             closed: keys.closed(),
+            lease,
             timeout: Arc::new(Mutex::new(timeout)),
             shutdown,
             cancel: Arc::new(watch::channel(0).0),
@@ -136,6 +141,21 @@ impl Store {
         }
     }
 
+    /// A put of `value` at `key`, bound to the run's lease.
+    fn put(&self, key: String, value: Vec<u8>) -> Result<TxnOp> {
+        let Some(lease) = self.lease else {
+            return Err(Error::new(
+                ErrorKind::LeaseLost,
+                "store: the run's lease had expired when this round formed",
+            ));
+        };
+        Ok(TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        ))
+    }
+
     fn round_exists(&self) -> Compare {
         Compare::create_revision(self.sealed.clone(), CompareOp::Greater, 0)
     }
@@ -191,7 +211,7 @@ impl Store {
     pub async fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let full = self.key(key)?;
         check_value(key, value)?;
-        let put = TxnOp::put(full, value.to_vec(), None);
+        let put = self.put(full, value.to_vec())?;
         self.guarded("store set", vec![], vec![put], vec![])
             .await?
             .map_err(|_| Error::internal("store set: guard failed with the round present"))?;
@@ -230,7 +250,7 @@ impl Store {
                 ))
             })?;
             let unchanged = Compare::mod_revision(full.clone(), CompareOp::Equal, mod_rev);
-            let put = TxnOp::put(full.clone(), new.to_string(), None);
+            let put = self.put(full.clone(), new.to_string().into_bytes())?;
             let read = TxnOp::get(full.clone(), None);
             let got = match self
                 .guarded("store add", vec![unchanged], vec![put], vec![read])
@@ -271,7 +291,7 @@ impl Store {
         } else {
             Compare::value(full.clone(), CompareOp::Equal, expected.to_vec())
         };
-        let put = TxnOp::put(full.clone(), desired.to_vec(), None);
+        let put = self.put(full.clone(), desired.to_vec())?;
         let read = TxnOp::get(full, None);
         match self
             .guarded("store compare_set", vec![guard], vec![put], vec![read])
@@ -365,7 +385,7 @@ impl Store {
         for (key, value) in keys.iter().zip(values) {
             check_value(key, value)?;
             total += key.len() + value.len();
-            ops.push(TxnOp::put(self.key(key)?, value.to_vec(), None));
+            ops.push(self.put(self.key(key)?, value.to_vec())?);
         }
         if total > RDZV_MAX_VALUE_BYTES {
             return Err(Error::invalid(format!(
