@@ -353,11 +353,14 @@ fn a_node_whose_lease_expired_reports_itself_lost_and_rejoins() {
     let first = me.next().unwrap().0;
     assert_eq!(me.num_lost().unwrap(), 0);
     // What etcd does to a node cut off for longer than lease_ttl: its lease and keys vanish.
+    // (Not the run's lease: other nodes would keep that one alive.)
     let (rt, mut client) = etcd_client(&etcd);
     rt.block_on(async {
-        for lease in client.leases().await.unwrap().leases().to_vec() {
-            client.lease_revoke(lease.id()).await.unwrap();
-        }
+        let alive = etcd_client::GetOptions::new().with_prefix();
+        let prefix = format!("/rdzv/{}/alive/", common::node::run_of(&url));
+        let resp = client.get(prefix, Some(alive)).await.unwrap();
+        let own = resp.kvs()[0].lease();
+        client.lease_revoke(own).await.unwrap();
     });
     // num_lost is answered from a watch: wait for the deletion to arrive, as a supervisor would.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -371,6 +374,48 @@ fn a_node_whose_lease_expired_reports_itself_lost_and_rejoins() {
     let second = me.next().unwrap().0;
     assert_eq!(second.round, first.round + 1);
     assert_eq!(me.num_lost().unwrap(), 0, "rejoined under a new lease");
+}
+
+/// When every node of a run is cut off for longer than lease_ttl, the run's lease expires
+/// too, and with it the run's rounds: the nodes' memberships lapsed anyway, so they join again
+/// as new arrivals, in a run that starts over at round 0, as one whose nodes all restarted.
+#[test]
+fn a_run_whose_every_lease_expired_starts_over() {
+    let etcd = Etcd::start();
+    let url = etcd.url("all-expired", "min_nodes=1&max_nodes=1");
+    let me = node(&url);
+    let (first, store) = me.next().unwrap();
+    store.set("x", b"1").unwrap();
+    let (rt, mut client) = etcd_client(&etcd);
+    let run = format!("/rdzv/{}/", common::node::run_of(&url));
+    let all = etcd_client::GetOptions::new().with_prefix();
+    let before = rt.block_on(client.get(run.as_str(), Some(all))).unwrap();
+    assert!(
+        before.count() >= 4,
+        "current, final, sealed, store x: {before:?}"
+    );
+    rt.block_on(async {
+        for lease in client.leases().await.unwrap().leases().to_vec() {
+            client.lease_revoke(lease.id()).await.unwrap();
+        }
+    });
+    let left = rt
+        .block_on(client.get(
+            "/rdzv/all-expired/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        ))
+        .unwrap();
+    assert_eq!(left.count(), 0, "every key of the run went with the leases");
+    let err = store.set("y", b"1").unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::State,
+        "the old round's store is gone: {err}"
+    );
+    let (again, store) = me.next().unwrap();
+    assert_eq!((first.round, again.round), (0, 0));
+    store.set("x", b"2").unwrap();
+    assert_eq!(me.num_lost().unwrap(), 0, "rejoined under new leases");
 }
 
 /// num_lost stops watching at the first loss but keeps counting later ones (from reads).

@@ -25,6 +25,10 @@
 //!   leases, overlapped).
 //! - **progress**: once faults stop, a round with every live node forms within lease TTL +
 //!   last call + slack, and every live node is in it.
+//!
+//! The runner checks one more, from etcd rather than the histories (`runner::left_behind`):
+//! - **nothing left behind**: once the run is closed and every node is gone, within two lease
+//!   TTLs the run's prefix holds nothing but its `closed` marker, however its nodes died.
 
 use super::history::{Event, FaultKind, Run, StoreOp, Time, What};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};

@@ -416,6 +416,55 @@ impl Runner {
     }
 }
 
+impl Runner {
+    /// Once every node is gone, waits (by watch) for the run's keys to go, for at most two
+    /// lease TTLs and some slack (a killed node's lease, then the run's lease, which the last
+    /// node alive refreshed): the run must then hold nothing but its `closed` marker. Err: the
+    /// keys still there.
+    fn left_behind(&self) -> Result<(), Vec<String>> {
+        let run = format!("/rdzv/{}/", crate::common::node::run_of(&self.url));
+        let limit = 2 * self.config.lease_ttl + self.config.slack + Duration::from_secs(5);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let endpoints: Vec<String> = (0..self.cluster.member_count())
+            .map(|i| self.cluster.endpoint(i))
+            .collect();
+        rt.block_on(async {
+            let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
+            let watch = etcd_client::WatchOptions::new().with_prefix();
+            let mut stream = client.watch(run.as_str(), Some(watch)).await.unwrap();
+            let mut keys = Vec::new();
+            let settled = tokio::time::timeout(limit, async {
+                loop {
+                    let read = etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only();
+                    let resp = client.get(run.as_str(), Some(read)).await.unwrap();
+                    keys = resp
+                        .kvs()
+                        .iter()
+                        .map(|kv| kv.key_str().unwrap().trim_start_matches(&run).to_string())
+                        .collect();
+                    if keys.iter().all(|k| k == "closed") {
+                        return;
+                    }
+                    stream.message().await.unwrap().unwrap();
+                }
+            })
+            .await;
+            match settled {
+                Ok(()) => {
+                    say("nothing left behind: the run holds only its closed marker");
+                    Ok(())
+                }
+                Err(_) => Err(keys),
+            }
+        })
+    }
+}
+
 impl Drop for Runner {
     fn drop(&mut self) {
         for s in &mut self.slots {
@@ -490,8 +539,19 @@ pub fn run(config: Config) -> Result<Report, Violation> {
         }
     ));
     let (closed, failed) = runner.close();
+    let left = runner.left_behind();
     let run = runner.snapshot(closed);
-    let result = checker::check(&run);
+    let result = checker::check(&run).and_then(|report| match left {
+        Ok(()) => Ok(report),
+        Err(keys) => Err(Violation {
+            t: now(),
+            invariant: "nothing left behind",
+            message: format!(
+                "every node is gone and every lease of theirs has expired, but the run still \
+                 holds more than its closed marker: {keys:?}"
+            ),
+        }),
+    });
     let mut result = result.map(|report| {
         say(&format!(
             "run took {:.0} s in all\n{report}",
