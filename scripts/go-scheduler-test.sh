@@ -8,12 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --quiet --bin rdzv
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-# A fixed prefix: Go's build cache does not key on what pkg-config answers, so the prefix goes
-# into the cache key through CGO_CPPFLAGS (as in install-test.sh).
-prefix="${TMPDIR:-/tmp}/rdzv-go-scheduler-test"
+# A prefix of this run's own (two runs at once must not collide). Go's build cache does not
+# key on what pkg-config answers, so the prefix goes into the cache key through CGO_CPPFLAGS
+# (as in install-test.sh).
 work=$(mktemp -d)
-trap 'rm -rf "$prefix" "$work"' EXIT
-rm -rf "$prefix"
+trap 'rm -rf "$work"' EXIT
+prefix="$work/prefix"
 scripts/install.sh "$prefix"
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig" LD_LIBRARY_PATH="$prefix/lib"
 export CGO_CPPFLAGS="-DRDZV_PREFIX_ID=$(printf %s "$prefix" | md5sum | cut -c1-12)"

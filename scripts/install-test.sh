@@ -10,11 +10,10 @@ repo=$PWD
 work=$(mktemp -d)
 read -r etcd_pid endpoint etcd_dir < <(scripts/etcd-local.sh)
 trap 'kill "$etcd_pid" 2>/dev/null || true; rm -rf "$work" "$etcd_dir" "${prefix:-}"' EXIT
-# A fixed prefix. Go's build cache does not key on what pkg-config answers, so a package built
-# against another prefix would be linked with that prefix's flags: the prefix goes into the
-# cache key through CGO_CPPFLAGS below.
-prefix="${TMPDIR:-/tmp}/rdzv-install-test"
-rm -rf "$prefix"
+# A prefix of this run's own, so that two runs at once do not collide. Go's build cache does
+# not key on what pkg-config answers, so a package built against another prefix would be
+# linked with that prefix's flags: the prefix goes into the cache key through CGO_CPPFLAGS.
+prefix="$work/prefix"
 url() { echo "etcd://$endpoint/install-$1-$$?min_nodes=1"; }
 step() { echo "--- $*"; }
 

@@ -6,18 +6,15 @@
 # for this machine's Python or platform (callers skip then); any other failure is an error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/cached-env.sh
 
 # The one place the JAX version is pinned. jaxlib carries XLA and its CPU collectives (gloo).
 JAX_VERSION=0.10.2
 PACKAGES=("jax==$JAX_VERSION" "jaxlib==$JAX_VERSION" numpy)
-cache=${RDZV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdzv}
-venv="$cache/jax-$JAX_VERSION"
+venv="$(rdzv_cache)/jax-$JAX_VERSION"
 
-# As in torch-env.sh: made in place under a lock, with a marker written last naming what was
-# installed, so that an interrupted install, or one of another package list, is started over.
 create_env() {
   echo "creating $venv (JAX $JAX_VERSION for CPUs, once; about 600 MB)" >&2
-  rm -rf "$venv"
   python3 -m venv "$venv"
   local log
   log=$(mktemp)
@@ -33,12 +30,8 @@ create_env() {
     exit 1
   fi
   rm -f "$log"
-  echo "${PACKAGES[*]}" >"$venv/.complete"
 }
 
-mkdir -p "$cache"
-exec 9>"$venv.lock"
-flock -w 1800 9 || { echo "timed out waiting for another run to create $venv" >&2; exit 1; }
-[ "$(cat "$venv/.complete" 2>/dev/null)" = "${PACKAGES[*]}" ] || create_env
+cached_env "$venv" "${PACKAGES[*]}" create_env
 flock -u 9
 echo "$venv/bin/python"

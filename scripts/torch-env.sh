@@ -6,25 +6,19 @@
 # second (no network).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/cached-env.sh
 
 # The one place the PyTorch version is pinned (the README names it too).
 TORCH_VERSION=2.15.0
 # setuptools and setuptools-rust are rdzv's build requirements: with them in the environment
 # the package installs without build isolation, so later runs need no network.
 PACKAGES=("torch==$TORCH_VERSION" numpy pytest setuptools setuptools-rust)
-cache=${RDZV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdzv}
-venv="$cache/torch-$TORCH_VERSION"
+venv="$(rdzv_cache)/torch-$TORCH_VERSION"
 
-# A virtual environment cannot be renamed (its scripts name their interpreter by absolute
-# path), so it is made in place: under a lock, so that concurrent runs make it once, and with a
-# marker written last, naming what was installed, so that an interrupted install, or one of
-# another package list, is started over, never used.
 create_env() {
   echo "creating $venv (PyTorch $TORCH_VERSION, once; about 5 GB)" >&2
-  rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q --no-cache-dir "${PACKAGES[@]}" >&2
-  echo "${PACKAGES[*]}" >"$venv/.complete"
 }
 
 # The checkout's rdzv, editable and Python-only: the package loads the library the test command
@@ -45,10 +39,7 @@ PY
     --no-cache-dir -e "$here" >&2
 }
 
-mkdir -p "$cache"
-exec 9>"$venv.lock"
-flock -w 1800 9 || { echo "timed out waiting for another run to create $venv" >&2; exit 1; }
-[ "$(cat "$venv/.complete" 2>/dev/null)" = "${PACKAGES[*]}" ] || create_env
+cached_env "$venv" "${PACKAGES[*]}" create_env
 install_rdzv
 flock -u 9
 echo "$venv/bin/python"

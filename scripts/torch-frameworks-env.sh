@@ -9,30 +9,22 @@
 # the one C++ op its CPU jobs load, built once into the environment's torch_extensions/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/cached-env.sh
 # The one place the Lightning and DeepSpeed versions are pinned.
 LIGHTNING_VERSION=2.6.6
 DEEPSPEED_VERSION=0.19.8
 PACKAGES=("lightning==$LIGHTNING_VERSION" "deepspeed==$DEEPSPEED_VERSION")
 torch_python=$(scripts/torch-env.sh)
-cache=${RDZV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdzv}
-venv="$cache/torch-frameworks-$LIGHTNING_VERSION-$DEEPSPEED_VERSION"
-# Under a lock, with the marker written last, as in torch-env.sh; the marker names the layer
-# below too, so a new PyTorch environment gets a new layer.
-marker="${PACKAGES[*]} on $torch_python"
-exec 9>"$venv.lock"
-flock -w 1800 9 || { echo "timed out waiting for another run to create $venv" >&2; exit 1; }
-if [ "$(cat "$venv/.complete" 2>/dev/null)" != "$marker" ]; then
+venv="$(rdzv_cache)/torch-frameworks-$LIGHTNING_VERSION-$DEEPSPEED_VERSION"
+create_env() {
   echo "creating $venv (Lightning $LIGHTNING_VERSION, DeepSpeed $DEEPSPEED_VERSION on the cached PyTorch, once)" >&2
-  rm -rf "$venv"
-  base=$("$torch_python" -c 'import sys; print(sys._base_executable)')
-  "$base" -m venv "$venv"
-  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  "$torch_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$site/torch-env.pth"
+  layered_venv "$venv" "$torch_python"
   # pip sees the layer's torch through the .pth file and installs only what these add.
   "$venv/bin/python" -m pip install -q --no-cache-dir "${PACKAGES[@]}" >&2
   "$venv/bin/python" -c 'import lightning, deepspeed, torch' >&2
-  echo "$marker" >"$venv/.complete"
-fi
+}
+# The marker names the layer below too, so a new PyTorch environment gets a new layer.
+cached_env "$venv" "${PACKAGES[*]} on $torch_python" create_env
 # DeepSpeed builds its C++ shared-memory op in every process that starts it, into
 # TORCH_EXTENSIONS_DIR, by default one directory for the whole user: two test runs with
 # environments in different places rebuilt it under each other, once per process (20 to 70 s

