@@ -364,3 +364,125 @@ fn next_does_not_overrun_join_timeout_when_etcd_freezes() {
     // The lease was let go: etcd drops the join key within lease_ttl.
     wait_for_joiners(&etcd, &url, 0, 0);
 }
+
+/// A round of `members` (rank order) with two spares waiting in round 1 (`max_nodes=2`),
+/// as their `next` calls (on threads) report.
+type Spares = Vec<mpsc::Receiver<rdzv::Result<rdzv::RoundInfo>>>;
+
+/// Forms round 0 of two members on `url` (min_nodes = max_nodes = 2) and starts two spares,
+/// which wait in round 1. Returns the members in rank order and the spares' outcomes.
+fn round_of_two_with_two_spares(etcd: &Etcd, url: &str) -> (Vec<Arc<BlockingRendezvous>>, Spares) {
+    let mut members: Vec<Arc<BlockingRendezvous>> = (0..2).map(|_| Arc::new(node(url))).collect();
+    let infos = common::on_threads(2, {
+        let members = members.clone();
+        move |i| members[i].next().unwrap().0
+    });
+    assert_eq!((infos[0].world_size, infos[1].world_size), (2, 2));
+    if infos[0].rank != 0 {
+        members.swap(0, 1);
+    }
+    let spares = (0..2)
+        .map(|_| {
+            let spare = node(url);
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || tx.send(spare.next().map(|(info, _)| info)));
+            rx
+        })
+        .collect();
+    wait_for_joiners(etcd, url, 1, 2);
+    (members, spares)
+}
+
+/// Rank 0 comes back to a re-rendezvous after its last call is over, with two spares waiting
+/// (max_nodes=2): it keeps rank 0, B keeps rank 1, and the spares keep waiting. Before the
+/// fix the last call sealed B with a spare and left A waiting as a spare.
+#[test]
+fn a_live_member_back_after_the_last_call_keeps_its_rank_over_spares() {
+    let etcd = Etcd::start();
+    let url = etcd.url(
+        "keep-rank",
+        "min_nodes=2&max_nodes=2&last_call_timeout=0.5&lease_ttl=10&join_timeout=30",
+    );
+    let (members, spares) = round_of_two_with_two_spares(&etcd, &url);
+    let (a, b) = (members[0].clone(), members[1].clone());
+    let (b_tx, b_rx) = mpsc::channel();
+    {
+        let b = b.clone();
+        std::thread::spawn(move || b_tx.send(b.next().map(|(info, _)| info)));
+    }
+    // B is in round 1 with the spares: the round is activated and its last call runs.
+    wait_for_joiners(&etcd, &url, 1, 3);
+    // The scenario itself, not a wait for an event: A comes back 2 s later, four last calls
+    // (well within lease_ttl: it is alive all along).
+    std::thread::sleep(Duration::from_secs(2));
+    let (a_tx, a_rx) = mpsc::channel();
+    {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            let called = Instant::now();
+            let result = a.next().map(|(info, _)| info);
+            println!(
+                "A's next returned {:?} after it was called",
+                called.elapsed()
+            );
+            a_tx.send(result)
+        });
+    }
+    let b_info = b_rx.recv_timeout(Duration::from_secs(20)).unwrap().unwrap();
+    let sealed = sealed_members(&etcd, &url, 1);
+    assert_eq!(
+        sealed,
+        vec![a.node_id().to_string(), b.node_id().to_string()],
+        "round 1 must be A (rank 0) then B; B got rank {} of {}",
+        b_info.rank,
+        b_info.world_size
+    );
+    let a_info = a_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("A was left waiting")
+        .unwrap();
+    assert_eq!((a_info.round, a_info.rank, a_info.world_size), (1, 0, 2));
+    assert_eq!((b_info.round, b_info.rank, b_info.world_size), (1, 1, 2));
+    // The spares were left out of round 1 and wait in round 2; a close lets them go.
+    wait_for_joiners(&etcd, &url, 2, 2);
+    for spare in &spares {
+        assert!(spare.try_recv().is_err(), "a spare returned from next");
+    }
+    a.set_closed().unwrap();
+    for spare in spares {
+        let result = spare.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(result.unwrap_err().kind(), ErrorKind::GracefulExit);
+    }
+}
+
+/// A live member of the previous round that never comes back holds the round's seal for at
+/// most `lease_ttl` past the end of the last call: then the others seal without it.
+#[test]
+fn a_live_member_that_never_comes_back_holds_the_round_at_most_a_lease_ttl() {
+    let etcd = Etcd::start();
+    let (last_call, lease_ttl) = (Duration::from_millis(500), Duration::from_secs(2));
+    let url = etcd.url(
+        "hold-bound",
+        "min_nodes=2&max_nodes=2&last_call_timeout=0.5&lease_ttl=2&join_timeout=30",
+    );
+    let (members, _spares) = round_of_two_with_two_spares(&etcd, &url);
+    let (a, b) = (&members[0], &members[1]);
+    let started = Instant::now();
+    let b_info = b.next().unwrap().0;
+    let took = started.elapsed();
+    println!("B's next returned {took:?} after it was called (last call 0.5 s, lease_ttl 2 s)");
+    // A was alive all along (its handle lives and refreshes its lease) and never called next.
+    let sealed = sealed_members(&etcd, &url, 1);
+    assert_eq!((b_info.round, b_info.rank, b_info.world_size), (1, 0, 2));
+    assert!(!sealed.contains(&a.node_id().to_string()), "{sealed:?}");
+    assert!(
+        took >= last_call + lease_ttl,
+        "sealed {took:?} after B joined, before the hold for A was over"
+    );
+    // The bound, with slack for a loaded machine: not a join_timeout, not another lease.
+    assert!(
+        took < last_call + lease_ttl + Duration::from_secs(5),
+        "a member that never came back held the round for {took:?}"
+    );
+    a.set_closed().unwrap();
+}

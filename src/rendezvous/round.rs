@@ -422,6 +422,66 @@ impl RoundView {
         })
     }
 
+    /// The seal rule (DESIGN.md, "Leading"): seal now, and by which part of it, or wait.
+    /// `last_call` is when the last call ends: it starts here when the round is activated with
+    /// `min` joiners, and is cleared when the round stops qualifying.
+    fn decide(&self, rule: &SealRule, last_call: &mut Option<Instant>, now: Instant) -> Decision {
+        let n = self.count();
+        if !self.activated() || n < rule.min {
+            *last_call = None;
+            return Decision::Wait {
+                until: None,
+                held: false,
+            };
+        }
+        if n >= rule.max && self.pending_previous() == 0 {
+            return Decision::Seal("max_nodes");
+        }
+        if self.everyone_joined() {
+            return Decision::Seal("everyone_joined");
+        }
+        let end = *last_call.get_or_insert(now + rule.last_call);
+        if now < end {
+            return Decision::Wait {
+                until: Some(end),
+                held: false,
+            };
+        }
+        // A live member of the previous round that is not back yet keeps its place past the
+        // last call, for at most `member_wait` more: no spare or newcomer takes it meanwhile.
+        if !self.would_displace_a_member(rule.max) {
+            return Decision::Seal("last_call");
+        }
+        let member_wait_end = end + rule.member_wait;
+        if now >= member_wait_end {
+            return Decision::Seal("member_wait_over");
+        }
+        Decision::Wait {
+            until: Some(member_wait_end),
+            held: true,
+        }
+    }
+
+    /// Whether a seal now would give away the place of a live member of the previous round
+    /// that has not joined yet: the rank it would get if it joined now (after the members of
+    /// the previous round ranked before it that have joined) would go to another node, or the
+    /// round would be full without it. Checking the first such member is enough: a later one's
+    /// place is no lower.
+    fn would_displace_a_member(&self, max: usize) -> bool {
+        let Some(prev) = &self.previous else {
+            return false;
+        };
+        let mut place = 0;
+        for m in prev.iter() {
+            if self.has_joined(m) {
+                place += 1;
+            } else if self.live(m) {
+                return self.count().min(max) > place;
+            }
+        }
+        false
+    }
+
     /// Nobody is left to wait for: the round re-forms a running world (there is a previous
     /// round), every live member of it has joined, and so has every other live node of the run.
     /// The last call exists for nodes that may still arrive; here only a process that has not
@@ -549,6 +609,25 @@ impl RoundView {
         }
         Ok(None)
     }
+}
+
+/// The leader's limits: the round's size, its last call, and how long past the last call a
+/// live member of the previous round keeps its place (`lease_ttl`).
+struct SealRule {
+    min: usize,
+    max: usize,
+    last_call: std::time::Duration,
+    member_wait: std::time::Duration,
+}
+
+/// What the leader does next (`RoundView::decide`).
+#[derive(Debug, PartialEq)]
+enum Decision {
+    /// Seal now; the part of the rule that allows it (named in the seal's log record).
+    Seal(&'static str),
+    /// Wait for events, and wake at `until` at the latest. `held`: the last call is over, and
+    /// the round waits for a live member of the previous round.
+    Wait { until: Option<Instant>, held: bool },
 }
 
 /// What makes the leader stop applying events.
@@ -684,40 +763,42 @@ async fn lead(
     if !view.revision_of.contains_key(rdzv.node()) {
         return Ok(Some(Outcome::Rejoin));
     }
+    let rule = SealRule {
+        min,
+        max,
+        last_call: params.last_call_timeout,
+        member_wait: params.lease_ttl,
+    };
     let mut report_at = Instant::now() + PROGRESS_EVERY;
+    let mut waited_for_members = false;
     loop {
         if !view.leading {
             return Ok(None);
         }
-        let n = view.count();
-        let activated = view.activated();
-        let full = n >= max && view.pending_previous() == 0;
-        let last_call_over = last_call.is_some_and(|t| Instant::now() >= t);
-        let everyone = n >= min && view.everyone_joined();
-        if activated && (full || everyone || (n >= min && last_call_over)) {
-            let trigger = match (full, everyone) {
-                (true, _) => "max_nodes",
-                (false, true) => "everyone_joined",
-                (false, false) => "last_call",
-            };
-            return seal(rdzv, &view, max, deadline, left_out, trigger).await;
-        }
-        if activated && n >= min {
-            if last_call.is_none() {
-                tracing::debug!(run = %params.run_id, node = %rdzv.node(), round, joined = n, max,
-                    last_call_ms = params.last_call_timeout.as_millis() as u64,
-                    "min_nodes reached: last call for more nodes");
+        let had_last_call = last_call.is_some();
+        let (until, held) = match view.decide(&rule, last_call, Instant::now()) {
+            Decision::Seal(trigger) => {
+                return seal(rdzv, &view, max, deadline, left_out, trigger).await
             }
-            last_call.get_or_insert_with(|| Instant::now() + params.last_call_timeout);
-        } else {
-            *last_call = None;
+            Decision::Wait { until, held } => (until, held),
+        };
+        if last_call.is_some() && !had_last_call {
+            tracing::debug!(run = %params.run_id, node = %rdzv.node(), round,
+                joined = view.count(), max, last_call_ms = params.last_call_timeout.as_millis() as u64,
+                "min_nodes reached: last call for more nodes");
         }
-        let wake = last_call.unwrap_or(deadline).min(deadline).min(report_at);
+        if held && !waited_for_members {
+            waited_for_members = true;
+            tracing::info!(run = %params.run_id, node = %rdzv.node(), round,
+                joined = view.count(), max, wait_ms = params.lease_ttl.as_millis() as u64,
+                "last call over: waiting for the members of the previous round still missing");
+        }
+        let wake = until.unwrap_or(deadline).min(deadline).min(report_at);
         let events = tokio::select! {
             e = watch.events() => e,
             _ = tokio::time::sleep_until(wake) => {
                 if Instant::now() >= deadline {
-                    return Err(timeout(rdzv, Some(n)));
+                    return Err(timeout(rdzv, Some(view.count())));
                 }
                 if Instant::now() >= report_at {
                     report_at = Instant::now() + PROGRESS_EVERY;
@@ -837,4 +918,173 @@ fn timeout(rdzv: &Rendezvous, joined: Option<usize>) -> Error {
         p.min_nodes,
         p.join_timeout.as_secs_f64()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const LAST_CALL: Duration = Duration::from_millis(500);
+    const MEMBER_WAIT: Duration = Duration::from_secs(10);
+
+    fn rule(min: usize, max: usize) -> SealRule {
+        SealRule {
+            min,
+            max,
+            last_call: LAST_CALL,
+            member_wait: MEMBER_WAIT,
+        }
+    }
+
+    /// A leader's view of round 1: `previous` is round 0 in rank order, `joined` joined round
+    /// 1 in this order, and every node named is alive except the `dead`.
+    fn view(previous: &[&str], joined: &[&str], dead: &[&str]) -> RoundView {
+        let named = previous.iter().chain(joined);
+        let mut view = RoundView {
+            round: 1,
+            joiners: BTreeMap::new(),
+            revision_of: HashMap::new(),
+            gone: HashMap::new(),
+            newest_gone: 0,
+            previous: Some(previous.iter().map(|m| m.to_string()).collect()),
+            alive: named
+                .filter(|n| !dead.contains(n))
+                .map(|n| n.to_string())
+                .collect(),
+            draining: HashSet::new(),
+            newest_drain: 0,
+            leading: true,
+            since: Since {
+                at: Instant::now(),
+                first_join: true,
+            },
+        };
+        for (i, node) in joined.iter().enumerate() {
+            let last = previous.iter().position(|m| m == node);
+            let record = JoinRecord {
+                addr: node.to_string(),
+                port: 1,
+                last: last.map(|rank| (0, rank as u32)),
+            };
+            let rev = i as i64 + 1;
+            view.revision_of.insert(node.to_string(), rev);
+            view.joiners.insert(rev, (node.to_string(), record));
+        }
+        view
+    }
+
+    fn members(view: &RoundView, max: usize) -> Vec<String> {
+        view.seal_record(max, 1).1
+    }
+
+    fn wait(until: Instant, held: bool) -> Decision {
+        Decision::Wait {
+            until: Some(until),
+            held,
+        }
+    }
+
+    /// Rank 0 (a) is alive but back after the last call; two spares and b have joined,
+    /// max_nodes=2. The round waits for a, up to `lease_ttl` past the last call.
+    #[test]
+    fn a_live_member_back_after_the_last_call_keeps_rank_0_over_spares() {
+        let (rule, t0) = (rule(2, 2), Instant::now());
+        let mut last_call = None;
+        let without_a = view(&["a", "b"], &["s1", "s2", "b"], &[]);
+        let end = t0 + LAST_CALL;
+        assert_eq!(
+            without_a.decide(&rule, &mut last_call, t0),
+            wait(end, false)
+        );
+        assert_eq!(last_call, Some(end));
+        let held = wait(end + MEMBER_WAIT, true);
+        assert_eq!(without_a.decide(&rule, &mut last_call, end), held);
+        let later = end + MEMBER_WAIT - Duration::from_millis(1);
+        assert_eq!(without_a.decide(&rule, &mut last_call, later), held);
+        // a is back: the round is full with every live member, survivors first.
+        let with_a = view(&["a", "b"], &["s1", "s2", "b", "a"], &[]);
+        assert_eq!(
+            with_a.decide(&rule, &mut last_call, later),
+            Decision::Seal("max_nodes")
+        );
+        assert_eq!(members(&with_a, 2), ["a", "b"]);
+        // a never comes back: the wait ends one member_wait after the last call.
+        assert_eq!(
+            without_a.decide(&rule, &mut last_call, end + MEMBER_WAIT),
+            Decision::Seal("member_wait_over")
+        );
+        assert_eq!(members(&without_a, 2), ["b", "s1"]);
+    }
+
+    /// A member that is dead or leaving is not waited for: the spares fill the round at once.
+    #[test]
+    fn a_dead_or_drained_member_is_not_waited_for() {
+        let rule = rule(2, 2);
+        let dead = view(&["a", "b"], &["s1", "s2", "b"], &["a"]);
+        let mut drained = view(&["a", "b"], &["s1", "s2", "b"], &[]);
+        drained.draining.insert("a".to_string());
+        for view in [dead, drained] {
+            let mut last_call = None;
+            let now = Instant::now();
+            assert_eq!(
+                view.decide(&rule, &mut last_call, now),
+                Decision::Seal("max_nodes")
+            );
+            assert_eq!(members(&view, 2), ["b", "s1"]);
+        }
+    }
+
+    /// Without spares too: b alone would take a's rank 0, so the round waits for a.
+    #[test]
+    fn rank_0_is_waited_for_even_when_nobody_else_would_fill_the_round() {
+        let (rule, t0) = (rule(1, 2), Instant::now());
+        let mut last_call = Some(t0);
+        let view = view(&["a", "b"], &["b"], &[]);
+        assert_eq!(
+            view.decide(&rule, &mut last_call, t0),
+            wait(t0 + MEMBER_WAIT, true)
+        );
+    }
+
+    /// A member whose place nobody would take (the last rank, no newcomer) is not waited for
+    /// past the last call; a newcomer that would take its place makes the round wait.
+    #[test]
+    fn a_member_is_waited_for_only_when_its_place_would_be_taken() {
+        let (rule, t0) = (rule(1, 3), Instant::now());
+        let alone = view(&["b", "a"], &["b"], &[]);
+        let mut last_call = Some(t0);
+        assert_eq!(
+            alone.decide(&rule, &mut last_call, t0),
+            Decision::Seal("last_call")
+        );
+        let with_newcomer = view(&["b", "a"], &["b", "n"], &[]);
+        assert_eq!(
+            with_newcomer.decide(&rule, &mut last_call, t0),
+            wait(t0 + MEMBER_WAIT, true)
+        );
+        let back = view(&["b", "a"], &["b", "n", "a"], &[]);
+        assert_eq!(
+            back.decide(&rule, &mut last_call, t0),
+            Decision::Seal("max_nodes")
+        );
+        assert_eq!(members(&back, 3), ["b", "a", "n"]);
+    }
+
+    /// A live node that was not a member keeps the last call, never more.
+    #[test]
+    fn a_live_node_that_was_not_a_member_is_not_waited_for_past_the_last_call() {
+        let (rule, t0) = (rule(1, 3), Instant::now());
+        let mut view = view(&["a", "b"], &["a", "b"], &[]);
+        view.alive.insert("bystander".to_string());
+        let mut last_call = None;
+        assert_eq!(
+            view.decide(&rule, &mut last_call, t0),
+            wait(t0 + LAST_CALL, false)
+        );
+        assert_eq!(
+            view.decide(&rule, &mut last_call, t0 + LAST_CALL),
+            Decision::Seal("last_call")
+        );
+    }
 }
