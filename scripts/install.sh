@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${1:-/usr/local}
-cargo build --release --quiet --lib
+cargo build --release --quiet -p rdzv --lib
 # Where cargo built it: CARGO_TARGET_DIR (or cargo's configuration) if set, else target/.
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 build=$(mktemp -d)

@@ -77,8 +77,8 @@ lib="$target/debug"
 # Rust test executables by target name (built once; each run starts the binary itself).
 declare -A rust_bin=()
 rust_targets() {
-  for t in tests/*.rs; do
-    grep -q '^mod common;' "$t" && [ "$t" != tests/launcher_torch.rs ] && basename "$t" .rs
+  for t in tests/*.rs cli/tests/*.rs; do
+    grep -q '^mod common;' "$t" && [ "$t" != cli/tests/launcher_torch.rs ] && basename "$t" .rs
   done
 }
 build_rust() {

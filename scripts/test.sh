@@ -48,8 +48,9 @@ cargo build --quiet
 # target/debug, and CGO_LDFLAGS come before them.
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 lib="$target/debug"
-suite "rustfmt" cargo fmt --check
-suite "clippy" cargo clippy --all-targets --quiet -- -D warnings
+suite "rustfmt" cargo fmt --all --check
+suite "clippy" cargo clippy --workspace --all-targets --quiet -- -D warnings
+suite "crates: the library alone depends on no command-line parser; what each published crate ships" scripts/crates-check.sh
 suite "rust tests (unit, etcd integration, processes, C ABI, header, chaos) on etcd $(etcd_version "$newest")" cargo test --no-fail-fast
 if [ -d bindings/cpp ]; then
   suite "c++ binding (ctest)" bash -c 'cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug -DRDZV_LIBRARY="$1" >/dev/null &&
@@ -69,9 +70,9 @@ suite "go scheduler example on the installed library: rdzv run launchers added, 
 # The protocol against every other etcd version people run: each Rust test target that starts
 # etcd (those using tests/common); unit and doc tests need no etcd.
 integration=()
-for target in tests/*.rs; do
+for target in tests/*.rs cli/tests/*.rs; do
   # The framework suites (PyTorch, JAX, Lightning and DeepSpeed) run once, below.
-  case "$target" in tests/launcher_torch.rs | tests/launcher_jax.rs | tests/launcher_torch_frameworks.rs) continue ;; esac
+  case "$target" in cli/tests/launcher_torch.rs | cli/tests/launcher_jax.rs | cli/tests/launcher_torch_frameworks.rs) continue ;; esac
   if grep -q '^mod common;' "$target"; then integration+=(--test "$(basename "$target" .rs)"); fi
 done
 older=("$debian_etcd")

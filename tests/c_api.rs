@@ -14,7 +14,8 @@ fn library_dir() -> PathBuf {
 }
 
 fn compile(source: &str, output: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The repository: this test belongs to tests/ (the rdzv-tests package).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let lib = library_dir();
     assert!(
         lib.join("librdzv.so").exists(),

@@ -38,12 +38,12 @@ fn sealed_members(etcd: &Etcd, url: &str, round: u64) -> Vec<String> {
     let (rt, mut client) = etcd_client(etcd);
     let resp = rt.block_on(client.get(key.clone(), None)).unwrap();
     let kv = resp.kvs().first().unwrap_or_else(|| panic!("{key} absent"));
-    let sealed = rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
+    let sealed = rdzv::test_support::FinalRecord::parse(kv.key(), kv.value()).unwrap();
     let ranks = format!("/rdzv/{}/r/{round:020}/lane/", run_of(url));
     let options = etcd_client::GetOptions::new().with_prefix();
     let chunks = rt.block_on(client.get(ranks, Some(options))).unwrap();
     let chunks = chunks.kvs().iter().map(|kv| (kv.key(), kv.value()));
-    rdzv::rendezvous::members_from_chunks(&sealed, chunks)
+    rdzv::test_support::members_from_chunks(&sealed, chunks)
         .unwrap()
         .to_vec()
 }

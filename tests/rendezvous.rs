@@ -521,13 +521,13 @@ fn final_carries_the_member_list_only_in_a_round_of_one_lane() {
         let mut get = |key: String, options| rt.block_on(client.get(key, options)).unwrap();
         let final_ = get(format!("{round}seal/final"), None);
         let kv = final_.kvs().first().expect("final is written");
-        let sealed = rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value()).unwrap();
+        let sealed = rdzv::test_support::FinalRecord::parse(kv.key(), kv.value()).unwrap();
         let chunks = get(
             format!("{round}lane/"),
             Some(etcd_client::GetOptions::new().with_prefix()),
         );
         let chunks = chunks.kvs().iter().map(|kv| (kv.key(), kv.value()));
-        let list = rdzv::rendezvous::members_from_chunks(&sealed, chunks).unwrap();
+        let list = rdzv::test_support::members_from_chunks(&sealed, chunks).unwrap();
         assert_eq!(list.len(), n);
         match max {
             64 => assert!(sealed.members.is_some() && sealed.chunks == 1),

@@ -16,8 +16,10 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 from setuptools_rust import Binding, RustBin, RustExtension, Strip
 
-# The crate is the repository's root; build from a checkout (or its sdist made there).
+# The library's crate is the repository's root, the command's is cli/; build from a checkout
+# (or its sdist made there).
 CARGO_TOML = Path(__file__).resolve().parent.parent.parent / "Cargo.toml"
+CLI_CARGO_TOML = CARGO_TOML.parent / "cli" / "Cargo.toml"
 
 # The names rdzv/_ffi.py looks for.
 if sys.platform == "darwin":
@@ -65,8 +67,8 @@ if os.environ.get("RDZV_PYTHON_ONLY") != "1":
             # alone each of those recompiled it (about a minute each).
             args=["--crate-type", "rlib", "--crate-type", "cdylib", "--crate-type", "staticlib"],
         ),
-        # The launcher (src/bin/rdzv), installed as a script: `rdzv run ...` on PATH.
-        RustBin("rdzv", path=str(CARGO_TOML), args=["--bin", "rdzv"], strip=Strip.Debug),
+        # The launcher (the rdzv-cli crate), installed as a script: `rdzv run ...` on PATH.
+        RustBin("rdzv", path=str(CLI_CARGO_TOML), args=["--bin", "rdzv"], strip=Strip.Debug),
     ]
 
 setup(

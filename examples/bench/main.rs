@@ -414,14 +414,14 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
         .unwrap();
     let ids: Vec<String> = (0..n).map(|i| format!("{:016x}", i * 7919 + 1)).collect();
     // As many lanes as rdzv's nodes use with max_nodes = n.
-    let chunks = rdzv::rendezvous::chunk_count(n);
-    let sealed = rdzv::rendezvous::FinalRecord {
+    let chunks = rdzv::test_support::chunk_count(n);
+    let sealed = rdzv::test_support::FinalRecord {
         round: 0,
         world_size: n as u32,
         master_addr: "localhost".into(),
         master_port: 29500,
         chunks,
-        members: rdzv::rendezvous::inline_members(&ids, chunks),
+        members: rdzv::test_support::inline_members(&ids, chunks),
         lane: None,
     };
     let mut writes = vec![etcd_client::TxnOp::put(
@@ -436,7 +436,7 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
             None,
         ));
     }
-    for (k, value) in rdzv::rendezvous::lane_values(&sealed, &ids)
+    for (k, value) in rdzv::test_support::lane_values(&sealed, &ids)
         .into_iter()
         .enumerate()
     {
@@ -558,7 +558,7 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
                     // The lane's seal; the leader key's claim (`Guarded`) is not waited for.
                     for kv in resp.events().iter().filter_map(|e| e.kv()) {
                         if !kv.key().ends_with(b"leader") {
-                            let parsed = rdzv::rendezvous::FinalRecord::parse(kv.key(), kv.value());
+                            let parsed = rdzv::test_support::FinalRecord::parse(kv.key(), kv.value());
                             break 'sealed parsed.unwrap();
                         }
                     }

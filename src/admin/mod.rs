@@ -15,7 +15,7 @@ use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Target};
 use crate::error::{Error, Result};
 use crate::params::Params;
-use crate::rendezvous::{members_from_chunks, FinalRecord, JoinRecord};
+use crate::rendezvous::records::{members_from_chunks, FinalRecord, JoinRecord};
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -13,14 +13,11 @@
 
 pub(crate) mod drain;
 mod lost;
-mod records;
+pub(crate) mod records;
 mod round;
 pub(crate) mod wake;
 
-pub use records::{
-    chunk_count, inline_members, lane_values, members_from_chunks, parse_rank_chunk, FinalRecord,
-    JoinRecord,
-};
+pub(crate) use records::{chunk_count, FinalRecord, JoinRecord};
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Lease};

@@ -2,7 +2,6 @@
 //! started per test binary or per test, ready when etcd says so, killed on drop.
 #![allow(dead_code)]
 
-pub mod launch;
 pub mod leftovers;
 pub mod netns;
 pub mod node;

@@ -3,6 +3,7 @@
 //! tests read through pipes). Every wait is bounded and waits on an event: a line on a pipe,
 //! a process exit (pidfd), an etcd watch.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use common::Etcd;

@@ -4,6 +4,7 @@
 //! assertion) is killed with its workers; its output is read to the end on threads of its
 //! own, so a chatty launcher never blocks on a full pipe. Workers report by writing whole JSON
 //! files into a results directory, which `records` reads.
+#![allow(dead_code)] // each test binary uses a part of it
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -65,7 +66,7 @@ impl Launcher {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = super::spawn(command).unwrap();
+        let mut child = crate::common::spawn(command).unwrap();
         let output = Some(drain(&mut child));
         Launcher { child, output }
     }

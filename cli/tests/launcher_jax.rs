@@ -5,16 +5,19 @@
 //! (`RDZV_JAX_PYTHON` names its python, else it is looked up in the cache); skipped, saying
 //! so, where there is none.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "support/launch.rs"]
+mod launch;
 
-use common::launch::{cached_python, fresh_dir, records, Launcher};
+use launch::{cached_python, fresh_dir, records, Launcher};
 use common::Etcd;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn program() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/frameworks/jax_collective.py")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/frameworks/jax_collective.py")
 }
 
 /// Checks one world's records: JAX's process ids are the workers' RANKs, every process saw

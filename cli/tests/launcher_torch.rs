@@ -3,9 +3,12 @@
 //! PyTorch environment made by `scripts/torch-env.sh` (`RDZV_TORCH_PYTHON` names its python,
 //! else it is looked up in the cache); skipped, saying so, where there is none.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "support/launch.rs"]
+mod launch;
 
-use common::launch::{drain, fresh_dir, wait_with_deadline};
+use launch::{drain, fresh_dir, wait_with_deadline};
 use common::{Etcd, SpawnTied};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -40,7 +43,7 @@ fn ddp_all_reduce_across_two_launchers() {
     let _ = std::fs::remove_dir_all(&results);
     std::fs::create_dir_all(&results).unwrap();
     let worker = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("bindings/python/tests/torch_workers/allreduce.py");
+        .join("../bindings/python/tests/torch_workers/allreduce.py");
     let url = etcd.url(
         "ddp",
         "min_nodes=2&max_nodes=2&last_call_timeout=1&lease_ttl=3",
@@ -99,7 +102,7 @@ fn ddp_all_reduce_across_two_launchers() {
 /// Starts an `rdzv run` of one allreduce.py worker on `url` with `--nnodes=1:2`.
 fn torch_launcher(python: &Path, url: &str, results: &Path, wait_unless_world: u32) -> Child {
     let worker = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("bindings/python/tests/torch_workers/allreduce.py");
+        .join("../bindings/python/tests/torch_workers/allreduce.py");
     Command::new(RDZV)
         .args([
             "run",
@@ -122,10 +125,10 @@ fn torch_launcher(python: &Path, url: &str, results: &Path, wait_unless_world: u
         .unwrap()
 }
 
-/// The records allreduce.py workers wrote for a world of `world` (`common::launch::records`),
+/// The records allreduce.py workers wrote for a world of `world` (`launch::records`),
 /// each of which must also say it ran in that world.
 fn records(results: &Path, world: u32, count: usize, deadline: Instant) -> Vec<serde_json::Value> {
-    let found = common::launch::records(results, world, count, deadline);
+    let found = launch::records(results, world, count, deadline);
     for r in &found {
         assert_eq!(r["world"], world, "{r}");
     }

@@ -7,9 +7,12 @@
 //! (`RDZV_TORCH_FRAMEWORKS_PYTHON` names its python, else it is looked up in the cache);
 //! skipped, saying so, where there is none.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "support/launch.rs"]
+mod launch;
 
-use common::launch::{cached_python, fresh_dir, records, Launcher};
+use launch::{cached_python, fresh_dir, records, Launcher};
 use common::Etcd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 
 fn program(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/frameworks")
+        .join("../tests/frameworks")
         .join(name)
 }
 
@@ -76,7 +79,7 @@ fn lightning_ddp_trains_under_rdzv_run_as_under_torchrun() {
     ];
     let launchers = (0..2)
         .map(|_| {
-            let mut command = Command::new(common::launch::RDZV);
+            let mut command = Command::new(launch::RDZV);
             command
                 .arg("run")
                 .args(args)

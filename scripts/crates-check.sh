@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Checks the workspace's shape: the library crate (rdzv: the Rust API, the C ABI and its header)
+# builds nothing it does not use, in particular no command-line parser, which belongs to the
+# `rdzv` command's crate (rdzv-cli); and each published crate ships what it should and nothing
+# of the repository around it (`cargo package --list`). The tests' crate is not published.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+deps=$(cargo tree -p rdzv -e normal --prefix none --format '{p}')
+if grep -qE '^clap ' <<<"$deps"; then
+  echo "the library crate depends on clap:" >&2
+  cargo tree -p rdzv -e normal -i clap >&2
+  exit 1
+fi
+echo "rdzv: $(sort -u <<<"$deps" | wc -l) crates in its normal dependency tree, clap not among them"
+
+# The file lists, matched against what each crate must and must not ship.
+list() { cargo package --list --allow-dirty --quiet -p "$1"; }
+lib=$(list rdzv)
+for must in src/lib.rs build.rs cbindgen.toml include/rdzv.h src/ffi/rendezvous.rs LICENSE README.md Cargo.toml; do
+  grep -qx "$must" <<<"$lib" || { echo "rdzv's package lacks $must" >&2; exit 1; }
+done
+if grep -E '^(tests|bindings|scripts|examples|docs|cli)/' <<<"$lib" >&2; then
+  echo "rdzv's package ships the files above, which are not the library's" >&2
+  exit 1
+fi
+echo "rdzv: $(wc -l <<<"$lib") files"
+cli=$(list rdzv-cli)
+for must in src/main.rs src/agent.rs Cargo.toml; do
+  grep -qx "$must" <<<"$cli" || { echo "rdzv-cli's package lacks $must" >&2; exit 1; }
+done
+if grep -E '^tests/' <<<"$cli" >&2; then
+  echo "rdzv-cli's package ships its tests, which need the repository's harness" >&2
+  exit 1
+fi
+echo "rdzv-cli: $(wc -l <<<"$cli") files"
+publish=$(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    print(p["name"], "unpublished" if p["publish"] == [] else "published")')
+grep -qx "rdzv-tests unpublished" <<<"$publish" || { echo "rdzv-tests must not be published: $publish" >&2; exit 1; }
