@@ -78,7 +78,9 @@ typedef enum {
    */
   RDZV_ERR_INTERNAL = 8,
   /**
-   * `rdzv_cancel` woke this `rdzv_next`; the handle stays usable (Go: context cancelled).
+   * The call was cancelled: by its cancel token (`rdzv_cancel_token_cancel`), or by
+   * `rdzv_cancel`, `rdzv_store_cancel` or `rdzv_admin_cancel` while it ran; the handle stays
+   * usable (Go: context cancelled).
    */
   RDZV_ERR_CANCELLED = 9,
 } rdzv_status_t;
@@ -109,6 +111,24 @@ typedef enum {
 typedef struct rdzv_admin_t rdzv_admin_t;
 
 /**
+ * A cancel token: the caller makes one, passes it to the calls that wait
+ * (`rdzv_next_with_cancel`, `rdzv_store_get_with_cancel`, `rdzv_store_wait_with_cancel`,
+ * `rdzv_store_multi_get_with_cancel`, `rdzv_admin_watch_with_cancel`), and cancels it from
+ * any thread to end them with `RDZV_ERR_CANCELLED`. Once cancelled it stays cancelled: a
+ * call made with it afterwards returns `RDZV_ERR_CANCELLED` at once, without touching etcd,
+ * so a cancel that races with the start of a call is never lost and no caller needs to
+ * repeat it. One token may be passed to any number of calls, on any handles, at once; make
+ * a new token for calls that must not be cancelled by the old one.
+ *
+ * Thread-safety: every function may be called from any thread, at any time, concurrently
+ * with calls that use the token. `rdzv_cancel_token_cancel` never blocks and takes a lock
+ * only briefly, but it is not async-signal-safe: from a signal handler, wake a thread that
+ * cancels (as Go's `signal.Notify` or Python's handlers do). Ownership: the caller owns the
+ * token and frees it with `rdzv_cancel_token_free` once no call uses it any longer.
+ */
+typedef struct rdzv_cancel_token_t rdzv_cancel_token_t;
+
+/**
  * An error: its status and a readable message. Created by a failing call when the caller
  * passes a non-NULL `rdzv_error_t **`; owned by the caller, freed with `rdzv_error_free`.
  * Immutable, so it may be read from any thread.
@@ -137,6 +157,12 @@ typedef struct rdzv_params_t rdzv_params_t;
  * data is deleted (its last node left), calls fail with `RDZV_ERR_STATE` (`RDZV_ERR_CLOSED` if
  * the run was closed) and nothing is written. A wait whose keys are still missing when the
  * run is closed returns `RDZV_ERR_CLOSED`.
+ *
+ * A wait (`get`, `wait`, `multi_get`) returns at once when cancelled or when the node shuts
+ * down, and within a second of its deadline, whatever etcd is doing (down, frozen or
+ * restarting): `RDZV_ERR_TIMEOUT`, or `RDZV_ERR_CONNECTION` if etcd did not answer. A read
+ * begun before the deadline may take up to a second past it, so a wait with timeout 0 still
+ * returns a key that exists.
  */
 typedef struct rdzv_store_t rdzv_store_t;
 
@@ -353,9 +379,20 @@ rdzv_status_t rdzv_admin_watch(const rdzv_admin_t *admin,
                                rdzv_error_t **error);
 
 /**
+ * `rdzv_admin_watch`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_admin_watch_with_cancel(const rdzv_admin_t *admin,
+                                           int64_t timeout_ms,
+                                           const rdzv_cancel_token_t *cancel,
+                                           rdzv_run_status_t **out,
+                                           rdzv_error_t **error);
+
+/**
  * Wakes a `rdzv_admin_watch` blocked on this handle in another thread: it returns
- * `RDZV_ERR_CANCELLED`, and the handle stays usable. No effect when none is running. Never
- * blocks; safe from any thread.
+ * `RDZV_ERR_CANCELLED`, and the handle stays usable. No effect when none is running (to
+ * cancel without racing the start of a call, pass a cancel token to
+ * `rdzv_admin_watch_with_cancel`). Never blocks; safe from any thread.
  */
 rdzv_status_t rdzv_admin_cancel(const rdzv_admin_t *admin, rdzv_error_t **error);
 
@@ -440,6 +477,33 @@ void rdzv_error_free(rdzv_error_t *error);
  * NULL is a no-op.
  */
 void rdzv_bytes_free(uint8_t *bytes, size_t len);
+
+/**
+ * Creates a token that is not cancelled. On success `*out` owns it (free with
+ * `rdzv_cancel_token_free`).
+ */
+rdzv_status_t rdzv_cancel_token_new(rdzv_cancel_token_t **out, rdzv_error_t **error);
+
+/**
+ * Cancels the token, for good: every call waiting with it returns `RDZV_ERR_CANCELLED`
+ * promptly (a `rdzv_next` withdraws its join request first, as with `rdzv_cancel`), and
+ * every later call made with it returns `RDZV_ERR_CANCELLED` at once. Idempotent. Never
+ * blocks; safe from any thread.
+ */
+rdzv_status_t rdzv_cancel_token_cancel(const rdzv_cancel_token_t *token, rdzv_error_t **error);
+
+/**
+ * Sets `*cancelled` to whether `rdzv_cancel_token_cancel` was called on the token.
+ */
+rdzv_status_t rdzv_cancel_token_is_cancelled(const rdzv_cancel_token_t *token,
+                                             bool *cancelled,
+                                             rdzv_error_t **error);
+
+/**
+ * Frees a token. NULL is a no-op. No call may be using it: free it after the calls it was
+ * passed to have returned.
+ */
+void rdzv_cancel_token_free(rdzv_cancel_token_t *token);
 
 /**
  * Sends the library's log records to `handler` instead of stderr; NULL goes back to stderr.
@@ -531,7 +595,9 @@ rdzv_status_t rdzv_new(const rdzv_params_t *params, rdzv_t **out, rdzv_error_t *
  * `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
  * `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
  * while this node waited outside the running round (late or surplus), `RDZV_ERR_SHUTDOWN` if
- * `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is.
+ * `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is (to cancel
+ * without a race, use `rdzv_next_with_cancel`). Each of these, and `join_timeout`, ends the
+ * call within about a second whatever etcd is doing (down, frozen or restarting).
  *
  * A failed call withdraws this node's join request before it returns, so no round is ever
  * sealed with a node that gave up; a write to etcd already in flight is waited for first (at
@@ -553,6 +619,17 @@ rdzv_status_t rdzv_next(rdzv_t *rdzv,
                         rdzv_round_t *round,
                         rdzv_store_t **store,
                         rdzv_error_t **error);
+
+/**
+ * `rdzv_next`, which also returns `RDZV_ERR_CANCELLED` (withdrawing its join request, as for
+ * `rdzv_cancel`) once `cancel` is cancelled: at once, joining nothing, if it already is.
+ * `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_next_with_cancel(rdzv_t *rdzv,
+                                    const rdzv_cancel_token_t *cancel,
+                                    rdzv_round_t *round,
+                                    rdzv_store_t **store,
+                                    rdzv_error_t **error);
 
 /**
  * Sets `*closed` to whether the run has been closed by any node. One etcd read, at most
@@ -592,9 +669,9 @@ rdzv_status_t rdzv_num_lost(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t **
  * Wakes a `rdzv_next` blocked on this handle in another thread: it withdraws this node's
  * join request and returns `RDZV_ERR_CANCELLED`. The handle stays usable (call `rdzv_next`
  * again to rejoin). No effect when no `rdzv_next` is running. Never blocks; safe from any
- * thread. This is how bindings honour a Go context or a Python Ctrl-C. A cancel made before
- * `rdzv_next` was entered is not remembered: a caller racing with the start of `rdzv_next`
- * repeats the cancel until it returns (the bindings do).
+ * thread. A cancel made before `rdzv_next` was entered is not remembered: a caller that may
+ * cancel just as another thread enters `rdzv_next` passes a cancel token to
+ * `rdzv_next_with_cancel` instead (the bindings do), which stays cancelled.
  */
 rdzv_status_t rdzv_cancel(const rdzv_t *rdzv, rdzv_error_t **error);
 
@@ -652,6 +729,18 @@ rdzv_status_t rdzv_store_get(const rdzv_store_t *store,
                              rdzv_error_t **error);
 
 /**
+ * `rdzv_store_get`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_store_get_with_cancel(const rdzv_store_t *store,
+                                         const char *key,
+                                         int64_t timeout_ms,
+                                         const rdzv_cancel_token_t *cancel,
+                                         uint8_t **value,
+                                         size_t *value_len,
+                                         rdzv_error_t **error);
+
+/**
  * Atomically adds `delta` to the decimal integer stored at `key` (absent counts as 0) and sets
  * `*new_value` to the result. `RDZV_ERR_INVALID_ARGUMENT` if the stored value is not an
  * integer or the sum overflows. Exact under any number of concurrent adders.
@@ -686,6 +775,17 @@ rdzv_status_t rdzv_store_wait(const rdzv_store_t *store,
                               size_t num_keys,
                               int64_t timeout_ms,
                               rdzv_error_t **error);
+
+/**
+ * `rdzv_store_wait`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_store_wait_with_cancel(const rdzv_store_t *store,
+                                          const char *const *keys,
+                                          size_t num_keys,
+                                          int64_t timeout_ms,
+                                          const rdzv_cancel_token_t *cancel,
+                                          rdzv_error_t **error);
 
 /**
  * Sets `*all_exist` to whether all `num_keys` keys exist now. Does not wait.
@@ -723,6 +823,19 @@ rdzv_status_t rdzv_store_multi_get(const rdzv_store_t *store,
                                    rdzv_error_t **error);
 
 /**
+ * `rdzv_store_multi_get`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
+ * (at once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_store_multi_get_with_cancel(const rdzv_store_t *store,
+                                               const char *const *keys,
+                                               size_t num_keys,
+                                               int64_t timeout_ms,
+                                               const rdzv_cancel_token_t *cancel,
+                                               uint8_t **values,
+                                               size_t *value_lens,
+                                               rdzv_error_t **error);
+
+/**
  * Sets `num_keys` keys at once (all or nothing): `keys[i]` to the `value_lens[i]` bytes at
  * `values[i]`.
  */
@@ -743,9 +856,10 @@ rdzv_status_t rdzv_store_set_timeout(const rdzv_store_t *store,
 
 /**
  * Wakes every `rdzv_store_get`, `rdzv_store_wait` and `rdzv_store_multi_get` blocked on this
- * store in other threads: they return `RDZV_ERR_CANCELLED`. Calls that start afterwards are
- * not affected (a caller racing with the start of a wait repeats the cancel until the wait
- * returns, as the bindings do). Never blocks; safe from any thread.
+ * store in other threads (with or without a cancel token): they return `RDZV_ERR_CANCELLED`.
+ * Calls that start afterwards are not affected: a caller that may cancel just as a wait
+ * starts passes it a cancel token (`rdzv_store_get_with_cancel`, ...) instead, which stays
+ * cancelled. Never blocks; safe from any thread.
  */
 rdzv_status_t rdzv_store_cancel(const rdzv_store_t *store, rdzv_error_t **error);
 

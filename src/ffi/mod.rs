@@ -20,6 +20,7 @@
 
 mod admin;
 mod boundary;
+mod cancel;
 mod log;
 mod params;
 mod rendezvous;
@@ -28,6 +29,7 @@ mod version;
 
 pub use admin::*;
 pub use boundary::*;
+pub use cancel::*;
 pub use log::*;
 pub use params::*;
 pub use rendezvous::*;
