@@ -35,9 +35,6 @@
  * - Strings and bytes. Strings in are NUL-terminated UTF-8 (NULL or invalid UTF-8 gives
  *   RDZV_ERR_INVALID_ARGUMENT naming the argument). Store values are bytes with a length, up
  *   to RDZV_MAX_VALUE_BYTES (about 1.5 MiB, etcd's request limit), rejected clearly above it.
- * - Re-rendezvous. A supervisor polls rdzv_num_waiting (nodes a new round could admit) and
- *   rdzv_num_lost (members of its round that died or are leaving) and calls rdzv_next when
- *   either is non-zero.
  */
 
 #ifndef RDZV_H
