@@ -27,10 +27,9 @@
 //! `--churn SECS` with `--follow`, rank 0 calls next after SECS in a round even when nothing
 //!               changed (as an agent does when a worker fails), so that rounds keep forming.
 
-use rdzv::{BlockingRendezvous, BlockingStore, Error, ErrorKind, Params, RoundInfo};
+use rdzv::{BlockingRendezvous, BlockingStore, CancelToken, Error, ErrorKind, Params, RoundInfo};
 use serde_json::{json, Value};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -197,7 +196,14 @@ fn exchange(
         |_| json!(value),
     )?;
     let keys: Vec<String> = (0..info.world_size).map(|r| format!("node/{r}")).collect();
-    let ids = read_all(store, round, &keys, Some(Duration::from_secs(60)), h)?;
+    let ids = read_all(
+        store,
+        round,
+        &keys,
+        Some(Duration::from_secs(60)),
+        &CancelToken::new(),
+        h,
+    )?;
     let total = h.store_call(
         "add",
         round,
@@ -215,11 +221,12 @@ fn read_all(
     round: u64,
     keys: &[String],
     timeout: Option<Duration>,
+    stop: &CancelToken,
     h: &History,
 ) -> Result<Vec<Vec<u8>>, Error> {
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let t = monotonic_ns();
-    let result = store.multi_get(&refs, timeout);
+    let result = store.multi_get_with(&refs, timeout, stop);
     let t_end = monotonic_ns();
     match &result {
         Ok(values) => {
@@ -240,25 +247,23 @@ fn read_all(
 /// outlives its round (a call still running when the node moved on) ends on its own, and what
 /// it does then is recorded too.
 struct Worker {
-    stop: Arc<AtomicBool>,
-    store: Arc<BlockingStore>,
+    /// Ends the worker's store waits, and its loop: a token, so that a stop made just before a
+    /// wait starts is not lost.
+    stop: CancelToken,
 }
 
 impl Worker {
     fn spawn(node: &str, info: &RoundInfo, store: BlockingStore, h: Arc<History>) -> Worker {
-        let stop = Arc::new(AtomicBool::new(false));
-        let store = Arc::new(store);
-        let (node, info) = (node.to_string(), info.clone());
-        let (stop2, store2) = (stop.clone(), store.clone());
+        let stop = CancelToken::new();
+        let (node, info, stop2) = (node.to_string(), info.clone(), stop.clone());
         std::thread::spawn(move || {
-            let _ = work(&node, &info, &store2, &stop2, &h);
+            let _ = work(&node, &info, &store, &stop2, &h);
         });
-        Worker { stop, store }
+        Worker { stop }
     }
 
     fn stop(self) {
-        self.stop.store(true, Ordering::Release);
-        self.store.cancel();
+        self.stop.cancel();
     }
 }
 
@@ -266,7 +271,7 @@ fn work(
     node: &str,
     info: &RoundInfo,
     store: &BlockingStore,
-    stop: &AtomicBool,
+    stop: &CancelToken,
     h: &History,
 ) -> Result<(), Error> {
     let (round, rank, world) = (info.round, info.rank, info.world_size);
@@ -280,7 +285,7 @@ fn work(
         |_| json!(value),
     )?;
     let keys: Vec<String> = (0..world).map(|r| format!("node/{r}")).collect();
-    read_all(store, round, &keys, Some(Duration::from_secs(30)), h)?;
+    read_all(store, round, &keys, Some(Duration::from_secs(30)), stop, h)?;
     h.store_call(
         "add",
         round,
@@ -293,7 +298,7 @@ fn work(
         format!("step/{}", (rank + 1) % world),
     );
     for step in 1u64.. {
-        if stop.load(Ordering::Acquire) {
+        if stop.is_cancelled() {
             break;
         }
         let value = format!("{node}/{round}/{step}");
@@ -309,7 +314,7 @@ fn work(
             "read",
             round,
             &theirs,
-            || store.get(&theirs, timeout),
+            || store.get_with(&theirs, timeout, stop),
             |v| text(v),
         )?;
         std::thread::sleep(Duration::from_millis(200));
