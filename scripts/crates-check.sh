@@ -39,3 +39,11 @@ import json, sys
 for p in json.load(sys.stdin)["packages"]:
     print(p["name"], "unpublished" if p["publish"] == [] else "published")')
 grep -qx "rdzv-tests unpublished" <<<"$publish" || { echo "rdzv-tests must not be published: $publish" >&2; exit 1; }
+
+# A test file that no [[test]] names would be left out silently (tests/ lists its targets).
+for file in tests/*.rs; do
+  name=$(basename "$file" .rs)
+  [ "$name" = header ] && continue
+  grep -qx "path = \"$name.rs\"" tests/Cargo.toml || { echo "tests/Cargo.toml has no [[test]] for $file" >&2; exit 1; }
+done
+echo "rdzv-tests: every tests/*.rs is a test target"

@@ -3,6 +3,7 @@
 //! do not exist there); handles made before the fork refuse to work in the child.
 
 use crate::admin::{Admin, Purge, RunStatus, StatusWatch};
+use crate::cancel::CancelToken;
 use crate::error::{Error, ErrorKind, Result};
 use crate::params::Params;
 use crate::rendezvous::{Rendezvous, RoundInfo};
@@ -115,7 +116,11 @@ impl BlockingRendezvous {
     }
 
     pub fn next(&self) -> Result<(RoundInfo, BlockingStore)> {
-        let (info, store) = self.owned.run(self.inner.next())?;
+        self.next_with(&CancelToken::new())
+    }
+    /// `next`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it is.
+    pub fn next_with(&self, cancel: &CancelToken) -> Result<(RoundInfo, BlockingStore)> {
+        let (info, store) = self.owned.run(self.inner.next_with(cancel))?;
         Ok((
             info,
             BlockingStore {
@@ -200,8 +205,18 @@ impl BlockingAdmin {
     /// `StatusWatch::next`). `Timeout` when nothing changed within `timeout`; the watch stays
     /// open and the next call goes on from where this one stopped.
     pub fn watch_next(&self, timeout: Duration) -> Result<RunStatus> {
+        self.watch_next_with(timeout, &CancelToken::new())
+    }
+    /// `watch_next`, which also ends (`Cancelled`) once `token` is cancelled, at once if it is.
+    pub fn watch_next_with(&self, timeout: Duration, token: &CancelToken) -> Result<RunStatus> {
         // Subscribe before anything else, so a cancel made once the call is entered is seen.
         let mut cancel = self.cancel.subscribe();
+        if token.is_cancelled() {
+            return Err(Error::new(
+                ErrorKind::Cancelled,
+                "watch: cancelled by its cancel token",
+            ));
+        }
         self.owned.run(async {
             let mut watch = self.watch.try_lock().map_err(|_| {
                 Error::invalid("watch: another watch call is already running on this handle")
@@ -213,6 +228,7 @@ impl BlockingAdmin {
                     timeout.as_millis()
                 ))),
                 _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "watch: cancelled")),
+                _ = token.cancelled() => Err(Error::new(ErrorKind::Cancelled, "watch: cancelled by its cancel token")),
             }
         })
     }
@@ -257,6 +273,15 @@ impl BlockingStore {
     pub fn get(&self, key: &str, timeout: Option<Duration>) -> Result<Vec<u8>> {
         self.owned.run(self.inner.get(key, timeout))
     }
+    /// `get`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it is.
+    pub fn get_with(
+        &self,
+        key: &str,
+        timeout: Option<Duration>,
+        cancel: &CancelToken,
+    ) -> Result<Vec<u8>> {
+        self.owned.run(self.inner.get_with(key, timeout, cancel))
+    }
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
         self.owned.run(self.inner.add(key, delta))
     }
@@ -266,6 +291,14 @@ impl BlockingStore {
     }
     pub fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<()> {
         self.owned.run(self.inner.wait(keys, timeout))
+    }
+    pub fn wait_with(
+        &self,
+        keys: &[&str],
+        timeout: Option<Duration>,
+        cancel: &CancelToken,
+    ) -> Result<()> {
+        self.owned.run(self.inner.wait_with(keys, timeout, cancel))
     }
     pub fn check(&self, keys: &[&str]) -> Result<bool> {
         self.owned.run(self.inner.check(keys))
@@ -278,6 +311,15 @@ impl BlockingStore {
     }
     pub fn multi_get(&self, keys: &[&str], timeout: Option<Duration>) -> Result<Vec<Vec<u8>>> {
         self.owned.run(self.inner.multi_get(keys, timeout))
+    }
+    pub fn multi_get_with(
+        &self,
+        keys: &[&str],
+        timeout: Option<Duration>,
+        cancel: &CancelToken,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.owned
+            .run(self.inner.multi_get_with(keys, timeout, cancel))
     }
     pub fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
         self.owned.run(self.inner.multi_set(keys, values))

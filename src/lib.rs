@@ -4,11 +4,13 @@
 //! layout, leases), `rendezvous` (the round protocol), `store` (the per-round key-value
 //! store), `blocking` (one runtime, `block_on` per call) and `ffi` (the C ABI, glue only).
 //! Beside them, `admin` reads, watches, closes and purges a run for operators without
-//! joining it. The `rdzv` command (cli/) is built on the public API alone.
+//! joining it. `cancel` is the token a caller hands to the calls that wait, to end them. The
+//! `rdzv` command (cli/) is built on the public API alone.
 
 pub mod admin;
 mod backend;
 pub mod blocking;
+pub mod cancel;
 pub mod error;
 pub mod ffi;
 pub mod log;
@@ -18,6 +20,7 @@ pub mod store;
 mod util;
 
 pub use blocking::{BlockingAdmin, BlockingRendezvous, BlockingStore};
+pub use cancel::CancelToken;
 pub use error::{Error, ErrorKind, Result};
 pub use params::Params;
 pub use rendezvous::{Rendezvous, RoundInfo};

@@ -28,6 +28,11 @@ type Admin struct {
 
 	watching atomic.Bool // a Watch is running: the C watch is one per handle
 
+	// Closed by Close: a watch call in flight, or one that starts before Close has the
+	// handle, cancels its token.
+	closing   chan struct{}
+	closeOnce sync.Once
+
 	// probeAfter is how long a Watch stays quiet before it checks that etcd still answers
 	// (see watchProbeAfter); per handle so that a test can shorten it.
 	probeAfter time.Duration
@@ -120,7 +125,7 @@ func NewAdmin(params *Params) (*Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Admin{_ptr: out, probeAfter: watchProbeAfter}
+	a := &Admin{_ptr: out, probeAfter: watchProbeAfter, closing: make(chan struct{})}
 	runtime.SetFinalizer(a, func(a *Admin) { _ = a.Close() })
 	return a, nil
 }
@@ -243,8 +248,8 @@ func sameRun(x, y *RunStatus) bool {
 	return reflect.DeepEqual(a, b)
 }
 
-// watchSlice bounds each rdzv_admin_watch call, so no goroutine stays in C for long whatever
-// happens to the cancel. RDZV_ERR_TIMEOUT after a slice only means "nothing yet".
+// watchSlice bounds each rdzv_admin_watch call, so the Watch checks on etcd now and then
+// (see watchProbeAfter). RDZV_ERR_TIMEOUT after a slice only means "nothing yet".
 const watchSlice = time.Second
 
 // watchProbeAfter is how long a Watch stays quiet before it checks that etcd still answers.
@@ -323,19 +328,9 @@ func (a *Admin) watch(ctx context.Context, out chan<- *RunStatus) error {
 	}
 	quietSince := time.Now()
 	for {
-		done := make(chan watchResult, 1)
-		go func() { done <- a.watchNext(watchSlice) }()
-		var r watchResult
-		select {
-		case r = <-done:
-		case <-ctx.Done():
-			// The blocked C call returns RDZV_ERR_CANCELLED; repeated, since a cancel that
-			// lands just before the call starts waiting would be lost.
-			untilDone(done, func() {
-				_ = a.with(func(ptr *C.rdzv_admin_t) error {
-					return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_admin_cancel(ptr, e) })
-				})
-			})
+		// Its token is cancelled when ctx is done: the call returns RDZV_ERR_CANCELLED.
+		r := a.watchNext(ctx, watchSlice)
+		if ctx.Err() != nil {
 			return cancelled()
 		}
 		if r.err != nil {
@@ -349,9 +344,9 @@ func (a *Admin) watch(ctx context.Context, out chan<- *RunStatus) error {
 					quietSince = time.Now()
 				}
 				continue
-			case ok && e.Status == StatusCancelled && ctx.Err() == nil:
-				// Someone else's rdzv_admin_cancel (Close does that): go on unless the
-				// handle is gone, which the next call reports.
+			case ok && e.Status == StatusCancelled:
+				// Close (or someone's rdzv_admin_cancel): go on unless the handle is gone,
+				// which the next call reports.
 				continue
 			default:
 				return r.err
@@ -385,12 +380,14 @@ func (a *Admin) probe(ctx context.Context) error {
 	}
 }
 
-func (a *Admin) watchNext(timeout time.Duration) watchResult {
+func (a *Admin) watchNext(ctx context.Context, timeout time.Duration) watchResult {
 	var res watchResult
 	res.err = a.with(func(ptr *C.rdzv_admin_t) error {
 		var cs *C.rdzv_run_status_t
-		err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_admin_watch(ptr, C.int64_t(timeout.Milliseconds()), &cs, e)
+		err := withCancel(ctx, a.closing, func(tok *C.rdzv_cancel_token_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+				return C.rdzv_admin_watch_with_cancel(ptr, C.int64_t(timeout.Milliseconds()), tok, &cs, e)
+			})
 		})
 		if err == nil {
 			res.status = takeStatus(cs)
@@ -452,23 +449,11 @@ func (a *Admin) Drain(ctx context.Context, nodeID, reason string) error {
 // Close stops a running Watch (it ends with ErrShutdown), waits for calls in flight and
 // frees the handle. Idempotent. It does not close the run (that is CloseRun).
 func (a *Admin) Close() error {
-	a.mu.RLock()
-	ptr := a._ptr
-	a.mu.RUnlock()
-	if ptr == nil {
-		return nil
-	}
-	// Wake a blocked watch slice, repeatedly, until Close holds the lock, so Close does not
-	// wait out the slice. The handle stays valid until this goroutine has exited.
-	stop, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		_ = untilDone(stop, func() { C.rdzv_admin_cancel(ptr, nil) })
-	}()
+	// Close does not wait out a watch slice: its token is cancelled now, and so is that of a
+	// slice that starts before Close holds the lock.
+	a.closeOnce.Do(func() { close(a.closing) })
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	close(stop)
-	<-exited
 	if a._ptr != nil {
 		C.rdzv_admin_free(a._ptr)
 		a._ptr = nil

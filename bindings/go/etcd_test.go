@@ -23,8 +23,9 @@ import (
 var testEtcd *etcdServer
 
 func TestMain(m *testing.M) {
-	// Read once, at the first call into rdzv: the log test needs info records.
-	os.Setenv("RDZV_LOG", "info")
+	// Read once, at the first call into rdzv: the log test needs info records, and the tests
+	// of waits under faults wait for the store's debug record of a wait that watches.
+	os.Setenv("RDZV_LOG", "info,rdzv::store=debug")
 	SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil))) // quiet unless a test listens
 	// etcd dies with this process (Pdeathsig), but Linux sends that signal when the OS thread
 	// that forked it exits, and a goroutine may run on any thread, one that the runtime later

@@ -10,7 +10,6 @@ import (
 	"context"
 	"runtime"
 	"sync"
-	"time"
 	"unsafe"
 )
 
@@ -33,10 +32,6 @@ type Rendezvous struct {
 
 	runID, backend, nodeID string // copied at creation: valid even after Close
 }
-
-// cancelRetry is how often Next repeats rdzv_cancel until the blocked call returns: a cancel
-// that lands just before the C call starts would otherwise be lost.
-const cancelRetry = 50 * time.Millisecond
 
 // NewRendezvous connects to etcd and registers this node (at most connect_timeout, default
 // 10 s; ErrConnection if etcd does not answer). params stays owned by the caller.
@@ -93,17 +88,24 @@ func (r *Rendezvous) Next(ctx context.Context) (RoundInfo, *Store, error) {
 	if err := ctx.Err(); err != nil {
 		return RoundInfo{}, nil, &Error{Status: StatusCancelled, Message: "context done before next", cause: err}
 	}
-	done := make(chan nextResult, 1)
-	go func() { done <- r.next() }()
+	tok, err := newCancelToken()
+	if err != nil {
+		return RoundInfo{}, nil, err
+	}
+	defer tok.free()
+	return r.nextWith(ctx, tok)
+}
 
+// nextWith is Next with its C cancel token, which a goroutine cancels when ctx is done: the
+// token stays cancelled, so a context that ends just as the call starts still ends it.
+func (r *Rendezvous) nextWith(ctx context.Context, tok *cancelToken) (RoundInfo, *Store, error) {
 	var res nextResult
-	select {
-	case res = <-done:
-	case <-ctx.Done():
-		res = r.cancelUntil(done)
-		if e, ok := res.err.(*Error); ok && e.Status == StatusCancelled {
-			res.err = &Error{Status: StatusCancelled, Message: e.Message, cause: ctx.Err()}
-		}
+	_ = tok.run(ctx, nil, func(t *C.rdzv_cancel_token_t) error {
+		res = r.next(t)
+		return nil
+	})
+	if e, ok := res.err.(*Error); ok && e.Status == StatusCancelled && ctx.Err() != nil {
+		res.err = &Error{Status: StatusCancelled, Message: e.Message, cause: ctx.Err()}
 	}
 	if res.err != nil {
 		return RoundInfo{}, nil, res.err
@@ -111,17 +113,12 @@ func (r *Rendezvous) Next(ctx context.Context) (RoundInfo, *Store, error) {
 	return res.info, newStore(res.store), nil
 }
 
-// cancelUntil calls rdzv_cancel until the blocked next reports.
-func (r *Rendezvous) cancelUntil(done <-chan nextResult) nextResult {
-	return untilDone(done, func() { _ = r.Cancel() })
-}
-
-func (r *Rendezvous) next() nextResult {
+func (r *Rendezvous) next(tok *C.rdzv_cancel_token_t) nextResult {
 	var res nextResult
 	var round C.rdzv_round_t
 	res.err = r.with(func(ptr *C.rdzv_t) error {
 		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_next(ptr, &round, &res.store, e)
+			return C.rdzv_next_with_cancel(ptr, tok, &round, &res.store, e)
 		})
 	})
 	if res.err == nil {
@@ -195,7 +192,8 @@ func (r *Rendezvous) IsDraining() (bool, error) {
 }
 
 // Cancel wakes a Next blocked in another goroutine (it returns ErrCancelled); the handle
-// stays usable. No effect when no Next is running. Prefer cancelling Next's context.
+// stays usable. No effect when no Next is running, so a Cancel made just as another
+// goroutine calls Next can be lost: cancel Next's context instead, which is never lost.
 func (r *Rendezvous) Cancel() error {
 	return r.with(func(ptr *C.rdzv_t) error {
 		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_cancel(ptr, e) })

@@ -21,14 +21,21 @@ const DefaultTimeout time.Duration = -1
 // Store is the store of one round (c10d Store semantics): keys are non-empty strings of at
 // most 4096 bytes, values are bytes. Safe for concurrent use. Its calls fail with ErrShutdown
 // once the Rendezvous that produced it is shut down or closed, and a wait still missing its
-// keys when the run is closed returns ErrClosed. Close cancels waits in flight.
+// keys when the run is closed returns ErrClosed. Close cancels waits in flight. A wait ends
+// promptly when its context is done, its node shuts down or its timeout passes, whatever
+// etcd is doing.
 type Store struct {
 	mu   sync.RWMutex
 	_ptr *C.rdzv_store_t
+
+	// Closed by Close: every wait in flight, and any that starts before Close has the
+	// handle, cancels its token.
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 func newStore(ptr *C.rdzv_store_t) *Store {
-	s := &Store{_ptr: ptr}
+	s := &Store{_ptr: ptr, closing: make(chan struct{})}
 	runtime.SetFinalizer(s, func(s *Store) { _ = s.Close() })
 	return s
 }
@@ -164,50 +171,40 @@ func (s *Store) CompareSet(key string, expected, desired []byte) ([]byte, error)
 func (s *Store) Wait(ctx context.Context, keys []string, timeout time.Duration) error {
 	ck, free := cKeys(keys)
 	defer free()
-	return s.blocking(ctx, func(ptr *C.rdzv_store_t) error {
+	return s.blocking(ctx, nil, func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t) error {
 		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_store_wait(ptr, ck, C.size_t(len(keys)), timeoutMs(timeout), e)
+			return C.rdzv_store_wait_with_cancel(ptr, ck, C.size_t(len(keys)), timeoutMs(timeout), tok, e)
 		})
 	})
 }
 
-// blocking runs a waiting call on the live handle; if ctx is done first, it cancels the
-// store's waits until the call returns.
-func (s *Store) blocking(ctx context.Context, f func(ptr *C.rdzv_store_t) error) error {
+// blocking runs a waiting call on the live handle with a C cancel token (tok, or a new one
+// when nil) that is cancelled when ctx is done or the store is closed. The token stays
+// cancelled, so a context that ends just as the call starts still ends it.
+func (s *Store) blocking(ctx context.Context, tok *cancelToken, f func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t) error) error {
 	if err := ctx.Err(); err != nil {
 		return &Error{Status: StatusCancelled, Message: "context done before the store call", cause: err}
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.with(f) }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		err := untilDone(done, func() { _ = s.Cancel() })
-		if e, ok := err.(*Error); ok && e.Status == StatusCancelled {
-			return &Error{Status: StatusCancelled, Message: e.Message, cause: ctx.Err()}
+	if tok == nil {
+		made, err := newCancelToken()
+		if err != nil {
+			return err
 		}
-		return err
+		defer made.free()
+		tok = made
 	}
-}
-
-// untilDone calls cancel until the blocked call reports on done: a cancel that lands just
-// before the C call starts waiting would otherwise be lost.
-func untilDone[T any](done <-chan T, cancel func()) T {
-	ticker := time.NewTicker(cancelRetry)
-	defer ticker.Stop()
-	for {
-		cancel()
-		select {
-		case res := <-done:
-			return res
-		case <-ticker.C:
-		}
+	err := s.with(func(ptr *C.rdzv_store_t) error {
+		return tok.run(ctx, s.closing, func(t *C.rdzv_cancel_token_t) error { return f(ptr, t) })
+	})
+	if e, ok := err.(*Error); ok && e.Status == StatusCancelled && ctx.Err() != nil {
+		return &Error{Status: StatusCancelled, Message: e.Message, cause: ctx.Err()}
 	}
+	return err
 }
 
 // Cancel wakes Get, Wait and MultiGet calls blocked on this store in other goroutines (they
-// return ErrCancelled). No effect on calls that start later. Prefer the calls' contexts.
+// return ErrCancelled). No effect on calls that start later, so a Cancel made just as another
+// goroutine starts a wait can be lost: cancel the wait's context instead, which is never lost.
 func (s *Store) Cancel() error {
 	return s.with(func(ptr *C.rdzv_store_t) error {
 		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_store_cancel(ptr, e) })
@@ -252,16 +249,21 @@ func (s *Store) NumKeys() (int64, error) {
 // MultiGet waits up to timeout for all keys, then returns their values read at one revision,
 // in the order of keys. If ctx is done first, the wait is cancelled (ErrCancelled).
 func (s *Store) MultiGet(ctx context.Context, keys []string, timeout time.Duration) ([][]byte, error) {
+	return s.multiGet(ctx, nil, keys, timeout)
+}
+
+// multiGet is MultiGet with a cancel token of the caller's (nil: a new one).
+func (s *Store) multiGet(ctx context.Context, tok *cancelToken, keys []string, timeout time.Duration) ([][]byte, error) {
 	ck, free := cKeys(keys)
 	defer free()
 	var out [][]byte
-	err := s.blocking(ctx, func(ptr *C.rdzv_store_t) error {
+	err := s.blocking(ctx, tok, func(ptr *C.rdzv_store_t, t *C.rdzv_cancel_token_t) error {
 		// Output arrays in Go memory: C writes only C pointers into them.
 		vals := make([]*C.uint8_t, len(keys)+1)
 		lens := make([]C.size_t, len(keys)+1)
 		if err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_store_multi_get(ptr, ck, C.size_t(len(keys)), timeoutMs(timeout),
-				&vals[0], &lens[0], e)
+			return C.rdzv_store_multi_get_with_cancel(ptr, ck, C.size_t(len(keys)), timeoutMs(timeout),
+				t, &vals[0], &lens[0], e)
 		}); err != nil {
 			return err
 		}
@@ -316,23 +318,11 @@ func (s *Store) SetTimeout(timeout time.Duration) error {
 // Close cancels waits in flight (they return ErrCancelled), waits for calls in flight to
 // return and frees the store handle. Idempotent.
 func (s *Store) Close() error {
-	s.mu.RLock()
-	ptr := s._ptr
-	s.mu.RUnlock()
-	if ptr == nil {
-		return nil
-	}
-	// Wake blocked waits, repeatedly, until Close holds the lock: a waiter must not make Close
-	// wait out its timeout. The handle stays valid until this goroutine has exited.
-	stop, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		_ = untilDone(stop, func() { C.rdzv_store_cancel(ptr, nil) })
-	}()
+	// A waiter must not make Close wait out its timeout: its token is cancelled now, and so is
+	// that of a wait that starts before Close holds the lock.
+	s.closeOnce.Do(func() { close(s.closing) })
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	close(stop)
-	<-exited
 	if s._ptr != nil {
 		C.rdzv_store_free(s._ptr)
 		s._ptr = nil

@@ -10,8 +10,8 @@ mod common;
 #[path = "support/launch.rs"]
 mod launch;
 
-use launch::{cached_python, fresh_dir, records, Launcher};
 use common::Etcd;
+use launch::{cached_python, fresh_dir, records, Launcher};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -8,8 +8,8 @@ mod common;
 #[path = "support/launch.rs"]
 mod launch;
 
-use launch::{drain, fresh_dir, wait_with_deadline};
 use common::{Etcd, SpawnTied};
+use launch::{drain, fresh_dir, wait_with_deadline};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -12,8 +12,8 @@ mod common;
 #[path = "support/launch.rs"]
 mod launch;
 
-use launch::{cached_python, fresh_dir, records, Launcher};
 use common::Etcd;
+use launch::{cached_python, fresh_dir, records, Launcher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -558,7 +558,8 @@ async fn floor_phases(endpoint: &str, n: usize, run: &str, floor: Floor) -> Phas
                     // The lane's seal; the leader key's claim (`Guarded`) is not waited for.
                     for kv in resp.events().iter().filter_map(|e| e.kv()) {
                         if !kv.key().ends_with(b"leader") {
-                            let parsed = rdzv::test_support::FinalRecord::parse(kv.key(), kv.value());
+                            let parsed =
+                                rdzv::test_support::FinalRecord::parse(kv.key(), kv.value());
                             break 'sealed parsed.unwrap();
                         }
                     }

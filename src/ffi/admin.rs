@@ -4,6 +4,7 @@
 use super::boundary::{
     arg_out, arg_ref, arg_str, boundary, rdzv_error_t, rdzv_status_t, to_timeout,
 };
+use super::cancel::{arg_cancel, rdzv_cancel_token_t};
 use super::params::{params_ref, rdzv_params_t};
 use super::rendezvous::rdzv_t;
 use crate::admin::{Purge, RunStatus};
@@ -233,6 +234,19 @@ pub extern "C" fn rdzv_admin_watch(
     out: *mut *mut rdzv_run_status_t,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_admin_watch_with_cancel(admin, timeout_ms, std::ptr::null(), out, error)
+}
+
+/// `rdzv_admin_watch`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_admin_watch_with_cancel(
+    admin: *const rdzv_admin_t,
+    timeout_ms: i64,
+    cancel: *const rdzv_cancel_token_t,
+    out: *mut *mut rdzv_run_status_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(admin, "admin")?;
         let out = arg_out(out, "out")?;
@@ -241,14 +255,15 @@ pub extern "C" fn rdzv_admin_watch(
                 "timeout_ms: expected 0 or more milliseconds, got {timeout_ms}"
             ))
         })?;
-        *out = give_status(&handle.0.watch_next(timeout)?);
+        *out = give_status(&handle.0.watch_next_with(timeout, &arg_cancel(cancel))?);
         Ok(())
     })
 }
 
 /// Wakes a `rdzv_admin_watch` blocked on this handle in another thread: it returns
-/// `RDZV_ERR_CANCELLED`, and the handle stays usable. No effect when none is running. Never
-/// blocks; safe from any thread.
+/// `RDZV_ERR_CANCELLED`, and the handle stays usable. No effect when none is running (to
+/// cancel without racing the start of a call, pass a cancel token to
+/// `rdzv_admin_watch_with_cancel`). Never blocks; safe from any thread.
 #[no_mangle]
 pub extern "C" fn rdzv_admin_cancel(
     admin: *const rdzv_admin_t,

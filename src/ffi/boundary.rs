@@ -29,7 +29,9 @@ pub enum rdzv_status_t {
     RDZV_ERR_SHUTDOWN = 7,
     /// A bug in rdzv, such as a caught panic. Please report it.
     RDZV_ERR_INTERNAL = 8,
-    /// `rdzv_cancel` woke this `rdzv_next`; the handle stays usable (Go: context cancelled).
+    /// The call was cancelled: by its cancel token (`rdzv_cancel_token_cancel`), or by
+    /// `rdzv_cancel`, `rdzv_store_cancel` or `rdzv_admin_cancel` while it ran; the handle stays
+    /// usable (Go: context cancelled).
     RDZV_ERR_CANCELLED = 9,
 }
 

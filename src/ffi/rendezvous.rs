@@ -1,6 +1,7 @@
 //! `rdzv_t`: one node's handle on a run.
 
 use super::boundary::{arg_out, arg_ref, boundary, rdzv_error_t, rdzv_status_t};
+use super::cancel::{arg_cancel, rdzv_cancel_token_t};
 use super::params::{params_ref, rdzv_params_t};
 use super::store::rdzv_store_t;
 use crate::blocking::BlockingRendezvous;
@@ -81,7 +82,9 @@ pub extern "C" fn rdzv_new(
 /// `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
 /// `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
 /// while this node waited outside the running round (late or surplus), `RDZV_ERR_SHUTDOWN` if
-/// `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is.
+/// `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is (to cancel
+/// without a race, use `rdzv_next_with_cancel`). Each of these, and `join_timeout`, ends the
+/// call within about a second whatever etcd is doing (down, frozen or restarting).
 ///
 /// A failed call withdraws this node's join request before it returns, so no round is ever
 /// sealed with a node that gave up; a write to etcd already in flight is waited for first (at
@@ -105,10 +108,34 @@ pub extern "C" fn rdzv_next(
     store: *mut *mut rdzv_store_t,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    next(rdzv, std::ptr::null(), round, store, error)
+}
+
+/// `rdzv_next`, which also returns `RDZV_ERR_CANCELLED` (withdrawing its join request, as for
+/// `rdzv_cancel`) once `cancel` is cancelled: at once, joining nothing, if it already is.
+/// `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_next_with_cancel(
+    rdzv: *mut rdzv_t,
+    cancel: *const rdzv_cancel_token_t,
+    round: *mut rdzv_round_t,
+    store: *mut *mut rdzv_store_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    next(rdzv, cancel, round, store, error)
+}
+
+fn next(
+    rdzv: *mut rdzv_t,
+    cancel: *const rdzv_cancel_token_t,
+    round: *mut rdzv_round_t,
+    store: *mut *mut rdzv_store_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(rdzv, "rdzv")?;
         let round = arg_out(round, "round")?;
-        let (info, round_store) = handle.inner.next()?;
+        let (info, round_store) = handle.inner.next_with(&arg_cancel(cancel))?;
         let mut addr = [0 as c_char; RDZV_ADDR_CAPACITY];
         for (dst, src) in addr
             .iter_mut()
@@ -202,9 +229,9 @@ pub extern "C" fn rdzv_num_lost(
 /// Wakes a `rdzv_next` blocked on this handle in another thread: it withdraws this node's
 /// join request and returns `RDZV_ERR_CANCELLED`. The handle stays usable (call `rdzv_next`
 /// again to rejoin). No effect when no `rdzv_next` is running. Never blocks; safe from any
-/// thread. This is how bindings honour a Go context or a Python Ctrl-C. A cancel made before
-/// `rdzv_next` was entered is not remembered: a caller racing with the start of `rdzv_next`
-/// repeats the cancel until it returns (the bindings do).
+/// thread. A cancel made before `rdzv_next` was entered is not remembered: a caller that may
+/// cancel just as another thread enters `rdzv_next` passes a cancel token to
+/// `rdzv_next_with_cancel` instead (the bindings do), which stays cancelled.
 #[no_mangle]
 pub extern "C" fn rdzv_cancel(rdzv: *const rdzv_t, error: *mut *mut rdzv_error_t) -> rdzv_status_t {
     boundary(error, || {

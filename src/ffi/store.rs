@@ -4,6 +4,7 @@ use super::boundary::{
     arg_bytes, arg_out, arg_ref, arg_str, arg_strs, boundary, give_bytes, rdzv_error_t,
     rdzv_status_t, to_timeout,
 };
+use super::cancel::{arg_cancel, rdzv_cancel_token_t};
 use crate::blocking::BlockingStore;
 use crate::error::Error;
 use std::ffi::c_char;
@@ -23,6 +24,12 @@ use std::time::Duration;
 /// data is deleted (its last node left), calls fail with `RDZV_ERR_STATE` (`RDZV_ERR_CLOSED` if
 /// the run was closed) and nothing is written. A wait whose keys are still missing when the
 /// run is closed returns `RDZV_ERR_CLOSED`.
+///
+/// A wait (`get`, `wait`, `multi_get`) returns at once when cancelled or when the node shuts
+/// down, and within a second of its deadline, whatever etcd is doing (down, frozen or
+/// restarting): `RDZV_ERR_TIMEOUT`, or `RDZV_ERR_CONNECTION` if etcd did not answer. A read
+/// begun before the deadline may take up to a second past it, so a wait with timeout 0 still
+/// returns a key that exists.
 pub struct rdzv_store_t(pub(crate) BlockingStore);
 
 fn store_ref<'a>(s: *const rdzv_store_t) -> crate::Result<&'a BlockingStore> {
@@ -55,9 +62,48 @@ pub extern "C" fn rdzv_store_get(
     value_len: *mut usize,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    get(
+        store,
+        key,
+        timeout_ms,
+        std::ptr::null(),
+        value,
+        value_len,
+        error,
+    )
+}
+
+/// `rdzv_store_get`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_store_get_with_cancel(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    timeout_ms: i64,
+    cancel: *const rdzv_cancel_token_t,
+    value: *mut *mut u8,
+    value_len: *mut usize,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    get(store, key, timeout_ms, cancel, value, value_len, error)
+}
+
+fn get(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    timeout_ms: i64,
+    cancel: *const rdzv_cancel_token_t,
+    value: *mut *mut u8,
+    value_len: *mut usize,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let (value, value_len) = (arg_out(value, "value")?, arg_out(value_len, "value_len")?);
-        let bytes = store_ref(store)?.get(arg_str(key, "key")?, to_timeout(timeout_ms))?;
+        let bytes = store_ref(store)?.get_with(
+            arg_str(key, "key")?,
+            to_timeout(timeout_ms),
+            &arg_cancel(cancel),
+        )?;
         (*value, *value_len) = give_bytes(bytes);
         Ok(())
     })
@@ -118,8 +164,26 @@ pub extern "C" fn rdzv_store_wait(
     timeout_ms: i64,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_store_wait_with_cancel(store, keys, num_keys, timeout_ms, std::ptr::null(), error)
+}
+
+/// `rdzv_store_wait`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_store_wait_with_cancel(
+    store: *const rdzv_store_t,
+    keys: *const *const c_char,
+    num_keys: usize,
+    timeout_ms: i64,
+    cancel: *const rdzv_cancel_token_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
-        store_ref(store)?.wait(&arg_strs(keys, num_keys, "keys")?, to_timeout(timeout_ms))
+        store_ref(store)?.wait_with(
+            &arg_strs(keys, num_keys, "keys")?,
+            to_timeout(timeout_ms),
+            &arg_cancel(cancel),
+        )
     })
 }
 
@@ -183,6 +247,31 @@ pub extern "C" fn rdzv_store_multi_get(
     value_lens: *mut usize,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_store_multi_get_with_cancel(
+        store,
+        keys,
+        num_keys,
+        timeout_ms,
+        std::ptr::null(),
+        values,
+        value_lens,
+        error,
+    )
+}
+
+/// `rdzv_store_multi_get`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
+/// (at once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_store_multi_get_with_cancel(
+    store: *const rdzv_store_t,
+    keys: *const *const c_char,
+    num_keys: usize,
+    timeout_ms: i64,
+    cancel: *const rdzv_cancel_token_t,
+    values: *mut *mut u8,
+    value_lens: *mut usize,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let keys = arg_strs(keys, num_keys, "keys")?;
         if num_keys > 0 && (values.is_null() || value_lens.is_null()) {
@@ -190,7 +279,8 @@ pub extern "C" fn rdzv_store_multi_get(
                 "values/value_lens: expected arrays of num_keys entries, got NULL",
             ));
         }
-        let got = store_ref(store)?.multi_get(&keys, to_timeout(timeout_ms))?;
+        let got =
+            store_ref(store)?.multi_get_with(&keys, to_timeout(timeout_ms), &arg_cancel(cancel))?;
         for (i, bytes) in got.into_iter().enumerate() {
             let (ptr, len) = give_bytes(bytes);
             // SAFETY: caller-provided arrays of num_keys entries, checked non-NULL.
@@ -254,9 +344,10 @@ pub extern "C" fn rdzv_store_set_timeout(
 }
 
 /// Wakes every `rdzv_store_get`, `rdzv_store_wait` and `rdzv_store_multi_get` blocked on this
-/// store in other threads: they return `RDZV_ERR_CANCELLED`. Calls that start afterwards are
-/// not affected (a caller racing with the start of a wait repeats the cancel until the wait
-/// returns, as the bindings do). Never blocks; safe from any thread.
+/// store in other threads (with or without a cancel token): they return `RDZV_ERR_CANCELLED`.
+/// Calls that start afterwards are not affected: a caller that may cancel just as a wait
+/// starts passes it a cancel token (`rdzv_store_get_with_cancel`, ...) instead, which stays
+/// cancelled. Never blocks; safe from any thread.
 #[no_mangle]
 pub extern "C" fn rdzv_store_cancel(
     store: *const rdzv_store_t,

@@ -21,6 +21,7 @@ pub(crate) use records::{chunk_count, FinalRecord, JoinRecord};
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Lease};
+use crate::cancel::CancelToken;
 use crate::error::{Error, ErrorKind, Result};
 use crate::params::Params;
 use crate::store::Store;
@@ -167,19 +168,35 @@ impl Rendezvous {
     /// A `cancel` made once `next` is called ends it, even before the returned future is first
     /// polled: a caller may race the future against a signal and cancel on the signal.
     pub fn next(&self) -> impl std::future::Future<Output = Result<(RoundInfo, Store)>> + '_ {
+        self.next_with(&CancelToken::new())
+    }
+
+    /// `next`, which also ends (`Cancelled`, withdrawing as a cancel does) once `token` is
+    /// cancelled: at once, joining nothing, if it already is.
+    pub fn next_with(
+        &self,
+        token: &CancelToken,
+    ) -> impl std::future::Future<Output = Result<(RoundInfo, Store)>> + '_ {
         // Subscribed here, not in the future's body, which runs only when first polled.
         let cancel = self.cancel.subscribe();
         let shutdown = self.shutdown.subscribe();
-        self.next_subscribed(cancel, shutdown)
+        self.next_subscribed(cancel, shutdown, token.clone())
     }
 
     async fn next_subscribed(
         &self,
         mut cancel: watch::Receiver<u64>,
         mut shutdown: watch::Receiver<bool>,
+        token: CancelToken,
     ) -> Result<(RoundInfo, Store)> {
         if self.is_shut_down() {
             return Err(Error::shutdown());
+        }
+        if token.is_cancelled() {
+            return Err(Error::new(
+                ErrorKind::Cancelled,
+                "next: cancelled by its cancel token",
+            ));
         }
         // shutdown() also takes this lock, to wait for a running next to let go.
         let _only_one = self
@@ -197,6 +214,7 @@ impl Rendezvous {
             r = self.join_until_member(deadline) => r,
             _ = shutdown.wait_for(|down| *down) => Err(Error::shutdown()),
             _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "next: cancelled by rdzv_cancel")),
+            _ = token.cancelled() => Err(Error::new(ErrorKind::Cancelled, "next: cancelled by its cancel token")),
         };
         // The round a failed next was in, for the log (withdrawing forgets it). A join key of
         // the round this node last completed is not this call's.

@@ -6,10 +6,14 @@
 //! A store lives exactly as long as its round's `final` key: every write is guarded by it, so
 //! a store whose round was deleted (rotated out, or the run finished and was cleaned up) fails
 //! instead of writing keys nobody will ever delete. Waits end early when they can no longer
-//! succeed: the run closed with the keys still missing, the node shut down, or `cancel`.
+//! succeed: the run closed with the keys still missing, the node shut down, `cancel`, or the
+//! caller's cancel token. Those, and the wait's deadline, end it whatever etcd is doing: a
+//! read or a watch that etcd does not answer is abandoned (a wait writes nothing, so there is
+//! nothing to undo).
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Target, RDZV_MAX_VALUE_BYTES};
+use crate::cancel::CancelToken;
 use crate::error::{Error, ErrorKind, Result};
 use etcd_client::{Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnResponse};
 use std::collections::HashSet;
@@ -25,12 +29,18 @@ pub const RDZV_MAX_KEY_BYTES: usize = 4096;
 /// Longer waits are capped here, so "forever" (e.g. `i64::MAX` ms) cannot overflow a clock.
 pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// How long past its deadline a wait may still be reading: a wait with timeout 0 still reads
+/// once (a key that exists is returned), and a read begun just before the deadline may finish.
+/// An etcd that does not answer ends the wait this long after its deadline.
+const READ_GRACE: Duration = Duration::from_secs(1);
+
 /// A store wait as it was called: see `Store::waiting`.
 struct Waiting {
     deadline: Instant,
     /// As the caller gave it (None: the store's default), for the timeout's message.
     timeout: Option<Duration>,
     cancel: watch::Receiver<u64>,
+    token: CancelToken,
 }
 
 #[derive(Clone)]
@@ -132,12 +142,13 @@ impl Store {
 
     /// A wait that starts now: its deadline, and a subscription to `cancel` taken at the call,
     /// not when the wait's future is first polled, so a cancel in between is not lost.
-    fn waiting(&self, timeout: Option<Duration>) -> Waiting {
+    fn waiting(&self, timeout: Option<Duration>, token: &CancelToken) -> Waiting {
         let waited = timeout.unwrap_or_else(|| self.timeout()).min(MAX_WAIT);
         Waiting {
             deadline: Instant::now() + waited,
             timeout,
             cancel: self.cancel.subscribe(),
+            token: token.clone(),
         }
     }
 
@@ -224,7 +235,17 @@ impl Store {
         key: &'a str,
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Vec<u8>>> + 'a {
-        let waiting = self.waiting(timeout);
+        self.get_with(key, timeout, &CancelToken::new())
+    }
+
+    /// `get`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it already is.
+    pub fn get_with<'a>(
+        &'a self,
+        key: &'a str,
+        timeout: Option<Duration>,
+        cancel: &CancelToken,
+    ) -> impl Future<Output = Result<Vec<u8>>> + 'a {
+        let waiting = self.waiting(timeout, cancel);
         async move {
             let keys = [key];
             Ok(self
@@ -311,13 +332,23 @@ impl Store {
         keys: &'a [&'a str],
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let waiting = self.waiting(timeout);
+        self.wait_with(keys, timeout, &CancelToken::new())
+    }
+
+    /// `wait`, which also ends (`Cancelled`) once `cancel` is cancelled.
+    pub fn wait_with<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+        timeout: Option<Duration>,
+        cancel: &CancelToken,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let waiting = self.waiting(timeout, cancel);
         async move { self.wait_for(keys, waiting).await.map(|_| ()) }
     }
 
     /// True if every key exists right now.
     pub async fn check(&self, keys: &[&str]) -> Result<bool> {
-        let read = self.read(keys).await?;
+        let read = self.read(keys, self.op_deadline()).await?;
         Ok(read.values.iter().all(Option::is_some))
     }
 
@@ -367,7 +398,17 @@ impl Store {
         keys: &'a [&'a str],
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Vec<Vec<u8>>>> + 'a {
-        let waiting = self.waiting(timeout);
+        self.multi_get_with(keys, timeout, &CancelToken::new())
+    }
+
+    /// `multi_get`, which also ends (`Cancelled`) once `cancel` is cancelled.
+    pub fn multi_get_with<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+        timeout: Option<Duration>,
+        cancel: &CancelToken,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>>> + 'a {
+        let waiting = self.waiting(timeout, cancel);
         self.wait_for(keys, waiting)
     }
 
@@ -399,7 +440,7 @@ impl Store {
     }
 
     /// Reads keys in one snapshot (each value, None where absent) with the run's state.
-    async fn read(&self, keys: &[&str]) -> Result<Read> {
+    async fn read(&self, keys: &[&str], deadline: Instant) -> Result<Read> {
         self.usable()?;
         let mut ops = keys
             .iter()
@@ -410,7 +451,7 @@ impl Store {
         ops.push(TxnOp::get(self.closed.clone(), Some(count)));
         let resp = self
             .etcd
-            .txn(self.op_deadline(), "store get", Txn::new().and_then(ops))
+            .txn(deadline, "store get", Txn::new().and_then(ops))
             .await?;
         let got = ranges(&resp);
         let (sealed, closed) = (&got[keys.len()], got[keys.len() + 1].count() > 0);
@@ -437,16 +478,51 @@ impl Store {
         result
     }
 
+    /// Shutdown, `cancel` and the token end the wait in whichever step it is (a read, a
+    /// watch's set-up, the watch), so none of them waits for etcd.
     async fn wait_for_keys(&self, keys: &[&str], waiting: Waiting) -> Result<Vec<Vec<u8>>> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
         let Waiting {
             deadline,
             timeout,
             mut cancel,
+            token,
         } = waiting;
+        let by_token = || {
+            Error::new(
+                ErrorKind::Cancelled,
+                "store: wait cancelled by its cancel token",
+            )
+        };
+        if token.is_cancelled() {
+            return Err(by_token());
+        }
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut shutdown = self.shutdown.clone();
+        tokio::select! {
+            found = self.watch_for_keys(keys, deadline, timeout) => found,
+            _ = shutdown.wait_for(|down| *down) => Err(Error::new(
+                ErrorKind::Shutdown,
+                "store: the node that joined this round was shut down",
+            )),
+            _ = cancel.changed() => Err(Error::new(
+                ErrorKind::Cancelled,
+                "store: wait cancelled by rdzv_store_cancel",
+            )),
+            _ = token.cancelled() => Err(by_token()),
+        }
+    }
+
+    /// Read, then watch until every key exists, the run is closed, or `deadline`. A step that
+    /// etcd does not answer ends by the deadline too: a read `READ_GRACE` after it (a read
+    /// begun before the deadline may still find the keys), a watch's set-up at it.
+    async fn watch_for_keys(
+        &self,
+        keys: &[&str],
+        deadline: Instant,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Vec<u8>>> {
         let names = |missing: &HashSet<String>| -> Vec<&str> {
             keys.iter()
                 .copied()
@@ -469,7 +545,10 @@ impl Store {
         let mut watch = None;
         loop {
             // Reads get a normal request deadline even when the wait's is zero.
-            let read = self.read(keys).await?;
+            let read_by = self
+                .op_deadline()
+                .min(deadline.max(Instant::now() + READ_GRACE));
+            let read = self.read(keys, read_by).await?;
             let mut missing = HashSet::new();
             for (k, v) in keys.iter().zip(&read.values) {
                 if v.is_none() {
@@ -494,21 +573,17 @@ impl Store {
             }
             // Watch, then read again: a key set between the first read and the watch is seen.
             let Some(events) = watch.as_mut() else {
-                watch = Some(self.etcd.watch(&targets, self.op_deadline()).await?);
+                let watch_by = self.op_deadline().min(deadline);
+                watch = Some(self.etcd.watch(&targets, watch_by).await?);
+                let who = self.etcd.who();
+                tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
+                    missing = %names(&missing).join(","), "store wait watching");
                 continue;
             };
             let intact = loop {
                 let batch = tokio::select! {
                     e = events.events() => e,
                     _ = tokio::time::sleep_until(deadline) => return Err(timed_out(&missing)),
-                    _ = shutdown.wait_for(|down| *down) => return Err(Error::new(
-                        ErrorKind::Shutdown,
-                        "store: the node that joined this round was shut down",
-                    )),
-                    _ = cancel.changed() => return Err(Error::new(
-                        ErrorKind::Cancelled,
-                        "store: wait cancelled by rdzv_store_cancel",
-                    )),
                 };
                 let Some(batch) = batch else { break false };
                 let mut reread = false;

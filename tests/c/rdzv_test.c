@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <pthread.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -61,6 +62,88 @@ static void bad_input(void) {
     rdzv_store_free(NULL);
     rdzv_error_free(NULL);
     rdzv_bytes_free(NULL, 0);
+    bool cancelled;
+    EXPECT(rdzv_cancel_token_new(NULL, &err), RDZV_ERR_INVALID_ARGUMENT, "out");
+    EXPECT(rdzv_cancel_token_cancel(NULL, &err), RDZV_ERR_INVALID_ARGUMENT, "token");
+    EXPECT(rdzv_cancel_token_is_cancelled(NULL, &cancelled, &err), RDZV_ERR_INVALID_ARGUMENT, "token");
+    rdzv_cancel_token_free(NULL);
+}
+
+static double seconds_since(const struct timespec *t0) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+struct blocked_get { rdzv_store_t *store; rdzv_cancel_token_t *token; rdzv_status_t status; };
+
+static void *get_never(void *arg) {
+    struct blocked_get *g = arg;
+    uint8_t *v = NULL;
+    size_t len = 0;
+    g->status = rdzv_store_get_with_cancel(g->store, "never", 60000, g->token, &v, &len, NULL);
+    return NULL;
+}
+
+/* A cancel token stays cancelled: a call made with one that is already cancelled returns
+ * RDZV_ERR_CANCELLED at once (the race the handles' cancel calls lose cannot happen), and one
+ * that waits returns when another thread cancels it. */
+static void cancel_tokens(const char *endpoint, const char *run, rdzv_store_t *s) {
+    rdzv_cancel_token_t *token = NULL;
+    bool cancelled = true;
+    CHECK(rdzv_cancel_token_new(&token, NULL) == RDZV_OK, "new token");
+    CHECK(rdzv_cancel_token_is_cancelled(token, &cancelled, NULL) == RDZV_OK && !cancelled, "fresh token");
+    uint8_t *v = NULL;
+    size_t len = 0;
+    /* No token, or one nobody cancelled: a plain get. */
+    CHECK(rdzv_store_get_with_cancel(s, "k", 0, NULL, &v, &len, NULL) == RDZV_OK && len == 1, "NULL token");
+    rdzv_bytes_free(v, len);
+    CHECK(rdzv_store_get_with_cancel(s, "k", 0, token, &v, &len, NULL) == RDZV_OK && len == 1, "live token");
+    rdzv_bytes_free(v, len);
+
+    struct blocked_get g = { s, token, RDZV_OK };
+    pthread_t t;
+    pthread_create(&t, NULL, get_never, &g);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK(rdzv_cancel_token_cancel(token, NULL) == RDZV_OK, "cancel");
+    pthread_join(t, NULL);
+    CHECK(g.status == RDZV_ERR_CANCELLED, "blocked get: %s", rdzv_status_name(g.status));
+    CHECK(seconds_since(&t0) < 3, "blocked get took %.1f s after the cancel", seconds_since(&t0));
+    CHECK(rdzv_cancel_token_is_cancelled(token, &cancelled, NULL) == RDZV_OK && cancelled, "cancelled");
+    CHECK(rdzv_cancel_token_cancel(token, NULL) == RDZV_OK, "cancel twice");
+
+    /* Cancelled before the call: at once, even for a key that exists. */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    EXPECT(rdzv_store_get_with_cancel(s, "k", 60000, token, &v, &len, &err), RDZV_ERR_CANCELLED, "token");
+    const char *keys[] = {"k", "never"};
+    EXPECT(rdzv_store_wait_with_cancel(s, keys, 2, 60000, token, &err), RDZV_ERR_CANCELLED, "token");
+    uint8_t *vals[2];
+    size_t lens[2];
+    EXPECT(rdzv_store_multi_get_with_cancel(s, keys, 2, 60000, token, vals, lens, &err),
+           RDZV_ERR_CANCELLED, "token");
+    /* A node that waits for a second one (join_timeout 60 s) is not even joined. */
+    char wait_url[512];
+    snprintf(wait_url, sizeof wait_url, "etcd://%s/%s-token?min_nodes=2&max_nodes=2&join_timeout=60",
+             endpoint, run);
+    rdzv_params_t *p = NULL;
+    rdzv_t *h = NULL;
+    rdzv_round_t round;
+    CHECK(rdzv_params_from_url(wait_url, &p, NULL) == RDZV_OK, "token params");
+    CHECK(rdzv_new(p, &h, NULL) == RDZV_OK, "token handle");
+    EXPECT(rdzv_next_with_cancel(h, token, &round, NULL, &err), RDZV_ERR_CANCELLED, "token");
+    rdzv_admin_t *a = NULL;
+    rdzv_run_status_t *status = NULL;
+    CHECK(rdzv_admin_new(p, &a, NULL) == RDZV_OK, "admin handle");
+    EXPECT(rdzv_admin_watch_with_cancel(a, 60000, token, &status, &err), RDZV_ERR_CANCELLED, "token");
+    CHECK(rdzv_admin_status(a, &status, NULL) == RDZV_OK && status->num_waiting == 0,
+          "the cancelled next joined nothing");
+    rdzv_run_status_free(status);
+    CHECK(seconds_since(&t0) < 3, "cancelled calls took %.1f s", seconds_since(&t0));
+    rdzv_admin_free(a);
+    rdzv_free(h);
+    rdzv_params_free(p);
+    rdzv_cancel_token_free(token);
 }
 
 struct result { rdzv_status_t status; rdzv_round_t round; char peers[NODES][16]; };
@@ -165,6 +248,7 @@ static void edge_cases(const char *endpoint, const char *run) {
           "binary round trip");
     rdzv_bytes_free(v, len);
     EXPECT(rdzv_store_set_timeout(s, -5, &err), RDZV_ERR_INVALID_ARGUMENT, "timeout_ms");
+    cancel_tokens(endpoint, run, s);
     /* Random bytes into the parsers: a status, never a crash. */
     unsigned seed = 12345;
     for (int i = 0; i < 3000; i++) {

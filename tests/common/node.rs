@@ -26,7 +26,10 @@ impl Node {
 
     /// Runs `command` (for example `ip netns exec NS rdzv-node`) with the node's arguments.
     pub fn spawn_command(mut command: Command, url: &str, args: &[&str]) -> Node {
-        assert!(!NODE_BIN.is_empty(), "rdzv-node is built only with rdzv-tests' tests");
+        assert!(
+            !NODE_BIN.is_empty(),
+            "rdzv-node is built only with rdzv-tests' tests"
+        );
         command
             .arg(url)
             .args(args)

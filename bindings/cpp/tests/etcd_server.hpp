@@ -2,7 +2,8 @@
 // scripts/etcd-build.sh) on free loopback ports with a temporary data directory. Ready when etcd
 // logs "ready to serve client requests" (waited for with a timeout, never a fixed sleep);
 // killed and its data removed on destruction, and killed too when the test process dies, even
-// by SIGKILL (PR_SET_PDEATHSIG).
+// by SIGKILL (PR_SET_PDEATHSIG). A test can crash it (kill), freeze it (signal(SIGSTOP)) and
+// start it again on the same ports and data (restart).
 #ifndef RDZV_TESTS_ETCD_SERVER_HPP
 #define RDZV_TESTS_ETCD_SERVER_HPP
 
@@ -77,7 +78,65 @@ class EtcdServer {
     client_port_ = free_port();
     do peer_port_ = free_port();
     while (peer_port_ == client_port_);
+    launch(ready_timeout);
+  }
 
+  EtcdServer(const EtcdServer&) = delete;
+  EtcdServer& operator=(const EtcdServer&) = delete;
+  ~EtcdServer() {
+    kill();
+    std::error_code ec;
+    std::filesystem::remove_all(data_dir_, ec);
+  }
+
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+
+  /// A rendezvous URL on this server whose run id is unique in this process.
+  std::string url(const std::string& run, const std::string& query = "") const {
+    static std::atomic<int> seq{0};
+    std::string u = "etcd://" + endpoint() + "/" + run + "-" + std::to_string(::getpid()) + "-" +
+                    std::to_string(seq++);
+    return query.empty() ? u : u + "?" + query;
+  }
+
+  /// SIGKILL, as a crash would; the data stays for restart().
+  void kill() {
+    pid_t pid;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return spawned_; });  // the reader has forked (or failed to)
+      pid = pid_;
+      pid_ = -1;
+    }
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+
+  /// Sends `sig` to etcd: SIGSTOP freezes it (connections stay open, nothing answers),
+  /// SIGCONT resumes it.
+  void signal(int sig) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+
+  /// Starts etcd again (after kill(), or killing it first) on the same ports and data.
+  void restart(std::chrono::seconds ready_timeout = std::chrono::seconds(30)) {
+    kill();
+    launch(ready_timeout);
+  }
+
+ private:
+  void launch(std::chrono::seconds ready_timeout) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      spawned_ = ready_ = exited_ = false;
+      log_.clear();
+    }
     const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     std::vector<std::string> args = {"etcd",
@@ -115,28 +174,15 @@ class EtcdServer {
       const std::string why = exited_ ? "etcd exited before it was ready" : "etcd not ready in time";
       const std::string log = log_tail_locked();
       lock.unlock();
-      stop();
+      kill();
+      std::error_code ec;
+      std::filesystem::remove_all(data_dir_, ec);
       throw std::runtime_error(why + "; last output:\n" + log);
     }
     std::fprintf(stderr, "etcd %s ready at %s\n",
                  version_.empty() ? "(version not logged)" : version_.c_str(), endpoint().c_str());
   }
 
-  EtcdServer(const EtcdServer&) = delete;
-  EtcdServer& operator=(const EtcdServer&) = delete;
-  ~EtcdServer() { stop(); }
-
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
-
-  /// A rendezvous URL on this server whose run id is unique in this process.
-  std::string url(const std::string& run, const std::string& query = "") const {
-    static std::atomic<int> seq{0};
-    std::string u = "etcd://" + endpoint() + "/" + run + "-" + std::to_string(::getpid()) + "-" +
-                    std::to_string(seq++);
-    return query.empty() ? u : u + "?" + query;
-  }
-
- private:
   // Forks and execs etcd with stdin from /dev/null and stdout and stderr into `out` (etcd 3.4
   // logs on stderr). In the child of this threaded process only async-signal-safe calls are
   // made until exec. Returns false if fork failed, with the reason in the log.
@@ -213,25 +259,6 @@ class EtcdServer {
     std::string out;
     for (const auto& l : log_) out += l + "\n";
     return out;
-  }
-
-  void stop() {
-    pid_t pid;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return spawned_; });  // the reader has forked (or failed to)
-      pid = pid_;
-      pid_ = -1;
-    }
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-    if (reader_.joinable()) reader_.join();
-    std::error_code ec;
-    std::filesystem::remove_all(data_dir_, ec);
   }
 
   std::string name_;

@@ -89,6 +89,10 @@ class rdzv_admin_t(Structure):
     """Opaque."""
 
 
+class rdzv_cancel_token_t(Structure):
+    """Opaque."""
+
+
 class rdzv_round_t(Structure):
     _fields_ = [
         ("round", c_uint64),
@@ -145,6 +149,7 @@ ParamsP = POINTER(rdzv_params_t)
 StoreP = POINTER(rdzv_store_t)
 RdzvP = POINTER(rdzv_t)
 AdminP = POINTER(rdzv_admin_t)
+CancelTokenP = POINTER(rdzv_cancel_token_t)
 RunStatusP = POINTER(rdzv_run_status_t)
 BytesP = POINTER(c_uint8)
 KeysP = POINTER(c_char_p)  # const char *const *
@@ -158,6 +163,10 @@ SIGNATURES = {
     "rdzv_error_message": (c_char_p, [ErrorP]),
     "rdzv_error_free": (None, [ErrorP]),
     "rdzv_bytes_free": (None, [BytesP, c_size_t]),
+    "rdzv_cancel_token_new": (rdzv_status_t, [POINTER(CancelTokenP), ErrorPP]),
+    "rdzv_cancel_token_cancel": (rdzv_status_t, [CancelTokenP, ErrorPP]),
+    "rdzv_cancel_token_is_cancelled": (rdzv_status_t, [CancelTokenP, POINTER(c_bool), ErrorPP]),
+    "rdzv_cancel_token_free": (None, [CancelTokenP]),
     "rdzv_params_from_url": (rdzv_status_t, [c_char_p, POINTER(ParamsP), ErrorPP]),
     "rdzv_params_new": (
         rdzv_status_t,
@@ -167,6 +176,10 @@ SIGNATURES = {
     "rdzv_params_free": (None, [ParamsP]),
     "rdzv_new": (rdzv_status_t, [ParamsP, POINTER(RdzvP), ErrorPP]),
     "rdzv_next": (rdzv_status_t, [RdzvP, POINTER(rdzv_round_t), POINTER(StoreP), ErrorPP]),
+    "rdzv_next_with_cancel": (
+        rdzv_status_t,
+        [RdzvP, CancelTokenP, POINTER(rdzv_round_t), POINTER(StoreP), ErrorPP],
+    ),
     "rdzv_is_closed": (rdzv_status_t, [RdzvP, POINTER(c_bool), ErrorPP]),
     "rdzv_set_closed": (rdzv_status_t, [RdzvP, ErrorPP]),
     "rdzv_num_waiting": (rdzv_status_t, [RdzvP, POINTER(c_uint32), ErrorPP]),
@@ -181,6 +194,10 @@ SIGNATURES = {
     "rdzv_store_get": (
         rdzv_status_t,
         [StoreP, c_char_p, c_int64, POINTER(BytesP), POINTER(c_size_t), ErrorPP],
+    ),
+    "rdzv_store_get_with_cancel": (
+        rdzv_status_t,
+        [StoreP, c_char_p, c_int64, CancelTokenP, POINTER(BytesP), POINTER(c_size_t), ErrorPP],
     ),
     "rdzv_store_add": (rdzv_status_t, [StoreP, c_char_p, c_int64, POINTER(c_int64), ErrorPP]),
     "rdzv_store_compare_set": (
@@ -198,12 +215,29 @@ SIGNATURES = {
         ],
     ),
     "rdzv_store_wait": (rdzv_status_t, [StoreP, KeysP, c_size_t, c_int64, ErrorPP]),
+    "rdzv_store_wait_with_cancel": (
+        rdzv_status_t,
+        [StoreP, KeysP, c_size_t, c_int64, CancelTokenP, ErrorPP],
+    ),
     "rdzv_store_check": (rdzv_status_t, [StoreP, KeysP, c_size_t, POINTER(c_bool), ErrorPP]),
     "rdzv_store_delete_key": (rdzv_status_t, [StoreP, c_char_p, POINTER(c_bool), ErrorPP]),
     "rdzv_store_num_keys": (rdzv_status_t, [StoreP, POINTER(c_int64), ErrorPP]),
     "rdzv_store_multi_get": (
         rdzv_status_t,
         [StoreP, KeysP, c_size_t, c_int64, POINTER(BytesP), POINTER(c_size_t), ErrorPP],
+    ),
+    "rdzv_store_multi_get_with_cancel": (
+        rdzv_status_t,
+        [
+            StoreP,
+            KeysP,
+            c_size_t,
+            c_int64,
+            CancelTokenP,
+            POINTER(BytesP),
+            POINTER(c_size_t),
+            ErrorPP,
+        ],
     ),
     "rdzv_store_multi_set": (
         rdzv_status_t,
@@ -218,6 +252,10 @@ SIGNATURES = {
     "rdzv_admin_free": (None, [AdminP]),
     "rdzv_admin_status": (rdzv_status_t, [AdminP, POINTER(RunStatusP), ErrorPP]),
     "rdzv_admin_watch": (rdzv_status_t, [AdminP, c_int64, POINTER(RunStatusP), ErrorPP]),
+    "rdzv_admin_watch_with_cancel": (
+        rdzv_status_t,
+        [AdminP, c_int64, CancelTokenP, POINTER(RunStatusP), ErrorPP],
+    ),
     "rdzv_admin_cancel": (rdzv_status_t, [AdminP, ErrorPP]),
     "rdzv_admin_close": (rdzv_status_t, [AdminP, ErrorPP]),
     "rdzv_admin_purge": (

@@ -1,5 +1,6 @@
 """Helpers shared by the wrappers: calling with an error out-parameter, string and byte
-conversion, timeouts, handle lifetime, and running blocking calls so that Ctrl-C works."""
+conversion, timeouts, handle lifetime, cancel tokens, and running blocking calls so that
+Ctrl-C works."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import datetime
 import math
 import os
 import threading
-import time
 from typing import Any, Callable, Iterable, TypeVar
 
 from . import _ffi
@@ -192,6 +192,112 @@ class _Use:
         self._owned._release()
 
 
+class CancelToken:
+    """A library cancel token (``rdzv_cancel_token_t``). Once cancelled it stays cancelled, so
+    a cancel made just before the call it is passed to starts still ends that call: nobody
+    needs to repeat it. Thread-safe; freed when collected."""
+
+    def __init__(self) -> None:
+        L = lib()
+        ptr = _ffi.CancelTokenP()
+        call(L.rdzv_cancel_token_new, ctypes.byref(ptr))
+        self.ptr = ptr
+        self._free = L.rdzv_cancel_token_free
+
+    def cancel(self) -> None:
+        call(lib().rdzv_cancel_token_cancel, self.ptr)
+
+    @property
+    def cancelled(self) -> bool:
+        out = ctypes.c_bool()
+        call(lib().rdzv_cancel_token_is_cancelled, self.ptr, ctypes.byref(out))
+        return bool(out.value)
+
+    def __del__(self) -> None:
+        ptr, self.ptr = getattr(self, "ptr", None), None
+        if ptr:
+            self._free(ptr)
+
+
+class HandleCancel:
+    """What a handle's ``cancel()`` reaches: the token its calls in progress share. The first
+    call (or ``cancel()``) makes it; ``cancel()`` cancels it; once every call holding a
+    cancelled token has returned, the next call gets a new one. So ``cancel()`` ends the calls
+    in progress and any that start before they have returned, and, when no call is in
+    progress, the next one to start: a cancel racing with the start of a call is never lost
+    (the C++ binding's ``HandleCancel`` does the same)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: CancelToken | None = None
+        self._users = 0
+
+    def acquire(self) -> "_Ticket":
+        """The token for a call that starts now; ``release()`` the ticket when it returns."""
+        with self._lock:
+            if self._current is None:
+                self._current = CancelToken()
+            self._users += 1
+            return _Ticket(self, self._current)
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._current is None:
+                self._current = CancelToken()
+            self._current.cancel()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._current is not None and self._current.cancelled:
+                self._current = None  # used up: the next call starts afresh
+
+
+class _Ticket:
+    """One call's hold on its handle's token; ``release`` is idempotent (the worker and the
+    caller both release: the caller's comes first when Ctrl-C abandons the worker)."""
+
+    def __init__(self, owner: HandleCancel, token: CancelToken):
+        self._owner = owner
+        self.token = token
+        self._released = False
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._owner._release()
+
+
+def run_cancellable(
+    cancels: HandleCancel,
+    work: Callable[[Any], T],
+    *,
+    name: str,
+    discard: Callable[[T], None] | None = None,
+    in_place: bool = False,
+) -> T:
+    """Runs ``work(token)`` (``token`` the ``rdzv_cancel_token_t *`` to pass to the call) as
+    ``run_blocking`` does, with the handle's token: ``cancels.cancel()`` from any thread, or
+    Ctrl-C, ends it. ``in_place`` runs it on this thread (a call that does not wait)."""
+    ticket = cancels.acquire()
+
+    def run() -> T:
+        try:
+            return work(ticket.token.ptr)
+        finally:
+            ticket.release()
+
+    try:
+        if in_place:
+            return run()
+        return run_blocking(run, name=name, cancel=ticket.token.cancel, discard=discard)
+    finally:
+        ticket.release()
+
+
 def run_blocking(
     work: Callable[[], T],
     *,
@@ -205,9 +311,10 @@ def run_blocking(
     Signals reach only the main thread, and only between bytecodes; a foreign call blocks both.
     So on the main thread ``work`` runs in a worker thread (ctypes releases the GIL during the
     call) while the caller waits in short slices. On ``KeyboardInterrupt`` the caller calls
-    ``cancel`` (if given) until the worker returns or ``grace`` seconds pass, hands a result
-    that nobody will read to ``discard``, and re-raises. ``work`` must own everything it uses
-    (it may outlive the caller). Off the main thread ``work`` simply runs in place.
+    ``cancel`` (if given: a cancel token's, which is never lost, so once), waits for the worker
+    up to ``grace`` seconds, hands a result that nobody will read to ``discard``, and
+    re-raises. ``work`` must own everything it uses (it may outlive the caller). Off the main
+    thread ``work`` simply runs in place.
     """
     if threading.current_thread() is not threading.main_thread():
         return work()
@@ -238,14 +345,12 @@ def run_blocking(
             pass
     except KeyboardInterrupt as interrupt:
         if cancel is not None:
-            deadline = time.monotonic() + grace
             try:
-                while not done.is_set() and time.monotonic() < deadline:
-                    try:
-                        cancel()
-                    except Exception:
-                        pass
-                    done.wait(0.05)
+                try:
+                    cancel()
+                except Exception:
+                    pass
+                done.wait(grace)
             except KeyboardInterrupt:
                 pass  # a second Ctrl-C: stop waiting for the worker
         with lock:

@@ -15,12 +15,21 @@ import ctypes
 import dataclasses
 import math
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from . import _ffi
-from ._native import Owned, call, cstr, lib, run_blocking, seconds, take_error
+from ._native import (
+    HandleCancel,
+    Owned,
+    call,
+    cstr,
+    lib,
+    run_blocking,
+    run_cancellable,
+    seconds,
+    take_error,
+)
 from .errors import (
     RendezvousCancelledError,
     RendezvousError,
@@ -31,11 +40,9 @@ from .params import native_params
 
 __all__ = ["Admin", "Joiner", "Member", "PurgeResult", "RunStatus", "connect"]
 
-# The longest single rdzv_admin_watch call. A cancel() that reaches the library just before a
-# call is entered is not remembered there; the loop checks for it between calls, so such a
-# cancel still takes effect within this long. Long enough that a status read on a loaded
-# machine is not cut short (a call cut short starts its read again next time).
-_WATCH_SLICE = 1.0
+# A watch without a timeout waits this long (the library's cap, one year), in one call: a
+# cancel reaches it through its cancel token whenever it is made.
+_FOREVER_MS = 365 * 86400 * 1000
 
 
 @dataclass(frozen=True)
@@ -207,10 +214,11 @@ class Admin:
 
         ptr = run_blocking(connect, name="rdzv-admin-connect", discard=L.rdzv_admin_free)
         self._res = Owned(ptr, L.rdzv_admin_free, "admin handle")
-        # Bumped by cancel(): a watch call running when it changes ends, even if the library
-        # missed the cancel (made just before a call was entered).
+        # Bumped by cancel(): a watch generator made before it ends, even between two calls.
         self._cancels = 0
         self._lock = threading.Lock()
+        # What cancel() reaches: the watch call in progress, or else the next one.
+        self._call_cancel = HandleCancel()
         # A change read by a watch call that Ctrl-C abandoned: the next watch_next returns it,
         # so the handle's watch still loses nothing.
         self._pending: RunStatus | None = None
@@ -239,7 +247,8 @@ class Admin:
         change in order. Returns None when nothing changed within ``timeout`` (seconds or a
         ``timedelta``; None waits as long as it takes): nothing is lost, the next call goes on
         from there. Raises ``RendezvousCancelledError`` when ``cancel()`` is called from
-        another thread, ``RendezvousConnectionError`` when etcd stays unreachable for
+        another thread (during the call, or before it: a cancel is never lost),
+        ``RendezvousConnectionError`` when etcd stays unreachable for
         ``connect_timeout`` (call again to resume). Ctrl-C ends the wait with
         ``KeyboardInterrupt``; the handle stays usable."""
         with self._lock:
@@ -248,30 +257,23 @@ class Admin:
 
     def _watch_next(self, timeout: Any, cancels: int) -> RunStatus | None:
         """``watch_next``, cancelled by any ``cancel()`` made after the count was ``cancels``."""
-        deadline = None if timeout is None else time.monotonic() + seconds(timeout)
-        with self._lock:
-            if self._cancels != cancels:
-                raise RendezvousCancelledError("watch: cancelled")
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            return pending
+        ms = _FOREVER_MS if timeout is None else min(_FOREVER_MS, math.ceil(seconds(timeout) * 1000))
         L = lib()
 
-        def work() -> RunStatus | None:
-            while True:
+        def work(token: Any) -> RunStatus | None:
+            # Checked with the call's token held: a cancel() made since either bumped the count
+            # (seen here) or cancelled the token (seen by the call).
+            with self._lock:
                 if self._cancels != cancels:
                     raise RendezvousCancelledError("watch: cancelled")
-                if deadline is None:
-                    wait = _WATCH_SLICE
-                else:
-                    wait = min(max(deadline - time.monotonic(), 0.0), _WATCH_SLICE)
-                with self._res.use() as p:
-                    try:
-                        return _read_status(L.rdzv_admin_watch, p, math.ceil(wait * 1000))
-                    except RendezvousTimeoutError:
-                        pass  # nothing changed in this slice
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
+                pending, self._pending = self._pending, None
+            if pending is not None:
+                return pending
+            with self._res.use() as p:
+                try:
+                    return _read_status(L.rdzv_admin_watch_with_cancel, p, ms, token)
+                except RendezvousTimeoutError:
+                    return None  # nothing changed
 
         def keep(status: RunStatus | None) -> None:
             if status is not None:
@@ -281,7 +283,7 @@ class Admin:
         # On the main thread the call runs in a helper thread while this one waits in short
         # slices, so Ctrl-C is seen at once; on Ctrl-C the watch is cancelled (not left
         # running, which would make the next watch call fail) and a change it read is kept.
-        return run_blocking(work, name="rdzv-admin-watch", cancel=self.cancel, discard=keep)
+        return run_cancellable(self._call_cancel, work, name="rdzv-admin-watch", discard=keep)
 
     def watch(self, idle_timeout: Any = None) -> Iterator[RunStatus]:
         """A generator of the run's statuses: the current one first, then one per change an
@@ -330,12 +332,13 @@ class Admin:
 
     def cancel(self) -> None:
         """Wakes a ``watch_next`` (or a ``watch`` generator) running in another thread:
-        ``watch_next`` raises ``RendezvousCancelledError``, the generator ends. No effect on
-        calls that start later. Never blocks."""
-        with self._lock:
-            self._cancels += 1
-        with self._res.use() as p:
-            call(lib().rdzv_admin_cancel, p)
+        ``watch_next`` raises ``RendezvousCancelledError``, the generator ends. With no watch
+        call in progress, the next one to start is cancelled: a cancel is never lost. Never
+        blocks."""
+        with self._res.use():
+            with self._lock:
+                self._cancels += 1
+                self._call_cancel.cancel()
 
     # -- acting -------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _ffi
-from ._native import Owned, call, cstr, lib, run_blocking
+from ._native import HandleCancel, Owned, call, cstr, lib, run_blocking, run_cancellable
 from .errors import RendezvousError, RendezvousShutdownError
 from .params import native_params, store_timeout_of, store_timeout_of_url
 from .store import Store
@@ -120,6 +120,7 @@ class EtcdV3RendezvousHandler:
         self._node_id = L.rdzv_node_id(ptr).decode()
         self._store_timeout = store_timeout
         self._res = Owned(ptr, L.rdzv_free, "rendezvous handler")
+        self._cancels = HandleCancel()
 
     # -- torch RendezvousHandler --------------------------------------------------------------
 
@@ -138,20 +139,21 @@ class EtcdV3RendezvousHandler:
         ``RendezvousGracefulExitError`` (the run closed while this node was left out, or this
         node was drained), ``RendezvousTimeoutError``,
         ``RendezvousConnectionError``, ``RendezvousShutdownError`` (``shutdown``/``close`` from
-        another thread) or ``RendezvousCancelledError`` (``cancel`` from another thread).
-        Ctrl-C cancels the join (the handler stays usable) and raises ``KeyboardInterrupt``."""
+        another thread) or ``RendezvousCancelledError`` (``cancel`` from another thread, made
+        during the call or before it). Ctrl-C cancels the join (the handler stays usable) and
+        raises ``KeyboardInterrupt``."""
         L = lib()
 
-        def work() -> tuple[Any, Any]:
+        def work(token: Any) -> tuple[Any, Any]:
             with self._res.use() as p:
                 rnd, store = _ffi.rdzv_round_t(), _ffi.StoreP()
-                call(L.rdzv_next, p, ctypes.byref(rnd), ctypes.byref(store))
+                call(L.rdzv_next_with_cancel, p, token, ctypes.byref(rnd), ctypes.byref(store))
                 return rnd, store
 
-        rnd, store_ptr = run_blocking(
+        rnd, store_ptr = run_cancellable(
+            self._cancels,
             work,
             name=f"rdzv-next:{self._node_id}",
-            cancel=self.cancel,
             discard=lambda result: L.rdzv_store_free(result[1]),
         )
         store = Store._from_ptr(store_ptr, self._store_timeout)
@@ -233,10 +235,12 @@ class EtcdV3RendezvousHandler:
         return bool(out.value)
 
     def cancel(self) -> None:
-        """Wakes a ``next_rendezvous`` blocked in another thread, which raises
-        ``RendezvousCancelledError``; the handler stays usable. Never blocks."""
-        with self._res.use() as p:
-            call(lib().rdzv_cancel, p)
+        """Ends the ``next_rendezvous`` in progress in another thread, which raises
+        ``RendezvousCancelledError``, or, if none is, the next one to start: a cancel made just
+        as another thread calls ``next_rendezvous`` is not lost. The handler stays usable.
+        Never blocks."""
+        with self._res.use():
+            self._cancels.cancel()
 
     def close(self) -> None:
         """``shutdown()`` and free the handle (once calls in other threads have returned).

@@ -10,13 +10,14 @@ from typing import Any, Sequence
 from . import _ffi
 from ._native import (
     Buffer,
+    HandleCancel,
     Owned,
     call,
     key_arg,
     keys_arg,
     keys_array,
     lib,
-    run_blocking,
+    run_cancellable,
     seconds,
     take_bytes,
     timeout_ms,
@@ -38,7 +39,9 @@ class Store:
     ``store_timeout`` option or ``set_timeout`` changed it) and 0 means "do not wait".
     Thread-safe. Its calls raise ``RendezvousShutdownError`` once the handler it came from is
     shut down or closed (a wait in progress is woken), and a wait whose keys are still missing
-    when the run is closed raises ``RendezvousClosedError``. Ctrl-C cancels a wait.
+    when the run is closed raises ``RendezvousClosedError``. Ctrl-C cancels a wait. A wait ends
+    at once on ``cancel()`` or the handler's shutdown, and within a second of its timeout,
+    whatever etcd is doing.
     ``close()`` (or a ``with`` block) frees it; a call blocked in another thread finishes first.
     """
 
@@ -49,6 +52,7 @@ class Store:
     def _from_ptr(cls, ptr: Any, timeout: float) -> "Store":
         self = cls.__new__(cls)
         self._res = Owned(ptr, lib().rdzv_store_free, "store")
+        self._cancels = HandleCancel()
         self._timeout = float(timeout)
         self._name = f"rdzv-store-{next(_ids)}"
         return self
@@ -90,10 +94,11 @@ class Store:
         is still absent after ``timeout``."""
         k, ms = key_arg(key), timeout_ms(timeout)
 
-        def work() -> bytes:
+        def work(token: Any) -> bytes:
             with self._res.use() as p:
                 ptr, n = _ffi.BytesP(), ctypes.c_size_t()
-                call(lib().rdzv_store_get, p, k, ms, ctypes.byref(ptr), ctypes.byref(n))
+                call(lib().rdzv_store_get_with_cancel, p, k, ms, token, ctypes.byref(ptr),
+                     ctypes.byref(n))
                 return take_bytes(ptr, n.value)
 
         return self._blocking(work, ms)
@@ -125,10 +130,10 @@ class Store:
         """Waits until every key exists; ``RendezvousTimeoutError`` after ``timeout``."""
         ks, ms = keys_arg(keys), timeout_ms(timeout)
 
-        def work() -> None:
+        def work(token: Any) -> None:
             arr = keys_array(ks)
             with self._res.use() as p:
-                call(lib().rdzv_store_wait, p, arr, len(ks), ms)
+                call(lib().rdzv_store_wait_with_cancel, p, arr, len(ks), ms, token)
 
         self._blocking(work, ms)
 
@@ -158,12 +163,12 @@ class Store:
         """Waits for every key, then returns their values read at one revision."""
         ks, ms = keys_arg(keys), timeout_ms(timeout)
 
-        def work() -> list[bytes]:
+        def work(token: Any) -> list[bytes]:
             arr = keys_array(ks)
             ptrs = (_ffi.BytesP * len(ks))()
             lens = (ctypes.c_size_t * len(ks))()
             with self._res.use() as p:
-                call(lib().rdzv_store_multi_get, p, arr, len(ks), ms, ptrs, lens)
+                call(lib().rdzv_store_multi_get_with_cancel, p, arr, len(ks), ms, token, ptrs, lens)
             out: list[bytes] = []
             try:
                 for i in range(len(ks)):
@@ -208,16 +213,15 @@ class Store:
     # -- helpers ------------------------------------------------------------------------------
 
     def cancel(self) -> None:
-        """Wakes ``get``, ``wait`` and ``multi_get`` calls blocked on this store in other
-        threads: they raise ``RendezvousCancelledError``. Calls that start later are not
-        affected."""
-        with self._res.use() as p:
-            call(lib().rdzv_store_cancel, p)
+        """Ends the ``get``, ``wait`` and ``multi_get`` calls in progress on this store in other
+        threads (they raise ``RendezvousCancelledError``) and any that start before they have
+        returned; with none in progress, the next one to start. A cancel is never lost."""
+        with self._res.use():
+            self._cancels.cancel()
 
     def _blocking(self, work: Any, ms: int) -> Any:
-        if ms == 0:  # does not wait
-            return work()
-        return run_blocking(work, name=self._name, cancel=self.cancel)
+        # A wait with timeout 0 does not wait: it runs on this thread.
+        return run_cancellable(self._cancels, work, name=self._name, in_place=ms == 0)
 
     def __repr__(self) -> str:
         return f"<rdzv.Store{' closed' if self.closed else ''}>"

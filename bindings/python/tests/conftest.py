@@ -36,9 +36,10 @@ import rdzv  # noqa: E402
 from rdzv import _ffi as _rdzv_ffi  # noqa: E402
 
 # The library reads RDZV_LOG once, when first used: this process logs at info so that
-# test_logs sees records through caplog; child processes get the environment as it was.
+# test_logs sees records through caplog, and the store's debug records so that test_faults can
+# wait for a store wait to watch; child processes get the environment as it was.
 _rdzv_log = os.environ.get("RDZV_LOG")
-os.environ["RDZV_LOG"] = _rdzv_log or "info"
+os.environ["RDZV_LOG"] = _rdzv_log or "info,rdzv::store=debug"
 _rdzv_ffi.lib()
 if _rdzv_log is None:
     del os.environ["RDZV_LOG"]

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -224,13 +223,9 @@ def test_cancel_ends_a_watch_in_another_thread(etcd, run_id):
         # watch_next raises, and the handle stays usable.
         with ThreadPoolExecutor(1) as pool:
             blocked = pool.submit(admin.watch_next, T)
-            deadline = time.monotonic() + T
-            while not blocked.done():  # a cancel before the call starts does not reach it
-                assert time.monotonic() < deadline, "watch_next ignored cancel()"
-                admin.cancel()
-                futures.wait([blocked], timeout=0.02)
+            admin.cancel()  # once, even if the call has not started yet: it is not lost
             with pytest.raises(RendezvousCancelledError):
-                blocked.result()
+                blocked.result(timeout=T)
         assert admin.watch_next(0.2) is None
 
         got_first = threading.Event()

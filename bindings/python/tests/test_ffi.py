@@ -44,6 +44,8 @@ C_TO_CTYPES = {
     "rdzv_round_t*": ctypes.POINTER(_ffi.rdzv_round_t),
     "rdzv_admin_t*": _ffi.AdminP,
     "rdzv_admin_t**": ctypes.POINTER(_ffi.AdminP),
+    "rdzv_cancel_token_t*": _ffi.CancelTokenP,
+    "rdzv_cancel_token_t**": ctypes.POINTER(_ffi.CancelTokenP),
     "rdzv_run_status_t*": _ffi.RunStatusP,
     "rdzv_run_status_t**": ctypes.POINTER(_ffi.RunStatusP),
     "rdzv_log_handler_t": _ffi.LogHandler,

@@ -160,23 +160,18 @@ def test_set_closed_wakes_a_blocked_next(etcd, run_id):
 
 def test_cancel_wakes_a_blocked_next_and_handler_stays_usable(etcd, run_id):
     with etcd.handler(run_id, 2, 2) as a, etcd.handler(run_id, 2, 2) as b:
-        def cancel_until_returned():
-            worker = wait_for_next(a)
-            deadline = time.monotonic() + T
-            while worker.is_alive():  # a cancel before the join starts has no effect
-                assert time.monotonic() < deadline, "next_rendezvous ignored cancel()"
-                a.cancel()
-                worker.join(0.05)
+        def cancel_once_blocked():
+            wait_for_next(a)
+            a.cancel()  # once: a cancel is never lost
 
         with ThreadPoolExecutor(1) as pool:
-            canceller = pool.submit(cancel_until_returned)
+            canceller = pool.submit(cancel_once_blocked)
             t0 = time.monotonic()
             with pytest.raises(RendezvousCancelledError):
                 a.next_rendezvous()
             assert time.monotonic() - t0 < 15
             canceller.result(timeout=T)
 
-        a.cancel()  # no next running: no effect
         with ThreadPoolExecutor(1) as pool:
             other = pool.submit(b.next_rendezvous)
             mine = a.next_rendezvous()
@@ -218,6 +213,26 @@ def test_ctrl_c_cancels_next_and_handler_stays_usable(etcd, run_id, python_handl
             mine = a.next_rendezvous()
             theirs = other.result(timeout=T)
         assert {mine.rank, theirs.rank} == {0, 1}
+        mine.store.close()
+        theirs.store.close()
+
+
+def test_a_cancel_before_next_is_called_ends_it_at_once(etcd, run_id):
+    """The race a cancel used to lose (made just before the join starts), made deterministic:
+    with no next_rendezvous running, cancel() ends the next one, at once (join_timeout is
+    30 s), and is used up by it."""
+    with etcd.handler(run_id, 2, 2) as a, etcd.handler(run_id, 2, 2) as b:
+        a.cancel()
+        t0 = time.monotonic()
+        with pytest.raises(RendezvousCancelledError):
+            a.next_rendezvous()
+        assert time.monotonic() - t0 < 3
+        # Nothing was joined, and the cancel was used up: a round of two forms now.
+        with ThreadPoolExecutor(1) as pool:
+            other = pool.submit(b.next_rendezvous)
+            mine = a.next_rendezvous()
+            theirs = other.result(timeout=T)
+        assert mine.world_size == theirs.world_size == 2
         mine.store.close()
         theirs.store.close()
 

@@ -213,12 +213,17 @@ def test_store_waits_end_on_cancel_close_and_shutdown(etcd, run_id):
         store = handler.next_rendezvous().store
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(store.get, "never")
-            wait_until(lambda: store._res._users == 1, T, "the get to be in flight")
-            # Repeat until the get returns: a cancel before the wait began is not remembered.
-            wait_until(lambda: store.cancel() or waiting.done(), T, "the cancel to land")
+            store.cancel()  # once, even if the get has not started yet: it is not lost
             with pytest.raises(RendezvousCancelledError):
                 waiting.result(timeout=T)
             store.set("still", b"usable")
+            # With no wait running, a cancel ends the next one at once, and is used up by it.
+            store.cancel()
+            t0 = time.monotonic()
+            with pytest.raises(RendezvousCancelledError):
+                store.get("still", 60)
+            assert time.monotonic() - t0 < 3
+            assert store.get("still", 5) == b"usable"
 
             waiting = pool.submit(store.get, "never")
             wait_until(lambda: store._res._users == 1, T, "the get to be in flight")

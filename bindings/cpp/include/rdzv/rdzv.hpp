@@ -8,9 +8,11 @@
 // Thread-safety is the C library's: Rendezvous, Store and Admin may be used from several
 // threads at once (one next() per Rendezvous and one watch_next() per Admin at a time);
 // cancel(), shutdown() and set_closed() may be called from another thread to wake a blocked
-// next(), and Admin::cancel() a blocked watch_next(). Params must not be changed while it is
-// being read. Destroying a handle while another thread uses it is undefined, as in C: call
-// shutdown() and join the other threads first.
+// next(), Store::cancel() its blocked waits and Admin::cancel() a blocked watch_next(). A
+// handle's cancel() is never lost: it ends the calls in progress, or, if none is, the next one
+// to start (see detail::HandleCancel). For a cancel of your own, pass a CancelToken to the
+// call. Params must not be changed while it is being read. Destroying a handle while another
+// thread uses it is undefined, as in C: call shutdown() and join the other threads first.
 //
 // A moved-from object holds no handle; calls on it throw ShutdownError, as calls on a closed
 // handle do in every binding. A Store's calls throw ShutdownError once its Rendezvous is shut
@@ -145,6 +147,9 @@ struct AdminDeleter {
 };
 struct RunStatusDeleter {
   void operator()(rdzv_run_status_t* p) const noexcept { rdzv_run_status_free(p); }
+};
+struct CancelTokenDeleter {
+  void operator()(rdzv_cancel_token_t* p) const noexcept { rdzv_cancel_token_free(p); }
 };
 
 /// A library-owned string as std::string ("" for NULL).
@@ -288,13 +293,115 @@ inline void set_log_handler(LogHandler handler) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Cancel tokens
+// ---------------------------------------------------------------------------------------------
+
+/// A cancel that cannot be lost: pass it to next(), a store wait or watch_next(), and cancel()
+/// it from any thread to end them with CancelledError. It stays cancelled, so a call made
+/// with it afterwards throws CancelledError at once: cancelling just before another thread
+/// enters the call is no race. Copies share one token (copy it into the thread that cancels);
+/// the last copy frees it, and a call holds its own reference while it runs. cancel() never
+/// blocks and is safe from any thread, but not from a signal handler.
+class CancelToken {
+ public:
+  CancelToken() {
+    rdzv_cancel_token_t* out = nullptr;
+    detail::call([&](rdzv_error_t** e) { return rdzv_cancel_token_new(&out, e); });
+    ptr_.reset(out, detail::CancelTokenDeleter());
+  }
+
+  /// Cancels the token for good: calls waiting with it throw CancelledError, later ones too.
+  void cancel() const {
+    detail::call([&](rdzv_error_t** e) { return rdzv_cancel_token_cancel(checked(), e); });
+  }
+
+  bool is_cancelled() const {
+    bool out = false;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_cancel_token_is_cancelled(checked(), &out, e);
+    });
+    return out;
+  }
+
+  /// The C token, still owned by this object (NULL if moved from).
+  const rdzv_cancel_token_t* raw() const noexcept { return ptr_.get(); }
+  explicit operator bool() const noexcept { return ptr_ != nullptr; }
+
+  /// The C token; throws ShutdownError if this object was moved from.
+  const rdzv_cancel_token_t* checked() const {
+    if (!ptr_) detail::throw_empty("rdzv::CancelToken");
+    return ptr_.get();
+  }
+
+ private:
+  std::shared_ptr<rdzv_cancel_token_t> ptr_;
+};
+
+namespace detail {
+
+/// What a handle's cancel() reaches: the token its calls in progress share. The first call
+/// (or cancel()) makes it; cancel() cancels it; once every call that holds a cancelled token
+/// has returned, the next call gets a new one. So cancel() ends the calls in progress and
+/// any that start before they have returned, and, when no call is in progress, the next one
+/// to start: a cancel racing with the start of a call is never lost.
+class HandleCancel {
+ public:
+  /// The token for a call that starts now; release() it when the call returns.
+  CancelToken acquire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!current_) current_.emplace();
+    ++users_;
+    return *current_;
+  }
+
+  void release() noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool cancelled = false;
+    if (--users_ == 0 && current_ &&
+        rdzv_cancel_token_is_cancelled(current_->raw(), &cancelled, nullptr) == RDZV_OK &&
+        cancelled) {
+      current_.reset();  // used up: the next call starts afresh
+    }
+  }
+
+  void cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!current_) current_.emplace();
+    current_->cancel();
+  }
+
+ private:
+  std::mutex mu_;
+  std::optional<CancelToken> current_;
+  size_t users_ = 0;
+};
+
+/// The handle's token for the duration of one call.
+class HandleCall {
+ public:
+  explicit HandleCall(HandleCancel& handle) : handle_(handle), token_(handle.acquire()) {}
+  HandleCall(const HandleCall&) = delete;
+  HandleCall& operator=(const HandleCall&) = delete;
+  ~HandleCall() { handle_.release(); }
+  const rdzv_cancel_token_t* raw() const noexcept { return token_.raw(); }
+
+ private:
+  HandleCancel& handle_;
+  CancelToken token_;
+};
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
 // Store
 // ---------------------------------------------------------------------------------------------
 
 /// The store of one round (c10d Store semantics). Thread-safe. Calls without a timeout use
 /// the store's default (300 s unless set_timeout() changed it); a timeout <= 0 means "do not
 /// wait". Values are bytes: the std::string methods carry them unchanged (NULs included), the
-/// *_bytes methods return std::vector<uint8_t>.
+/// *_bytes methods return std::vector<uint8_t>. The waits (get, wait, multi_get) end at once
+/// on cancel() or a shutdown of the node and within a second of their timeout, whatever etcd
+/// is doing; each also takes a CancelToken of your own.
 class Store {
  public:
   Store(Store&&) noexcept = default;
@@ -303,7 +410,7 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   /// Adopts a handle returned by rdzv_next (ownership moves to this object).
-  explicit Store(rdzv_store_t* raw) noexcept : ptr_(raw) {}
+  explicit Store(rdzv_store_t* raw) : ptr_(raw), cancel_(std::make_unique<detail::HandleCancel>()) {}
 
   // --- set ---
   void set(const std::string& key, std::string_view value) const {
@@ -324,6 +431,11 @@ class Store {
   std::string get(const std::string& key, std::chrono::duration<Rep, Period> timeout) const {
     return get_raw<std::string>(key, detail::timeout_ms(timeout));
   }
+  template <class Rep, class Period>
+  std::string get(const std::string& key, std::chrono::duration<Rep, Period> timeout,
+                  const CancelToken& cancel) const {
+    return get_raw<std::string>(key, detail::timeout_ms(timeout), &cancel);
+  }
   std::vector<uint8_t> get_bytes(const std::string& key) const {
     return get_raw<std::vector<uint8_t>>(key, detail::kStoreDefaultTimeout);
   }
@@ -331,6 +443,11 @@ class Store {
   std::vector<uint8_t> get_bytes(const std::string& key,
                                  std::chrono::duration<Rep, Period> timeout) const {
     return get_raw<std::vector<uint8_t>>(key, detail::timeout_ms(timeout));
+  }
+  template <class Rep, class Period>
+  std::vector<uint8_t> get_bytes(const std::string& key, std::chrono::duration<Rep, Period> timeout,
+                                 const CancelToken& cancel) const {
+    return get_raw<std::vector<uint8_t>>(key, detail::timeout_ms(timeout), &cancel);
   }
 
   /// Atomically adds `delta` to the decimal integer at `key` (absent = 0); returns the sum.
@@ -363,6 +480,11 @@ class Store {
   void wait(const std::vector<std::string>& keys,
             std::chrono::duration<Rep, Period> timeout) const {
     wait_raw(keys, detail::timeout_ms(timeout));
+  }
+  template <class Rep, class Period>
+  void wait(const std::vector<std::string>& keys, std::chrono::duration<Rep, Period> timeout,
+            const CancelToken& cancel) const {
+    wait_raw(keys, detail::timeout_ms(timeout), &cancel);
   }
 
   /// Whether all keys exist now. Does not wait.
@@ -400,6 +522,12 @@ class Store {
                                      std::chrono::duration<Rep, Period> timeout) const {
     return multi_get_raw<std::string>(keys, detail::timeout_ms(timeout));
   }
+  template <class Rep, class Period>
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys,
+                                     std::chrono::duration<Rep, Period> timeout,
+                                     const CancelToken& cancel) const {
+    return multi_get_raw<std::string>(keys, detail::timeout_ms(timeout), &cancel);
+  }
   std::vector<std::vector<uint8_t>> multi_get_bytes(const std::vector<std::string>& keys) const {
     return multi_get_raw<std::vector<uint8_t>>(keys, detail::kStoreDefaultTimeout);
   }
@@ -407,6 +535,12 @@ class Store {
   std::vector<std::vector<uint8_t>> multi_get_bytes(
       const std::vector<std::string>& keys, std::chrono::duration<Rep, Period> timeout) const {
     return multi_get_raw<std::vector<uint8_t>>(keys, detail::timeout_ms(timeout));
+  }
+  template <class Rep, class Period>
+  std::vector<std::vector<uint8_t>> multi_get_bytes(const std::vector<std::string>& keys,
+                                                    std::chrono::duration<Rep, Period> timeout,
+                                                    const CancelToken& cancel) const {
+    return multi_get_raw<std::vector<uint8_t>>(keys, detail::timeout_ms(timeout), &cancel);
   }
 
   /// Sets keys[i] to values[i] for all i, all or nothing. Sizes must match.
@@ -419,10 +553,14 @@ class Store {
     multi_set_raw(keys, values);
   }
 
-  /// Wakes get(), wait() and multi_get() calls blocked on this store in other threads (they
-  /// throw CancelledError). No effect on calls that start later. Never blocks.
+  /// Ends the get(), wait() and multi_get() calls in progress on this store in other threads
+  /// (they throw CancelledError), and any that start before they have returned; with none in
+  /// progress, the next one to start. Never lost, never blocks. Calls made with a CancelToken
+  /// of your own are woken too if they are running, but only their token sticks.
   void cancel() const {
-    detail::call([&](rdzv_error_t** e) { return rdzv_store_cancel(ptr(), e); });
+    const rdzv_store_t* p = ptr();
+    cancel_->cancel();
+    detail::call([&](rdzv_error_t** e) { return rdzv_store_cancel(p, e); });
   }
 
   /// Sets the default timeout of get, wait and multi_get (must be >= 0).
@@ -448,11 +586,23 @@ class Store {
     });
   }
 
+  /// Runs `fn(token)` with `own`'s C token, or, without one, the token cancel() reaches.
+  template <class Fn>
+  void with_token(const CancelToken* own, Fn&& fn) const {
+    const rdzv_store_t* p = ptr();
+    if (own != nullptr) return fn(p, own->checked());
+    detail::HandleCall call(*cancel_);
+    fn(p, call.raw());
+  }
+
   template <class T>
-  T get_raw(const std::string& key, int64_t timeout_ms) const {
+  T get_raw(const std::string& key, int64_t timeout_ms, const CancelToken* own = nullptr) const {
     detail::Buffer buf;
-    detail::call([&](rdzv_error_t** e) {
-      return rdzv_store_get(ptr(), key.c_str(), timeout_ms, &buf.data, &buf.len, e);
+    with_token(own, [&](const rdzv_store_t* p, const rdzv_cancel_token_t* token) {
+      detail::call([&](rdzv_error_t** e) {
+        return rdzv_store_get_with_cancel(p, key.c_str(), timeout_ms, token, &buf.data, &buf.len,
+                                          e);
+      });
     });
     return buf.to<T>();
   }
@@ -468,22 +618,28 @@ class Store {
     return buf.to<T>();
   }
 
-  void wait_raw(const std::vector<std::string>& keys, int64_t timeout_ms) const {
+  void wait_raw(const std::vector<std::string>& keys, int64_t timeout_ms,
+                const CancelToken* own = nullptr) const {
     auto ks = detail::c_keys(keys);
-    detail::call([&](rdzv_error_t** e) {
-      return rdzv_store_wait(ptr(), ks.data(), ks.size(), timeout_ms, e);
+    with_token(own, [&](const rdzv_store_t* p, const rdzv_cancel_token_t* token) {
+      detail::call([&](rdzv_error_t** e) {
+        return rdzv_store_wait_with_cancel(p, ks.data(), ks.size(), timeout_ms, token, e);
+      });
     });
   }
 
   template <class T>
-  std::vector<T> multi_get_raw(const std::vector<std::string>& keys, int64_t timeout_ms) const {
+  std::vector<T> multi_get_raw(const std::vector<std::string>& keys, int64_t timeout_ms,
+                               const CancelToken* own = nullptr) const {
     auto ks = detail::c_keys(keys);
     std::vector<detail::Buffer> bufs(keys.size());
     std::vector<uint8_t*> data(keys.size(), nullptr);
     std::vector<size_t> lens(keys.size(), 0);
-    detail::call([&](rdzv_error_t** e) {
-      return rdzv_store_multi_get(ptr(), ks.data(), ks.size(), timeout_ms, data.data(),
-                                  lens.data(), e);
+    with_token(own, [&](const rdzv_store_t* p, const rdzv_cancel_token_t* token) {
+      detail::call([&](rdzv_error_t** e) {
+        return rdzv_store_multi_get_with_cancel(p, ks.data(), ks.size(), timeout_ms, token,
+                                                data.data(), lens.data(), e);
+      });
     });
     // Hand every buffer to its owner first, so none leaks if a copy below throws.
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -518,6 +674,7 @@ class Store {
   }
 
   std::unique_ptr<rdzv_store_t, detail::StoreDeleter> ptr_;
+  std::unique_ptr<detail::HandleCancel> cancel_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -545,7 +702,7 @@ class Rendezvous {
  public:
   /// Connects to etcd and registers this node (at most connect_timeout). Does not consume
   /// `params`.
-  explicit Rendezvous(const Params& params) {
+  explicit Rendezvous(const Params& params) : cancel_(std::make_unique<detail::HandleCancel>()) {
     rdzv_t* out = nullptr;
     detail::call([&](rdzv_error_t** e) { return rdzv_new(params.checked(), &out, e); });
     ptr_.reset(out);
@@ -558,11 +715,24 @@ class Rendezvous {
 
   /// Joins the next round and blocks until this node is a member of a completed round (at
   /// most join_timeout). Throws ClosedError, GracefulExitError, TimeoutError, ShutdownError,
-  /// CancelledError (cancel() from another thread), ...
+  /// CancelledError (cancel() from another thread, made before or during the call), ...
   Round next() {
+    rdzv_t* p = mut_ptr();
+    detail::HandleCall call(*cancel_);
+    return next_raw(p, call.raw());
+  }
+
+  /// next(), which also throws CancelledError once `cancel` is cancelled (at once, joining
+  /// nothing, if it already is).
+  Round next(const CancelToken& cancel) { return next_raw(mut_ptr(), cancel.checked()); }
+
+ private:
+  Round next_raw(rdzv_t* p, const rdzv_cancel_token_t* token) {
     rdzv_round_t raw{};
     rdzv_store_t* store = nullptr;
-    detail::call([&](rdzv_error_t** e) { return rdzv_next(mut_ptr(), &raw, &store, e); });
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_next_with_cancel(p, token, &raw, &store, e);
+    });
     Store owned(store);  // owns the store before anything below can throw
     RoundInfo info;
     info.round = raw.round;
@@ -573,6 +743,8 @@ class Rendezvous {
     info.master_addr = raw.master_addr;
     return Round{std::move(info), std::move(owned)};
   }
+
+ public:
 
   /// Whether any node has closed the run.
   bool is_closed() const {
@@ -600,10 +772,14 @@ class Rendezvous {
     return out;
   }
 
-  /// Wakes a next() blocked in another thread (it throws CancelledError); the handle stays
-  /// usable. No effect when no next() is running. Never blocks.
+  /// Ends the next() in progress in another thread (it throws CancelledError) or, if none
+  /// is, the next one to start: a cancel just before another thread enters next() is not
+  /// lost. The handle stays usable. A next() made with a CancelToken of your own is woken too
+  /// if it is running, but only its token sticks. Never blocks.
   void cancel() const {
-    detail::call([&](rdzv_error_t** e) { return rdzv_cancel(ptr(), e); });
+    const rdzv_t* p = ptr();
+    cancel_->cancel();
+    detail::call([&](rdzv_error_t** e) { return rdzv_cancel(p, e); });
   }
 
   /// Releases this node (wakes a blocked next(), revokes the lease). Idempotent; later calls
@@ -647,6 +823,7 @@ class Rendezvous {
   }
 
   std::unique_ptr<rdzv_t, detail::RendezvousDeleter> ptr_;
+  std::unique_ptr<detail::HandleCancel> cancel_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -777,7 +954,7 @@ class Admin {
  public:
   /// Connects to etcd (at most connect_timeout) and registers nothing. Does not consume
   /// `params`.
-  explicit Admin(const Params& params) {
+  explicit Admin(const Params& params) : cancel_(std::make_unique<detail::HandleCancel>()) {
     rdzv_admin_t* out = nullptr;
     detail::call([&](rdzv_error_t** e) { return rdzv_admin_new(params.checked(), &out, e); });
     ptr_.reset(out);
@@ -804,21 +981,26 @@ class Admin {
   /// InvalidArgumentError for a negative timeout or when another watch_next() is running.
   template <class Rep, class Period>
   std::optional<RunStatus> watch_next(std::chrono::duration<Rep, Period> timeout) const {
-    // A negative duration is passed through so the library reports it as invalid.
-    const int64_t ms = timeout < timeout.zero() ? -1 : detail::timeout_ms(timeout);
-    rdzv_run_status_t* out = nullptr;
-    detail::ErrorSlot slot;
-    const rdzv_status_t status = rdzv_admin_watch(ptr(), ms, &out, slot.out());
-    if (status == RDZV_ERR_TIMEOUT) return std::nullopt;  // nothing changed: not a failure
-    slot.check(status);
-    return detail::take_status(out);
+    const rdzv_admin_t* p = ptr();
+    detail::HandleCall call(*cancel_);
+    return watch_raw(p, timeout, call.raw());
   }
 
-  /// Wakes a watch_next() blocked in another thread (it throws CancelledError); the handle
-  /// stays usable. No effect when none is running, so a caller racing with the start of
-  /// watch_next() repeats it until that call returns. Never blocks.
+  /// watch_next(), which also throws CancelledError once `cancel` is cancelled (at once if it
+  /// already is).
+  template <class Rep, class Period>
+  std::optional<RunStatus> watch_next(std::chrono::duration<Rep, Period> timeout,
+                                      const CancelToken& cancel) const {
+    return watch_raw(ptr(), timeout, cancel.checked());
+  }
+
+  /// Ends the watch_next() in progress in another thread (it throws CancelledError) or, if
+  /// none is, the next one to start: never lost. The handle stays usable. A watch_next()
+  /// made with a CancelToken of your own is woken too if it is running. Never blocks.
   void cancel() const {
-    detail::call([&](rdzv_error_t** e) { return rdzv_admin_cancel(ptr(), e); });
+    const rdzv_admin_t* p = ptr();
+    cancel_->cancel();
+    detail::call([&](rdzv_error_t** e) { return rdzv_admin_cancel(p, e); });
   }
 
   /// Closes the run for every node, as Rendezvous::set_closed() does: blocked and later
@@ -860,7 +1042,22 @@ class Admin {
     return ptr_.get();
   }
 
+  template <class Rep, class Period>
+  static std::optional<RunStatus> watch_raw(const rdzv_admin_t* p,
+                                            std::chrono::duration<Rep, Period> timeout,
+                                            const rdzv_cancel_token_t* token) {
+    // A negative duration is passed through so the library reports it as invalid.
+    const int64_t ms = timeout < timeout.zero() ? -1 : detail::timeout_ms(timeout);
+    rdzv_run_status_t* out = nullptr;
+    detail::ErrorSlot slot;
+    const rdzv_status_t status = rdzv_admin_watch_with_cancel(p, ms, token, &out, slot.out());
+    if (status == RDZV_ERR_TIMEOUT) return std::nullopt;  // nothing changed: not a failure
+    slot.check(status);
+    return detail::take_status(out);
+  }
+
   std::unique_ptr<rdzv_admin_t, detail::AdminDeleter> ptr_;
+  std::unique_ptr<detail::HandleCancel> cancel_;
 };
 
 }  // namespace rdzv

@@ -1,0 +1,257 @@
+package rdzv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// prompt is what "ends at once" allows: about a second at most; the calls took 27-30 s here
+// before waits raced every step against their cancel. Machines running many tests are slow.
+const prompt = 3 * time.Second
+
+// The race a cancel made by a handle's Cancel loses (it lands just before the C call
+// starts), made deterministic: the call's token is cancelled before the call. It must end at
+// once (join_timeout is 60 s) and join nothing.
+func TestTokenCancelledBeforeNextEndsItAtOnce(t *testing.T) {
+	url := runURL("token-first", 2, 60)
+	r := mustRendezvous(t, url)
+	tok, err := newCancelToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.free()
+	tok.cancel()
+	start := time.Now()
+	_, _, err = r.nextWith(context.Background(), tok)
+	if !errors.Is(err, ErrCancelled) {
+		t.Fatalf("Next with a cancelled token: %v, want ErrCancelled", err)
+	}
+	if elapsed := time.Since(start); elapsed > prompt {
+		t.Errorf("Next with a cancelled token took %v", elapsed)
+	}
+	// It joined nothing, and the handle is usable: a round of two forms now.
+	again := make(chan nextOutcome, 2)
+	for _, node := range []*Rendezvous{r, mustRendezvous(t, url)} {
+		go func() {
+			info, s, err := node.Next(ctxTimeout(t, 60*time.Second))
+			again <- nextOutcome{info, s, err}
+		}()
+	}
+	a, b := receive(t, again, 90*time.Second), receive(t, again, 90*time.Second)
+	if a.err != nil || b.err != nil {
+		t.Fatalf("round after the cancelled call: %v / %v", a.err, b.err)
+	}
+	a.store.Close()
+	b.store.Close()
+	if a.info.WorldSize != 2 || b.info.WorldSize != 2 {
+		t.Errorf("rounds %+v and %+v", a.info, b.info)
+	}
+}
+
+func TestTokenCancelledBeforeAStoreWaitEndsItAtOnce(t *testing.T) {
+	s := singleStore(t)
+	if err := s.Set("here", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := newCancelToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.free()
+	tok.cancel()
+	start := time.Now()
+	if _, err := s.multiGet(ctx, tok, []string{"here"}, time.Minute); !errors.Is(err, ErrCancelled) {
+		t.Errorf("a wait with a cancelled token, for a key that exists: %v, want ErrCancelled", err)
+	}
+	if elapsed := time.Since(start); elapsed > prompt {
+		t.Errorf("took %v", elapsed)
+	}
+	if v, err := s.Get(ctx, "here", time.Minute); err != nil || string(v) != "v" {
+		t.Errorf("a wait with a token of its own: %q, %v", v, err)
+	}
+}
+
+// records is a slog handler that lets a test wait for a library record (what a call does:
+// its store wait watching, its reads failing) instead of sleeping.
+type records struct {
+	mu      sync.Mutex
+	lines   []string
+	changed chan struct{}
+}
+
+func newRecords() *records { return &records{changed: make(chan struct{})} }
+
+func (k *records) Enabled(context.Context, slog.Level) bool { return true }
+func (k *records) Handle(_ context.Context, r slog.Record) error {
+	line := r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		line += " " + a.String()
+		return true
+	})
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.lines = append(k.lines, line)
+	close(k.changed)
+	k.changed = make(chan struct{})
+	return nil
+}
+func (k *records) WithAttrs([]slog.Attr) slog.Handler { return k }
+func (k *records) WithGroup(string) slog.Handler      { return k }
+
+func (k *records) mark() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.lines)
+}
+
+// await waits (at most 20 s) for a record after since that names run and contains what.
+func (k *records) await(t *testing.T, since int, run, what string) {
+	t.Helper()
+	giveUp := time.After(20 * time.Second)
+	for {
+		k.mu.Lock()
+		for _, l := range k.lines[since:] {
+			if strings.Contains(l, run) && strings.Contains(l, what) {
+				k.mu.Unlock()
+				return
+			}
+		}
+		changed := k.changed
+		k.mu.Unlock()
+		select {
+		case <-changed:
+		case <-giveUp:
+			t.Fatalf("no record %q of run %s", what, run)
+		}
+	}
+}
+
+type fault string
+
+const (
+	killed fault = "SIGKILL"
+	frozen fault = "SIGSTOP"
+)
+
+type trigger string
+
+const (
+	byContext  trigger = "the context"
+	byClose    trigger = "Store.Close"
+	byShutdown trigger = "the node's Shutdown"
+	byDeadline trigger = "its 3 s timeout"
+)
+
+// storeGetUnder: a Get waits on a private etcd, etcd is broken under it, then trig fires.
+// Returns how long after the trigger the Get returned, having checked how it ended.
+func storeGetUnder(t *testing.T, f fault, trig trigger) time.Duration {
+	// A private etcd, broken below. This goroutine stays locked to its thread so that the
+	// server's Pdeathsig (tied to the forking thread) fires only when the test ends.
+	runtime.LockOSThread()
+	srv, err := startEtcd(30 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	kept := newRecords()
+	SetLogger(slog.New(kept))
+	defer SetLogger(nil)
+	run := fmt.Sprintf("faults-%d", runSeq.Add(1))
+	r := mustRendezvous(t, fmt.Sprintf("etcd://%s/%s?min_nodes=1&max_nodes=1&join_timeout=60&close_timeout=2", srv.endpoint, run))
+	defer r.Close()
+	_, s, err := r.Next(ctxTimeout(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	timeout := time.Minute
+	if trig == byDeadline {
+		timeout = 3 * time.Second
+	}
+	getCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type outcome struct {
+		err error
+		at  time.Time
+	}
+	done := make(chan outcome, 1)
+	since := kept.mark()
+	started := time.Now()
+	go func() {
+		_, err := s.Get(getCtx, "never", timeout)
+		done <- outcome{err, time.Now()}
+	}()
+	kept.await(t, since, run, "store wait watching")
+	since = kept.mark()
+	if f == killed {
+		_ = srv.cmd.Process.Kill()
+		// Its watch broke, and its read finds etcd gone (a warning after a second of that).
+		kept.await(t, since, run, "still retrying")
+	} else {
+		_ = srv.cmd.Process.Signal(syscall.SIGSTOP) // its read after the watch's set-up hangs
+		defer func() { _ = srv.cmd.Process.Signal(syscall.SIGCONT) }()
+	}
+	fired := time.Now()
+	switch trig {
+	case byContext:
+		cancel()
+	case byClose:
+		go s.Close()
+	case byShutdown:
+		go r.Shutdown() // blocks up to close_timeout while etcd is away
+	case byDeadline:
+		fired = started.Add(timeout)
+	}
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("Get under %s still waiting a minute after %s", f, trig)
+	}
+	late := o.at.Sub(fired)
+	t.Logf("Get, etcd %s under it, %s: returned %.2f s after it (%v)", f, trig, late.Seconds(), o.err)
+	var want []error
+	switch trig {
+	case byContext:
+		want = []error{context.Canceled}
+	case byClose:
+		want = []error{ErrCancelled}
+	case byShutdown:
+		want = []error{ErrShutdown}
+	case byDeadline:
+		// A deadline that passes while etcd does not answer is reported as etcd's failure.
+		want = []error{ErrTimeout, ErrConnection}
+	}
+	matched := false
+	for _, w := range want {
+		matched = matched || errors.Is(o.err, w)
+	}
+	if !matched {
+		t.Errorf("Get under %s, %s: %v, want one of %v", f, trig, o.err, want)
+	}
+	return late
+}
+
+func storeGetEndsPromptlyUnder(t *testing.T, f fault) {
+	for _, trig := range []trigger{byContext, byClose, byShutdown, byDeadline} {
+		if late := storeGetUnder(t, f, trig); late > prompt {
+			t.Errorf("Get under %s returned %v after %s", f, late, trig)
+		}
+	}
+}
+
+func TestStoreGetEndsPromptlyWhenEtcdIsKilled(t *testing.T) {
+	storeGetEndsPromptlyUnder(t, killed)
+}
+
+func TestStoreGetEndsPromptlyWhenEtcdIsFrozen(t *testing.T) {
+	storeGetEndsPromptlyUnder(t, frozen)
+}

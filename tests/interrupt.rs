@@ -1,0 +1,549 @@
+//! Every blocking call (a store wait, `next`, the admin watch) ends within about a second of
+//! its cancel, its handle's shutdown or its own deadline, whatever etcd is doing: killed
+//! (SIGKILL), frozen (SIGSTOP) or restarting, before the call or while it waits. Each case
+//! prints how long the call took to return after its trigger.
+
+mod common;
+
+use common::Etcd;
+use rdzv::{BlockingAdmin, BlockingRendezvous, BlockingStore, CancelToken, ErrorKind, Params};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What "ends at once" allows: the calls end about a second after their trigger at most; the
+/// code before the fix took 27-30 s here. Machines running many tests at once are slow.
+const PROMPT: Duration = Duration::from_secs(3);
+
+/// The wait's own timeout in the deadline cases; the others wait for a minute.
+const SHORT: Duration = Duration::from_secs(3);
+const LONG: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    /// SIGKILL: connections are refused.
+    Killed,
+    /// SIGSTOP: connections stay open and nothing answers.
+    Frozen,
+    /// SIGKILL, then started again while the trigger fires.
+    Restarting,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Trigger {
+    /// The handle's cancel call (`Store::cancel`, `Rendezvous::cancel`), which reaches a call
+    /// that is running.
+    Cancel,
+    /// The call's cancel token.
+    Token,
+    /// The handle's node shuts down (from another thread).
+    Shutdown,
+    /// The call's own timeout passes.
+    Deadline,
+}
+
+/// When the fault happens: before the call is made, or once it waits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum When {
+    Before,
+    Waiting,
+}
+
+/// A test's etcd, broken and healed.
+struct Server {
+    etcd: Option<Etcd>,
+    restarting: Option<JoinHandle<Etcd>>,
+}
+
+impl Server {
+    fn etcd(&self) -> &Etcd {
+        self.etcd.as_ref().expect("etcd is here")
+    }
+
+    fn break_it(&mut self, fault: Fault) {
+        match fault {
+            Fault::Killed | Fault::Restarting => self.etcd.as_mut().unwrap().kill(),
+            Fault::Frozen => self.etcd().signal(libc::SIGSTOP),
+        }
+    }
+
+    /// For `Restarting`: starts etcd again in the background, from the moment of the trigger.
+    fn start_restarting(&mut self, fault: Fault) {
+        if fault == Fault::Restarting {
+            let mut etcd = self.etcd.take().unwrap();
+            self.restarting = Some(std::thread::spawn(move || {
+                etcd.restart();
+                etcd
+            }));
+        }
+    }
+
+    fn heal(&mut self, fault: Fault) {
+        if let Some(t) = self.restarting.take() {
+            self.etcd = Some(t.join().unwrap());
+        }
+        match fault {
+            Fault::Killed => self.etcd.as_mut().unwrap().restart(),
+            Fault::Frozen => self.etcd().signal(libc::SIGCONT),
+            Fault::Restarting => {}
+        }
+    }
+}
+
+/// rdzv's log records in this test binary (a global subscriber, installed once): a test waits
+/// for the record of what a call does (its wait watching, its read retrying).
+struct Records {
+    lines: Mutex<Vec<String>>,
+    added: Condvar,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for &'static Records {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields<'a>(&'a mut String);
+        impl tracing::field::Visit for Fields<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!(" {}={v:?}", field.name()));
+            }
+        }
+        let mut line = String::new();
+        event.record(&mut Fields(&mut line));
+        self.lines.lock().unwrap().push(line);
+        self.added.notify_all();
+    }
+}
+
+fn records() -> &'static Records {
+    static RECORDS: OnceLock<&'static Records> = OnceLock::new();
+    RECORDS.get_or_init(|| {
+        use tracing_subscriber::layer::SubscriberExt;
+        let records: &'static Records = Box::leak(Box::new(Records {
+            lines: Mutex::new(Vec::new()),
+            added: Condvar::new(),
+        }));
+        let subscriber = tracing_subscriber::registry().with(records);
+        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+        records
+    })
+}
+
+impl Records {
+    /// How many records there are: `await_line` looks only at later ones.
+    fn mark(&self) -> usize {
+        self.lines.lock().unwrap().len()
+    }
+
+    /// Waits (at most 20 s) for a record after `since` that names `run` and contains `what`.
+    fn await_line(&self, since: usize, run: &str, what: &str) {
+        let give_up = Instant::now() + Duration::from_secs(20);
+        let mut lines = self.lines.lock().unwrap();
+        loop {
+            if lines[since..]
+                .iter()
+                .any(|l| l.contains(run) && l.contains(what))
+            {
+                return;
+            }
+            let left = give_up.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "no record {what:?} of run {run}");
+            lines = self.added.wait_timeout(lines, left).unwrap().0;
+        }
+    }
+}
+
+/// A member of a round of one, with its store; `close_timeout` bounds its shutdown while
+/// etcd is down.
+fn member(etcd: &Etcd, name: &str) -> (Arc<BlockingRendezvous>, Arc<BlockingStore>, String) {
+    let url = etcd.url(name, "min_nodes=1&max_nodes=1&close_timeout=2");
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    let (_, store) = node.next().unwrap();
+    (Arc::new(node), Arc::new(store), common::node::run_of(&url))
+}
+
+/// How a case ended: the call's result and how long after its trigger it returned.
+struct Ended {
+    kind: Option<ErrorKind>,
+    late: Duration,
+}
+
+/// Fires `trigger` on a call started at `started` with `timeout`; returns when it fired.
+fn fire(
+    trigger: Trigger,
+    started: Instant,
+    timeout: Duration,
+    cancel: impl FnOnce(),
+    token: &CancelToken,
+    node: &Arc<BlockingRendezvous>,
+    shutdowns: &mut Vec<JoinHandle<()>>,
+) -> Instant {
+    match trigger {
+        Trigger::Cancel => {
+            let at = Instant::now();
+            cancel();
+            at
+        }
+        Trigger::Token => {
+            let at = Instant::now();
+            token.cancel();
+            at
+        }
+        Trigger::Shutdown => {
+            // Shutting down blocks (up to close_timeout) while etcd is away: another thread.
+            let at = Instant::now();
+            let node = node.clone();
+            shutdowns.push(std::thread::spawn(move || {
+                let _ = node.shutdown();
+            }));
+            at
+        }
+        Trigger::Deadline => started + timeout,
+    }
+}
+
+fn store_wait(fault: Fault, when: When, trigger: Trigger) -> Ended {
+    let mut server = Server {
+        etcd: Some(Etcd::start()),
+        restarting: None,
+    };
+    let (node, store, run) = member(server.etcd(), "store-wait");
+    let timeout = if trigger == Trigger::Deadline {
+        SHORT
+    } else {
+        LONG
+    };
+    let log = records();
+    let since = log.mark();
+    if when == When::Before {
+        server.break_it(fault);
+    }
+    let token = CancelToken::new();
+    let started = Instant::now();
+    let waiting = {
+        let (store, token) = (store.clone(), token.clone());
+        std::thread::spawn(move || {
+            let got = store.get_with("never-set", Some(timeout), &token);
+            (got, Instant::now())
+        })
+    };
+    if when == When::Before && fault == Fault::Killed {
+        // The handle's cancel reaches only a call that runs: this one, retrying its read.
+        log.await_line(since, &run, "retrying");
+    }
+    if when == When::Waiting {
+        log.await_line(since, &run, "store wait watching");
+        let since = log.mark();
+        server.break_it(fault);
+        if fault != Fault::Frozen {
+            // Its watch broke: the wait is reading again, and etcd refuses.
+            log.await_line(since, &run, "retrying");
+        }
+    }
+    server.start_restarting(fault);
+    let mut shutdowns = Vec::new();
+    let fired = fire(
+        trigger,
+        started,
+        timeout,
+        || store.cancel(),
+        &token,
+        &node,
+        &mut shutdowns,
+    );
+    let (got, returned) = waiting.join().unwrap();
+    let late = returned.saturating_duration_since(fired);
+    eprintln!(
+        "store get, etcd {fault:?} {when:?}, {trigger:?}: returned {:.2} s after the trigger ({:?})",
+        late.as_secs_f64(),
+        got.as_ref().map(|_| ()).map_err(|e| e.to_string())
+    );
+    server.heal(fault);
+    for s in shutdowns {
+        s.join().unwrap();
+    }
+    Ended {
+        kind: got.err().map(|e| e.kind()),
+        late,
+    }
+}
+
+fn expect(ended: Ended, trigger: Trigger) {
+    let want: &[ErrorKind] = match trigger {
+        Trigger::Cancel | Trigger::Token => &[ErrorKind::Cancelled],
+        Trigger::Shutdown => &[ErrorKind::Shutdown],
+        // A deadline that passes while etcd does not answer is reported as etcd's failure.
+        Trigger::Deadline => &[ErrorKind::Timeout, ErrorKind::Connection],
+    };
+    assert!(
+        ended.kind.is_some_and(|k| want.contains(&k)),
+        "{:?}, expected one of {want:?}",
+        ended.kind
+    );
+    assert!(
+        ended.late < PROMPT,
+        "returned {:.1} s after its {trigger:?}",
+        ended.late.as_secs_f64()
+    );
+}
+
+macro_rules! store_cases {
+    ($($name:ident: $fault:ident, $when:ident, $trigger:ident;)*) => {$(
+        #[test]
+        fn $name() {
+            let trigger = Trigger::$trigger;
+            expect(store_wait(Fault::$fault, When::$when, trigger), trigger);
+        }
+    )*};
+}
+
+store_cases! {
+    store_wait_killed_under_it_ends_on_cancel: Killed, Waiting, Cancel;
+    store_wait_killed_under_it_ends_on_its_token: Killed, Waiting, Token;
+    store_wait_killed_under_it_ends_on_shutdown: Killed, Waiting, Shutdown;
+    store_wait_killed_under_it_ends_at_its_deadline: Killed, Waiting, Deadline;
+    store_wait_frozen_under_it_ends_on_cancel: Frozen, Waiting, Cancel;
+    store_wait_frozen_under_it_ends_on_its_token: Frozen, Waiting, Token;
+    store_wait_frozen_under_it_ends_on_shutdown: Frozen, Waiting, Shutdown;
+    store_wait_frozen_under_it_ends_at_its_deadline: Frozen, Waiting, Deadline;
+    store_wait_restarting_under_it_ends_on_cancel: Restarting, Waiting, Cancel;
+    store_wait_restarting_under_it_ends_on_its_token: Restarting, Waiting, Token;
+    store_wait_restarting_under_it_ends_at_its_deadline: Restarting, Waiting, Deadline;
+    store_wait_after_a_kill_ends_on_cancel: Killed, Before, Cancel;
+    store_wait_after_a_kill_ends_on_its_token: Killed, Before, Token;
+    store_wait_after_a_kill_ends_on_shutdown: Killed, Before, Shutdown;
+    store_wait_after_a_kill_ends_at_its_deadline: Killed, Before, Deadline;
+    store_wait_after_a_freeze_ends_on_its_token: Frozen, Before, Token;
+    store_wait_after_a_freeze_ends_on_shutdown: Frozen, Before, Shutdown;
+    store_wait_after_a_freeze_ends_at_its_deadline: Frozen, Before, Deadline;
+}
+
+/// A wait that does not wait still reads: a key that exists is returned.
+#[test]
+fn a_get_with_timeout_zero_of_a_key_that_exists_succeeds() {
+    let etcd = Etcd::start();
+    let (_node, store, _) = member(&etcd, "zero");
+    store.set("here", b"v").unwrap();
+    assert_eq!(store.get("here", Some(Duration::ZERO)).unwrap(), b"v");
+    assert_eq!(
+        store.multi_get(&["here"], Some(Duration::ZERO)).unwrap(),
+        [b"v".to_vec()]
+    );
+    let err = store.get("absent", Some(Duration::ZERO)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+}
+
+fn next_wait(fault: Fault, trigger: Trigger) -> Ended {
+    let mut server = Server {
+        etcd: Some(Etcd::start()),
+        restarting: None,
+    };
+    // Two nodes wanted, one comes: it waits in its round until the trigger.
+    let timeout = if trigger == Trigger::Deadline {
+        SHORT
+    } else {
+        LONG
+    };
+    let url = server.etcd().url(
+        "next-wait",
+        &format!(
+            "min_nodes=2&max_nodes=2&close_timeout=2&join_timeout={}",
+            timeout.as_secs()
+        ),
+    );
+    let run = common::node::run_of(&url);
+    let node = Arc::new(BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap());
+    let token = CancelToken::new();
+    let started = Instant::now();
+    let waiting = {
+        let (node, token) = (node.clone(), token.clone());
+        std::thread::spawn(move || {
+            let got = node.next_with(&token).map(|_| ());
+            (got, Instant::now())
+        })
+    };
+    common::wait_for_leader(&server.etcd().endpoint(), &format!("/rdzv/{run}/"));
+    server.break_it(fault);
+    server.start_restarting(fault);
+    let mut shutdowns = Vec::new();
+    let fired = fire(
+        trigger,
+        started,
+        timeout,
+        || node.cancel(),
+        &token,
+        &node,
+        &mut shutdowns,
+    );
+    let (got, returned) = waiting.join().unwrap();
+    let late = returned.saturating_duration_since(fired);
+    eprintln!(
+        "next, etcd {fault:?} under it, {trigger:?}: returned {:.2} s after the trigger ({:?})",
+        late.as_secs_f64(),
+        got.as_ref().map_err(|e| e.to_string())
+    );
+    server.heal(fault);
+    for s in shutdowns {
+        s.join().unwrap();
+    }
+    Ended {
+        kind: got.err().map(|e| e.kind()),
+        late,
+    }
+}
+
+macro_rules! next_cases {
+    ($($name:ident: $fault:ident, $trigger:ident;)*) => {$(
+        #[test]
+        fn $name() {
+            let trigger = Trigger::$trigger;
+            expect(next_wait(Fault::$fault, trigger), trigger);
+        }
+    )*};
+}
+
+next_cases! {
+    next_killed_under_it_ends_on_cancel: Killed, Cancel;
+    next_killed_under_it_ends_on_its_token: Killed, Token;
+    next_killed_under_it_ends_on_shutdown: Killed, Shutdown;
+    next_killed_under_it_ends_at_its_deadline: Killed, Deadline;
+    next_frozen_under_it_ends_on_cancel: Frozen, Cancel;
+    next_frozen_under_it_ends_on_its_token: Frozen, Token;
+    next_frozen_under_it_ends_on_shutdown: Frozen, Shutdown;
+    next_frozen_under_it_ends_at_its_deadline: Frozen, Deadline;
+}
+
+fn admin_watch(fault: Fault, trigger: Trigger) -> Ended {
+    let mut server = Server {
+        etcd: Some(Etcd::start()),
+        restarting: None,
+    };
+    let url = server.etcd().url("admin-watch", "");
+    let admin = Arc::new(BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap());
+    admin.watch_next(LONG).unwrap(); // the current status; the watch is open from here on
+    server.break_it(fault);
+    let timeout = if trigger == Trigger::Deadline {
+        SHORT
+    } else {
+        LONG
+    };
+    let token = CancelToken::new();
+    let started = Instant::now();
+    let waiting = {
+        let (admin, token) = (admin.clone(), token.clone());
+        std::thread::spawn(move || {
+            let got = admin.watch_next_with(timeout, &token).map(|_| ());
+            (got, Instant::now())
+        })
+    };
+    let fired = match trigger {
+        Trigger::Token => {
+            let at = Instant::now();
+            token.cancel();
+            at
+        }
+        Trigger::Deadline => started + timeout,
+        _ => unreachable!("an admin handle has no shutdown; its cancel is racy by design"),
+    };
+    let (got, returned) = waiting.join().unwrap();
+    let late = returned.saturating_duration_since(fired);
+    eprintln!(
+        "admin watch, etcd {fault:?} under it, {trigger:?}: returned {:.2} s after the trigger ({:?})",
+        late.as_secs_f64(),
+        got.as_ref().map_err(|e| e.to_string())
+    );
+    server.heal(fault);
+    Ended {
+        kind: got.err().map(|e| e.kind()),
+        late,
+    }
+}
+
+macro_rules! admin_cases {
+    ($($name:ident: $fault:ident, $trigger:ident;)*) => {$(
+        #[test]
+        fn $name() {
+            let trigger = Trigger::$trigger;
+            expect(admin_watch(Fault::$fault, trigger), trigger);
+        }
+    )*};
+}
+
+admin_cases! {
+    admin_watch_killed_under_it_ends_on_its_token: Killed, Token;
+    admin_watch_killed_under_it_ends_at_its_deadline: Killed, Deadline;
+    admin_watch_frozen_under_it_ends_on_its_token: Frozen, Token;
+    admin_watch_frozen_under_it_ends_at_its_deadline: Frozen, Deadline;
+}
+
+/// The race a handle's cancel loses (made just before the call starts) cannot happen with a
+/// token: one cancelled before the call is made ends it at once, and joins nothing.
+#[test]
+fn a_token_cancelled_before_the_call_ends_it_at_once() {
+    let etcd = Etcd::start();
+    let url = etcd.url("early-token", "min_nodes=2&max_nodes=2&join_timeout=60");
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    let token = CancelToken::new();
+    token.cancel();
+    let started = Instant::now();
+    let err = node.next_with(&token).err().expect("cancelled");
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+    // Nothing was joined: a round of two forms from two later calls, this handle's included.
+    let other = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    let peer = std::thread::spawn(move || other.next().map(|(info, _)| info.world_size));
+    let (info, store) = node.next().unwrap();
+    assert_eq!((info.world_size, peer.join().unwrap().unwrap()), (2, 2));
+
+    // A store wait, even for a key that is there.
+    store.set("here", b"v").unwrap();
+    let started = Instant::now();
+    let err = store.get_with("here", Some(LONG), &token).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    for err in [
+        store
+            .wait_with(&["absent"], Some(LONG), &token)
+            .unwrap_err(),
+        store
+            .multi_get_with(&["here", "absent"], Some(LONG), &token)
+            .unwrap_err(),
+    ] {
+        assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    }
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+    assert_eq!(
+        store.get_with("here", None, &CancelToken::new()).unwrap(),
+        b"v"
+    );
+
+    // The admin watch, on its first call (which would return at once) and on later ones.
+    let admin = BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap();
+    let err = admin.watch_next_with(LONG, &token).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    admin.watch_next(LONG).expect("the watch still works");
+}
+
+/// A token ends every call made with it, on any number of threads, and stays cancelled.
+#[test]
+fn one_token_ends_every_call_waiting_with_it() {
+    let etcd = Etcd::start();
+    let (_node, store, _) = member(&etcd, "shared-token");
+    let token = CancelToken::new();
+    let waits: Vec<_> = (0..4)
+        .map(|i| {
+            let (store, token) = (store.clone(), token.clone());
+            std::thread::spawn(move || {
+                let key = format!("never-{i}");
+                store.get_with(&key, Some(LONG), &token)
+            })
+        })
+        .collect();
+    let fired = Instant::now();
+    token.cancel();
+    for w in waits {
+        assert_eq!(w.join().unwrap().unwrap_err().kind(), ErrorKind::Cancelled);
+    }
+    eprintln!(
+        "four waits on one token returned {:.3} s after its cancel",
+        fired.elapsed().as_secs_f64()
+    );
+    assert!(fired.elapsed() < PROMPT);
+    assert!(token.is_cancelled());
+}
