@@ -462,19 +462,6 @@ rdzv_status_t rdzv_admin_drain(const rdzv_admin_t *admin,
                                rdzv_error_t **error);
 
 /**
- * Marks this node as leaving the run, as `rdzv_admin_drain` does for any node: for a node
- * that learns first that it will go away (a preemption notice). `reason` may be NULL.
- */
-rdzv_status_t rdzv_drain(const rdzv_t *rdzv, const char *reason, rdzv_error_t **error);
-
-/**
- * Sets `*draining` to whether this node was drained (by `rdzv_drain`, an operator or a
- * scheduler): its agent should stop its workers and leave. One etcd read, at most
- * `connect_timeout`.
- */
-rdzv_status_t rdzv_is_draining(const rdzv_t *rdzv, bool *draining, rdzv_error_t **error);
-
-/**
  * Frees a status and everything it points to. NULL is a no-op.
  */
 void rdzv_run_status_free(rdzv_run_status_t *status);
@@ -713,7 +700,20 @@ rdzv_status_t rdzv_cancel(const rdzv_t *rdzv, rdzv_error_t **error);
  * does NOT close the run for the others. Idempotent; safe from any thread. Later calls on
  * the handle and its stores fail with `RDZV_ERR_SHUTDOWN`. At most `close_timeout`.
  */
-rdzv_status_t rdzv_shutdown(const rdzv_t *rdzv, rdzv_error_t **error);
+rdzv_status_t rdzv_shutdown(rdzv_t *rdzv, rdzv_error_t **error);
+
+/**
+ * Marks this node as leaving the run, as `rdzv_admin_drain` does for any node: for a node
+ * that learns first that it will go away (a preemption notice). `reason` may be NULL.
+ */
+rdzv_status_t rdzv_drain(rdzv_t *rdzv, const char *reason, rdzv_error_t **error);
+
+/**
+ * Sets `*draining` to whether this node was drained (by `rdzv_drain`, an operator or a
+ * scheduler): its agent should stop its workers and leave. One etcd read, at most
+ * `connect_timeout`.
+ */
+rdzv_status_t rdzv_is_draining(const rdzv_t *rdzv, bool *draining, rdzv_error_t **error);
 
 /**
  * Shuts the handle down (as `rdzv_shutdown`, errors ignored) and frees it. NULL is a no-op.
@@ -879,9 +879,7 @@ rdzv_status_t rdzv_store_multi_set(const rdzv_store_t *store,
  * Sets the default timeout of `get`, `wait` and `multi_get` (c10d's `set_timeout`).
  * `timeout_ms` must be >= 0.
  */
-rdzv_status_t rdzv_store_set_timeout(const rdzv_store_t *store,
-                                     int64_t timeout_ms,
-                                     rdzv_error_t **error);
+rdzv_status_t rdzv_store_set_timeout(rdzv_store_t *store, int64_t timeout_ms, rdzv_error_t **error);
 
 /**
  * Wakes every `rdzv_store_get`, `rdzv_store_wait` and `rdzv_store_multi_get` blocked on this

@@ -2,11 +2,10 @@
 //! `rdzv_run_status_t`, what it reads.
 
 use super::boundary::{
-    arg_out, arg_ref, arg_str, boundary, rdzv_error_t, rdzv_status_t, to_timeout,
+    arg_out, arg_ref, arg_str, boundary, optional_str, rdzv_error_t, rdzv_status_t, to_timeout,
 };
 use super::cancel::{arg_cancel, rdzv_cancel_token_t};
 use super::params::{params_ref, rdzv_params_t};
-use super::rendezvous::rdzv_t;
 use crate::admin::{Purge, RunStatus};
 use crate::blocking::BlockingAdmin;
 use crate::error::Error;
@@ -342,38 +341,6 @@ pub extern "C" fn rdzv_admin_drain(
     })
 }
 
-/// Marks this node as leaving the run, as `rdzv_admin_drain` does for any node: for a node
-/// that learns first that it will go away (a preemption notice). `reason` may be NULL.
-#[no_mangle]
-pub extern "C" fn rdzv_drain(
-    rdzv: *const rdzv_t,
-    reason: *const c_char,
-    error: *mut *mut rdzv_error_t,
-) -> rdzv_status_t {
-    boundary(error, || {
-        let handle = arg_ref(rdzv, "rdzv")?;
-        let reason = optional_str(reason, "reason")?;
-        handle.inner().drain(reason)
-    })
-}
-
-/// Sets `*draining` to whether this node was drained (by `rdzv_drain`, an operator or a
-/// scheduler): its agent should stop its workers and leave. One etcd read, at most
-/// `connect_timeout`.
-#[no_mangle]
-pub extern "C" fn rdzv_is_draining(
-    rdzv: *const rdzv_t,
-    draining: *mut bool,
-    error: *mut *mut rdzv_error_t,
-) -> rdzv_status_t {
-    boundary(error, || {
-        let handle = arg_ref(rdzv, "rdzv")?;
-        let out = arg_out(draining, "draining")?;
-        *out = handle.inner().is_draining()?;
-        Ok(())
-    })
-}
-
 /// Frees a status and everything it points to. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn rdzv_run_status_free(status: *mut rdzv_run_status_t) {
@@ -381,14 +348,6 @@ pub extern "C" fn rdzv_run_status_free(status: *mut rdzv_run_status_t) {
         // SAFETY: created by `give_status` (a Box<OwnedStatus> whose first field is the public
         // struct), freed once by contract.
         drop(unsafe { Box::from_raw(status.cast::<OwnedStatus>()) });
-    }
-}
-
-/// An optional input string: NULL is "".
-fn optional_str<'a>(ptr: *const c_char, name: &str) -> crate::Result<&'a str> {
-    match ptr.is_null() {
-        true => Ok(""),
-        false => arg_str(ptr, name),
     }
 }
 

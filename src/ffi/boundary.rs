@@ -134,6 +134,14 @@ pub(crate) fn arg_bytes<'a>(ptr: *const u8, len: usize, name: &str) -> Result<&'
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
+/// An optional input string: NULL is "".
+pub(crate) fn optional_str<'a>(ptr: *const c_char, name: &str) -> Result<&'a str> {
+    match ptr.is_null() {
+        true => Ok(""),
+        false => arg_str(ptr, name),
+    }
+}
+
 /// An array of `n` input strings.
 pub(crate) fn arg_strs<'a>(
     ptr: *const *const c_char,

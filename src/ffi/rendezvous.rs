@@ -1,6 +1,6 @@
 //! `rdzv_t`: one node's handle on a run.
 
-use super::boundary::{arg_out, arg_ref, boundary, rdzv_error_t, rdzv_status_t};
+use super::boundary::{arg_out, arg_ref, boundary, optional_str, rdzv_error_t, rdzv_status_t};
 use super::cancel::{arg_cancel, rdzv_cancel_token_t};
 use super::params::{params_ref, rdzv_params_t};
 use super::store::rdzv_store_t;
@@ -21,12 +21,6 @@ pub struct rdzv_t {
     run_id: CString,
     backend: CString,
     node_id: CString,
-}
-
-impl rdzv_t {
-    pub(crate) fn inner(&self) -> &BlockingRendezvous {
-        &self.inner
-    }
 }
 
 /// This node's place in a completed round, filled by `rdzv_next`.
@@ -248,11 +242,43 @@ pub extern "C" fn rdzv_cancel(rdzv: *const rdzv_t, error: *mut *mut rdzv_error_t
 /// does NOT close the run for the others. Idempotent; safe from any thread. Later calls on
 /// the handle and its stores fail with `RDZV_ERR_SHUTDOWN`. At most `close_timeout`.
 #[no_mangle]
-pub extern "C" fn rdzv_shutdown(
-    rdzv: *const rdzv_t,
+pub extern "C" fn rdzv_shutdown(rdzv: *mut rdzv_t, error: *mut *mut rdzv_error_t) -> rdzv_status_t {
+    // Not const: the handle changes (it is shut down). Still safe from any thread.
+    boundary(error, || {
+        arg_ref(rdzv.cast_const(), "rdzv")?.inner.shutdown()
+    })
+}
+
+/// Marks this node as leaving the run, as `rdzv_admin_drain` does for any node: for a node
+/// that learns first that it will go away (a preemption notice). `reason` may be NULL.
+#[no_mangle]
+pub extern "C" fn rdzv_drain(
+    rdzv: *mut rdzv_t,
+    reason: *const c_char,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
-    boundary(error, || arg_ref(rdzv, "rdzv")?.inner.shutdown())
+    boundary(error, || {
+        let handle = arg_ref(rdzv.cast_const(), "rdzv")?;
+        let reason = optional_str(reason, "reason")?;
+        handle.inner.drain(reason)
+    })
+}
+
+/// Sets `*draining` to whether this node was drained (by `rdzv_drain`, an operator or a
+/// scheduler): its agent should stop its workers and leave. One etcd read, at most
+/// `connect_timeout`.
+#[no_mangle]
+pub extern "C" fn rdzv_is_draining(
+    rdzv: *const rdzv_t,
+    draining: *mut bool,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let handle = arg_ref(rdzv, "rdzv")?;
+        let out = arg_out(draining, "draining")?;
+        *out = handle.inner.is_draining()?;
+        Ok(())
+    })
 }
 
 /// Shuts the handle down (as `rdzv_shutdown`, errors ignored) and frees it. NULL is a no-op.

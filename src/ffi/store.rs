@@ -327,12 +327,12 @@ pub extern "C" fn rdzv_store_multi_set(
 /// `timeout_ms` must be >= 0.
 #[no_mangle]
 pub extern "C" fn rdzv_store_set_timeout(
-    store: *const rdzv_store_t,
+    store: *mut rdzv_store_t,
     timeout_ms: i64,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
     boundary(error, || {
-        let s = store_ref(store)?;
+        let s = store_ref(store.cast_const())?;
         if timeout_ms < 0 {
             return Err(Error::invalid(format!(
                 "timeout_ms: expected >= 0, got {timeout_ms}"

@@ -565,10 +565,11 @@ class Store {
 
   /// Sets the default timeout of get, wait and multi_get (must be >= 0).
   template <class Rep, class Period>
-  void set_timeout(std::chrono::duration<Rep, Period> timeout) const {
+  void set_timeout(std::chrono::duration<Rep, Period> timeout) {
     // A negative duration is passed through so the library reports it as invalid.
     const int64_t ms = timeout < timeout.zero() ? -1 : detail::timeout_ms(timeout);
-    detail::call([&](rdzv_error_t** e) { return rdzv_store_set_timeout(ptr(), ms, e); });
+    rdzv_store_t* p = mut_ptr();
+    detail::call([&](rdzv_error_t** e) { return rdzv_store_set_timeout(p, ms, e); });
   }
 
   const rdzv_store_t* raw() const noexcept { return ptr_.get(); }
@@ -576,6 +577,10 @@ class Store {
 
  private:
   const rdzv_store_t* ptr() const {
+    if (!ptr_) detail::throw_empty("rdzv::Store");
+    return ptr_.get();
+  }
+  rdzv_store_t* mut_ptr() {
     if (!ptr_) detail::throw_empty("rdzv::Store");
     return ptr_.get();
   }
@@ -784,16 +789,19 @@ class Rendezvous {
 
   /// Releases this node (wakes a blocked next(), revokes the lease). Idempotent; later calls
   /// throw ShutdownError. Does not close the run for the others.
-  void shutdown() const {
-    detail::call([&](rdzv_error_t** e) { return rdzv_shutdown(ptr(), e); });
+  /// Not const: the handle changes (it is shut down). Safe from any thread.
+  void shutdown() {
+    rdzv_t* p = mut_ptr();
+    detail::call([&](rdzv_error_t** e) { return rdzv_shutdown(p, e); });
   }
 
   /// Marks this node as leaving the run (a planned departure, e.g. on a preemption notice),
   /// as Admin::drain() does for any node: the other members count it in num_lost() at once
   /// and re-form without it, and this node's next() throws GracefulExitError. Does not close
   /// the run. `reason` is shown in that error and in logs.
-  void drain(const std::string& reason = "") const {
-    detail::call([&](rdzv_error_t** e) { return rdzv_drain(ptr(), reason.c_str(), e); });
+  void drain(const std::string& reason = "") {
+    rdzv_t* p = mut_ptr();
+    detail::call([&](rdzv_error_t** e) { return rdzv_drain(p, reason.c_str(), e); });
   }
 
   /// Whether this node was drained (by drain(), an operator or a scheduler): its agent should
