@@ -73,7 +73,7 @@ fn jax_collectives_across_two_launchers() {
     ];
     let started = Instant::now();
     let launchers: Vec<Launcher> = (0..2)
-        .map(|_| Launcher::start(&python, &args, &program(), &[("RESULT_DIR", dir)]))
+        .map(|_| Launcher::run(&python, &args, &program(), &[("RESULT_DIR", dir)]))
         .collect();
     // JAX imports are slow on a loaded machine: bound the whole job generously.
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -126,12 +126,12 @@ fn node_loss(kill_the_coordinators_node: bool) {
     // Every group stays until the test releases the last one.
     let env = [("RESULT_DIR", dir), ("HOLD", "1")];
     let deadline = Instant::now() + Duration::from_secs(240);
-    let first = Launcher::start(&python, &args, &program(), &env);
+    let first = Launcher::run(&python, &args, &program(), &env);
     // The second node joins once the first runs alone, so the first is node rank 0 and hosts
     // process 0 and the coordinator: node ranks stay put across rounds.
     let alone = records(&results, 2, 2, deadline);
     check_world(&alone, 2);
-    let second = Launcher::start(&python, &args, &program(), &env);
+    let second = Launcher::run(&python, &args, &program(), &env);
     let four = records(&results, 4, 4, deadline);
     check_world(&four, 4);
     let coordinators = four.iter().find(|r| r["process"] == 0).unwrap();

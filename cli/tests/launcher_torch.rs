@@ -8,14 +8,12 @@ mod common;
 #[path = "support/launch.rs"]
 mod launch;
 
-use common::{Etcd, SpawnTied};
-use launch::{drain, fresh_dir, wait_with_deadline};
+use common::Etcd;
+use launch::{fresh_dir, Launcher, RDZV};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-const RDZV: &str = env!("CARGO_BIN_EXE_rdzv");
 
 fn torch_python() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("RDZV_TORCH_PYTHON") {
@@ -39,46 +37,27 @@ fn ddp_all_reduce_across_two_launchers() {
         return;
     };
     let etcd = Etcd::start();
-    let results = std::env::temp_dir().join(format!("rdzv-launcher-torch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&results);
-    std::fs::create_dir_all(&results).unwrap();
-    let worker = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../bindings/python/tests/torch_workers/allreduce.py");
+    let results = fresh_dir("launcher-torch");
     let url = etcd.url(
         "ddp",
         "min_nodes=2&max_nodes=2&last_call_timeout=1&lease_ttl=3",
     );
+    let args = [
+        "--rdzv",
+        &url,
+        "--nproc-per-node=2",
+        "--local-addr=127.0.0.1",
+    ];
+    let env = [("RESULT_DIR", results.to_str().unwrap())];
     let started = Instant::now();
-    let mut launchers: Vec<_> = (0..2)
-        .map(|_| {
-            Command::new(RDZV)
-                .args([
-                    "run",
-                    "--rdzv",
-                    &url,
-                    "--nproc-per-node=2",
-                    "--local-addr=127.0.0.1",
-                ])
-                .arg(&worker)
-                .env("PYTHON_EXEC", &python)
-                .env("RESULT_DIR", &results)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn_tied()
-                .unwrap()
-        })
+    let launchers: Vec<_> = (0..2)
+        .map(|_| Launcher::run(&python, &args, &allreduce_worker(), &env))
         .collect();
-    let outputs: Vec<_> = launchers.iter_mut().map(drain).collect();
     // Torch imports are slow on a loaded machine: bound the whole job generously.
     let deadline = Instant::now() + Duration::from_secs(300);
-    let statuses: Vec<_> = launchers
-        .iter_mut()
-        .map(|l| wait_with_deadline(l, deadline))
-        .collect();
-    for (status, out) in statuses.into_iter().zip(outputs) {
-        let out = out.join().unwrap();
-        assert_eq!(status, Some(0), "launcher failed:\n{out}");
+    for launcher in launchers {
+        let (code, out) = launcher.finish(deadline);
+        assert_eq!(code, Some(0), "launcher failed:\n{out}");
     }
     eprintln!(
         "2 x 2 DDP workers: launch to exit {:.1} s",
@@ -99,30 +78,27 @@ fn ddp_all_reduce_across_two_launchers() {
     let _ = std::fs::remove_dir_all(&results);
 }
 
+fn allreduce_worker() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../bindings/python/tests/torch_workers/allreduce.py")
+}
+
 /// Starts an `rdzv run` of one allreduce.py worker on `url` with `--nnodes=1:2`.
-fn torch_launcher(python: &Path, url: &str, results: &Path, wait_unless_world: u32) -> Child {
-    let worker = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../bindings/python/tests/torch_workers/allreduce.py");
-    Command::new(RDZV)
-        .args([
-            "run",
-            "--rdzv",
-            url,
-            "--nnodes=1:2",
-            "--nproc-per-node=1",
-            "--max-restarts=0",
-            "--monitor-interval=0.1",
-            "--local-addr=127.0.0.1",
-        ])
-        .arg(worker)
-        .env("PYTHON_EXEC", python)
-        .env("RESULT_DIR", results)
-        .env("WAIT_UNLESS_WORLD", wait_unless_world.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn_tied()
-        .unwrap()
+fn torch_launcher(python: &Path, url: &str, results: &Path, wait_unless_world: u32) -> Launcher {
+    let args = [
+        "--rdzv",
+        url,
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--max-restarts=0",
+        "--monitor-interval=0.1",
+        "--local-addr=127.0.0.1",
+    ];
+    let env = [
+        ("RESULT_DIR", results.to_str().unwrap()),
+        ("WAIT_UNLESS_WORLD", &wait_unless_world.to_string()),
+    ];
+    Launcher::run(python, &args, &allreduce_worker(), &env)
 }
 
 /// The records allreduce.py workers wrote for a world of `world` (`launch::records`),
@@ -148,21 +124,18 @@ fn ddp_grows_from_one_node_to_two() {
     let url = etcd.url("ddp-grow", "last_call_timeout=1&lease_ttl=3");
     let results = fresh_dir("ddp-grow");
     let deadline = Instant::now() + Duration::from_secs(240);
-    let mut first = torch_launcher(&python, &url, &results, 2);
-    let first_out = drain(&mut first);
+    let first = torch_launcher(&python, &url, &results, 2);
     let alone = records(&results, 1, 1, deadline);
     assert_eq!(alone[0]["rank"], 0);
-    let mut second = torch_launcher(&python, &url, &results, 2);
-    let second_out = drain(&mut second);
+    let second = torch_launcher(&python, &url, &results, 2);
     let mut both = records(&results, 2, 2, deadline);
     both.sort_by_key(|r| r["rank"].as_u64());
     assert_eq!(both[0]["sum"], 3.0);
     // The node that ran alone keeps rank 0 (stable ranks across rounds).
     assert_eq!(both[0]["agent"], first.id());
-    for (launcher, out) in [(&mut first, first_out), (&mut second, second_out)] {
-        let status = wait_with_deadline(launcher, deadline);
-        let out = out.join().unwrap();
-        assert_eq!(status, Some(0), "launcher failed:\n{out}");
+    for launcher in [first, second] {
+        let (code, out) = launcher.finish(deadline);
+        assert_eq!(code, Some(0), "launcher failed:\n{out}");
     }
     let _ = std::fs::remove_dir_all(&results);
 }
@@ -180,26 +153,21 @@ fn ddp_survives_the_loss_of_a_node() {
     let url = etcd.url("ddp-loss", "last_call_timeout=1&lease_ttl=3");
     let results = fresh_dir("ddp-loss");
     let deadline = Instant::now() + Duration::from_secs(240);
-    let mut a = torch_launcher(&python, &url, &results, 1);
-    let a_out = drain(&mut a);
+    let a = torch_launcher(&python, &url, &results, 1);
     let mut b = torch_launcher(&python, &url, &results, 1);
-    let b_out = drain(&mut b);
     let pair = records(&results, 2, 2, deadline);
     let survivor_agent = a.id();
     assert!(pair.iter().any(|r| r["agent"] == survivor_agent));
     let killed = Instant::now();
-    b.kill().unwrap();
-    b.wait().unwrap();
-    drop(b_out);
+    b.kill_node();
     let alone = records(&results, 1, 1, deadline);
     assert_eq!(alone[0]["agent"], survivor_agent, "{alone:?}");
     eprintln!(
         "survivor's DDP worker all_reduced alone {:.1} s after the SIGKILL",
         killed.elapsed().as_secs_f64()
     );
-    let status = wait_with_deadline(&mut a, deadline);
-    let out = a_out.join().unwrap();
-    assert_eq!(status, Some(0), "survivor failed:\n{out}");
+    let (code, out) = a.finish(deadline);
+    assert_eq!(code, Some(0), "survivor failed:\n{out}");
     let _ = std::fs::remove_dir_all(&results);
 }
 
@@ -253,11 +221,11 @@ fn user_name() -> String {
 
 /// Each worker's environment, by RANK: what `launch` (torchrun or rdzv run, standalone, two
 /// workers) gave the workers beyond the test's own environment.
-fn worker_envs(launch: &mut Command, dir: &Path) -> Vec<BTreeMap<String, String>> {
+fn worker_envs(mut launch: Command, dir: &Path) -> Vec<BTreeMap<String, String>> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).unwrap();
     let dump = format!("env > {}/$RANK.env", dir.display());
-    let mut child = launch
+    launch
         .args([
             "--standalone",
             "--nproc-per-node=2",
@@ -265,16 +233,9 @@ fn worker_envs(launch: &mut Command, dir: &Path) -> Vec<BTreeMap<String, String>
             "sh",
             "-c",
         ])
-        .arg(&dump)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn_tied()
-        .unwrap();
-    let out = drain(&mut child);
-    let status = wait_with_deadline(&mut child, Instant::now() + Duration::from_secs(180));
-    let out = out.join().unwrap();
-    assert_eq!(status, Some(0), "launcher failed:\n{out}");
+        .arg(&dump);
+    let (code, out) = Launcher::spawn(launch).finish(Instant::now() + Duration::from_secs(180));
+    assert_eq!(code, Some(0), "launcher failed:\n{out}");
     let parent: BTreeMap<String, String> = std::env::vars().collect();
     (0..2)
         .map(|rank| {
@@ -312,10 +273,8 @@ fn workers_get_the_environment_torchrun_gives() {
             std::fs::write(site.join("sitecustomize.py"), ask).unwrap();
             torchrun.env("PYTHONPATH", &site);
         }
-        let mut torch = worker_envs(
-            torchrun.args(["-m", "torch.distributed.run"]),
-            &dir.join("torchrun"),
-        );
+        torchrun.args(["-m", "torch.distributed.run"]);
+        let mut torch = worker_envs(torchrun, &dir.join("torchrun"));
         if inductor_asked {
             torch
                 .iter_mut()
@@ -338,7 +297,9 @@ fn same_environment(
     mut torch: Vec<BTreeMap<String, String>>,
     dir: &Path,
 ) {
-    let rdzv = worker_envs(Command::new(RDZV).arg("run"), &dir.join("rdzv"));
+    let mut run = Command::new(RDZV);
+    run.arg("run");
+    let rdzv = worker_envs(run, &dir.join("rdzv"));
     // Not the agent's: torch's inductor writes its default cache directory into the
     // environment of any process that first asks for it (torch._dynamo.package does when it is
     // imported), and torchrun's agent had once by the time it started its workers (1 of about

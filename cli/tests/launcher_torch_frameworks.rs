@@ -154,7 +154,7 @@ fn deepspeed_zero1_trains_under_rdzv_run() {
     let builds = op_builds(&extensions);
     let launchers = (0..2)
         .map(|_| {
-            Launcher::start(
+            Launcher::run(
                 &python,
                 &args,
                 &program("deepspeed_zero1.py"),

@@ -1,15 +1,18 @@
-//! `rdzv run` launchers of real framework programs (JAX, Lightning) for multi-node tests:
-//! each launcher leads its own process group, so a test can SIGKILL a whole node as a machine
-//! loss would, and a launcher still running when its `Launcher` is dropped (a failed
-//! assertion) is killed with its workers; its output is read to the end on threads of its
-//! own, so a chatty launcher never blocks on a full pipe. Workers report by writing whole JSON
-//! files into a results directory, which `records` reads.
+//! Launchers for the `rdzv` command's tests: `rdzv run` (or torchrun) processes whose output a
+//! test reads line by line as it comes or collects to the end. Each leads its own process
+//! group, so a test can SIGKILL a whole node as a machine loss would, and a launcher still
+//! running when its `Launcher` is dropped (a failed assertion) is killed with its workers.
+//! Framework workers report by writing whole JSON files into a results directory, which
+//! `records` reads.
 #![allow(dead_code)] // each test binary uses a part of it
 
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread::JoinHandle;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub const RDZV: &str = env!("CARGO_BIN_EXE_rdzv");
@@ -40,15 +43,26 @@ pub fn cached_python(variable: &str, prefix: &str) -> Option<PathBuf> {
     venvs.pop().map(|v| v.join("bin/python"))
 }
 
+/// One launcher process (`rdzv` or torchrun, for a comparison), in a process group of its own
+/// and tied to the test process. Every line it writes, stdout and stderr, arrives on one
+/// channel (each pipe read on a thread of its own, so a chatty launcher never blocks on a full
+/// pipe). A test either waits for lines as they come (`wait_line`, `exit`) or runs it to its
+/// end (`finish`). Still running when dropped (a failed assertion), its group is SIGKILLed.
 pub struct Launcher {
     child: Child,
-    output: Option<JoinHandle<String>>,
+    lines: mpsc::Receiver<String>,
+    /// Every line received, for assertions on the whole output and for failure messages.
+    seen: Vec<String>,
+    /// Lines received while waiting for another one, not yet returned by a wait.
+    passed: VecDeque<String>,
+    /// A TMPDIR of the launcher's own (where `rdzv run` keeps logs without --log-dir),
+    /// removed on drop.
+    tmp: Option<PathBuf>,
 }
 
 impl Launcher {
-    /// Starts `rdzv run ARGS PROGRAM` with `python` for `.py` programs, in a process group of
-    /// its own, tied to the test process.
-    pub fn start(python: &Path, args: &[&str], program: &Path, env: &[(&str, &str)]) -> Launcher {
+    /// Starts `rdzv run ARGS PROGRAM` with `python` for `.py` programs.
+    pub fn run(python: &Path, args: &[&str], program: &Path, env: &[(&str, &str)]) -> Launcher {
         let mut command = Command::new(RDZV);
         command
             .arg("run")
@@ -59,7 +73,7 @@ impl Launcher {
         Launcher::spawn(command)
     }
 
-    /// Starts any launcher (torchrun, for a comparison) the same way.
+    /// Starts `command`.
     pub fn spawn(mut command: Command) -> Launcher {
         command
             .process_group(0)
@@ -67,12 +81,53 @@ impl Launcher {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = crate::common::spawn(command).unwrap();
-        let output = Some(drain(&mut child));
-        Launcher { child, output }
+        let (tx, lines) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        let err = child.stderr.take().unwrap();
+        for stream in [Box::new(out) as Box<dyn Read + Send>, Box::new(err)] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        Launcher {
+            child,
+            lines,
+            seen: Vec::new(),
+            passed: VecDeque::new(),
+            tmp: None,
+        }
+    }
+
+    /// Starts `command` with a TMPDIR of its own, removed when the `Launcher` is dropped.
+    pub fn spawn_in_own_tmpdir(mut command: Command) -> Launcher {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let tmp = std::env::temp_dir().join(format!(
+            "rdzv-launcher-tmp-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&tmp).unwrap();
+        command.env("TMPDIR", &tmp);
+        let mut launcher = Launcher::spawn(command);
+        launcher.tmp = Some(tmp);
+        launcher
     }
 
     pub fn id(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends `sig` to the launcher alone (not its group).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain syscall on a pid this process has not reaped.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     /// SIGKILL to the node's process group (the launcher; its workers lead groups of their
@@ -83,12 +138,84 @@ impl Launcher {
         let _ = self.child.wait();
     }
 
+    /// The first line matching `pred` that no earlier wait returned, within `secs`. Lines
+    /// passed over by earlier waits count too: the launcher's own lines (stderr) and its
+    /// workers' (stdout) are read on two threads, so their order here is not the order written.
+    pub fn wait_line(&mut self, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+        if let Some(i) = self.passed.iter().position(|l| pred(l)) {
+            return self.passed.remove(i).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                    self.passed.push_back(line);
+                }
+                Err(e) => panic!(
+                    "no matching line within {secs} s ({e}); the launcher said:\n{}",
+                    self.output()
+                ),
+            }
+        }
+    }
+
+    /// Takes in every line until the output closes (true) or `deadline` passes (false).
+    fn read_to_end(&mut self, deadline: Instant) -> bool {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    self.passed.push_back(line);
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return true,
+                Err(mpsc::RecvTimeoutError::Timeout) => return false,
+            }
+        }
+    }
+
+    /// Waits for the launcher to exit (its output closed), within `secs`; fails the test if
+    /// it does not.
+    pub fn exit(&mut self, secs: u64) -> ExitStatus {
+        if !self.read_to_end(Instant::now() + Duration::from_secs(secs)) {
+            panic!(
+                "launcher did not exit within {secs} s; it said:\n{}",
+                self.output()
+            );
+        }
+        self.child.wait().unwrap()
+    }
+
     /// Waits for the launcher until `deadline` (killing it then) and returns its exit code,
     /// if it exited, and everything it wrote.
     pub fn finish(mut self, deadline: Instant) -> (Option<i32>, String) {
         let code = wait_with_deadline(&mut self.child, deadline);
-        let output = self.output.take().unwrap().join().unwrap_or_default();
-        (code, output)
+        // Its output closes as it exits; what a killed one wrote last gets a moment to arrive.
+        self.read_to_end(deadline.max(Instant::now() + Duration::from_secs(5)));
+        (code, self.output())
+    }
+
+    /// Whether any line so far contains `text`.
+    pub fn said(&self, text: &str) -> bool {
+        self.seen.iter().any(|l| l.contains(text))
+    }
+
+    /// The lines so far that contain `text`.
+    pub fn lines_with<'a>(&'a self, text: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.seen
+            .iter()
+            .map(String::as_str)
+            .filter(move |l| l.contains(text))
+    }
+
+    /// Every line so far, in the order received.
+    pub fn output(&self) -> String {
+        self.seen.join("\n")
     }
 }
 
@@ -96,6 +223,9 @@ impl Drop for Launcher {
     fn drop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
             self.kill_node();
+        }
+        if let Some(tmp) = &self.tmp {
+            let _ = std::fs::remove_dir_all(tmp);
         }
     }
 }
@@ -122,24 +252,6 @@ pub fn wait_with_deadline(child: &mut Child, deadline: Instant) -> Option<i32> {
             None
         }
     }
-}
-
-/// Reads a child's stdout and stderr to the end on threads of their own, so a chatty child
-/// never blocks on a full pipe; the handle gives both, stdout first.
-pub fn drain(child: &mut Child) -> JoinHandle<String> {
-    use std::io::Read;
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let err_text = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s + &err_text.join().unwrap_or_default()
-    })
 }
 
 /// An empty directory for one test's results.
