@@ -5,17 +5,16 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "support/launch.rs"]
+mod launch;
 
 use common::Etcd;
+use launch::{Launcher, RDZV};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-const RDZV: &str = env!("CARGO_BIN_EXE_rdzv");
 
 /// The test worker. `MODE` selects what it does after printing its environment.
 const WORKER: &str = r#"#!/bin/sh
@@ -76,6 +75,23 @@ impl Scratch {
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
+
+    /// `rdzv run --rdzv URL FLAGS worker MODE`: one node of the run at `url`.
+    fn node(&self, url: &str, flags: &[&str], mode: &str) -> Launcher {
+        let worker = self.worker();
+        rdzv(&[&["run", "--rdzv", url], flags, &[&worker, mode]].concat())
+    }
+
+    /// `n` nodes of the run at `url`, as `node` starts them.
+    fn nodes(&self, n: usize, url: &str, flags: &[&str], mode: &str) -> Vec<Launcher> {
+        (0..n).map(|_| self.node(url, flags, mode)).collect()
+    }
+
+    /// `rdzv run --standalone FLAGS worker MODE`.
+    fn standalone(&self, flags: &[&str], mode: &str) -> Launcher {
+        let worker = self.worker();
+        rdzv(&[&["run", "--standalone"], flags, &[&worker, mode]].concat())
+    }
 }
 
 impl Drop for Scratch {
@@ -84,159 +100,103 @@ impl Drop for Scratch {
     }
 }
 
-/// One `rdzv` process; its stdout and stderr lines arrive on one channel. Killed on drop.
-struct Launcher {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    /// Every line received, for failure messages.
-    seen: Vec<String>,
-    /// Lines received while waiting for another one, not yet returned by a wait.
-    passed: std::collections::VecDeque<String>,
-    /// The launcher's TMPDIR (where it keeps logs without --log-dir), removed on drop.
-    tmp: PathBuf,
+/// Starts `rdzv ARGS`.
+fn rdzv(args: &[&str]) -> Launcher {
+    rdzv_env(args, &[])
 }
 
-impl Launcher {
-    fn spawn(args: &[&str]) -> Launcher {
-        Launcher::spawn_env(args, &[])
-    }
-
-    fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Launcher {
-        let tmp = std::env::temp_dir().join(format!(
-            "rdzv-launcher-tmp-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&tmp).unwrap();
-        let mut cmd = Command::new(RDZV);
-        cmd.args(args)
-            .env("TMPDIR", &tmp)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        // The caller's environment must not leak torchrun settings into the test.
-        for (k, _) in std::env::vars() {
-            if k.starts_with("PET_") && !env.iter().any(|(e, _)| *e == k) {
-                cmd.env_remove(k);
-            }
-        }
-        let mut child = common::spawn(cmd).unwrap();
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        let err = child.stderr.take().unwrap();
-        for stream in [
-            Box::new(out) as Box<dyn std::io::Read + Send>,
-            Box::new(err),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-        }
-        Launcher {
-            child,
-            lines,
-            seen: Vec::new(),
-            passed: std::collections::VecDeque::new(),
-            tmp,
+/// Starts `rdzv ARGS` with `env` and a TMPDIR of its own; the caller's torchrun settings
+/// (PET_*) do not leak into the test, only those in `env` are set.
+fn rdzv_env(args: &[&str], env: &[(&str, &str)]) -> Launcher {
+    let mut cmd = Command::new(RDZV);
+    cmd.args(args).envs(env.iter().copied());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("PET_") && !env.iter().any(|(e, _)| *e == k) {
+            cmd.env_remove(k);
         }
     }
+    Launcher::spawn_in_own_tmpdir(cmd)
+}
 
-    /// The first line matching `pred` that no earlier wait returned, within `secs`. Lines
-    /// passed over by earlier waits count too: the launcher's own lines (stderr) and its
-    /// workers' (stdout) are read on two threads, so their order here is not the order written.
-    fn wait_line(&mut self, secs: u64, pred: impl Fn(&str) -> bool) -> String {
-        if let Some(i) = self.passed.iter().position(|l| pred(l)) {
-            return self.passed.remove(i).unwrap();
-        }
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if pred(&line) {
-                        return line;
-                    }
-                    self.passed.push_back(line);
-                }
-                Err(e) => panic!(
-                    "no matching line within {secs} s ({e}); the launcher said:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
+/// What a launcher's output says of the test workers, and how a test ends a launcher.
+trait WorkerLines {
+    /// The fields of the next START line of a worker, within `secs`.
+    fn start(&mut self, secs: u64) -> Fields;
+    /// The line that says `text`; fails the test if there is none.
+    fn line_with(&self, text: &str) -> String;
+    /// The launcher exits with `want` within `secs`.
+    fn exits_with(&mut self, want: i32, secs: u64);
+    /// SIGTERM to the launcher, which exits by it (128 + SIGTERM) within 30 s.
+    fn terminate(&mut self);
+    /// SIGKILL to the launcher alone, as a crash; its output closes within 10 s.
+    fn crash(&mut self);
+}
 
-    /// The fields of the next START line of a worker.
-    fn start(&mut self, secs: u64) -> HashMap<String, String> {
+impl WorkerLines for Launcher {
+    fn start(&mut self, secs: u64) -> Fields {
         fields(&self.wait_line(secs, |l| l.contains("]:START ")))
     }
 
-    /// Waits for the launcher to exit (its output closed), within `secs`.
-    fn exit(&mut self, secs: u64) -> ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    self.passed.push_back(line);
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                Err(mpsc::RecvTimeoutError::Timeout) => panic!(
-                    "launcher did not exit within {secs} s; it said:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
+    fn line_with(&self, text: &str) -> String {
+        match self.lines_with(text).next() {
+            Some(line) => line.to_string(),
+            None => panic!(
+                "no line says {text:?}; the launcher said:\n{}",
+                self.output()
+            ),
         }
-        self.child.wait().unwrap()
     }
 
-    fn said(&self, text: &str) -> bool {
-        self.seen.iter().any(|l| l.contains(text))
+    fn exits_with(&mut self, want: i32, secs: u64) {
+        let got = code(self.exit(secs));
+        assert_eq!(got, want, "{}", self.output());
     }
 
-    fn output(&self) -> String {
-        self.seen.join("\n")
+    fn terminate(&mut self) {
+        self.signal(libc::SIGTERM);
+        self.exits_with(128 + libc::SIGTERM, 30);
     }
 
-    fn signal(&self, sig: i32) {
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+    fn crash(&mut self) {
+        self.signal(libc::SIGKILL);
+        self.exit(10);
     }
 }
 
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.tmp);
-    }
-}
+type Fields = HashMap<String, String>;
 
 /// `key=value` fields of a worker's START line.
-fn fields(line: &str) -> HashMap<String, String> {
+fn fields(line: &str) -> Fields {
     line.split_whitespace()
         .filter_map(|f| f.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
 }
 
-fn num(f: &HashMap<String, String>, key: &str) -> u32 {
+fn num(f: &Fields, key: &str) -> u32 {
     f[key]
         .parse()
         .unwrap_or_else(|_| panic!("{key} is not a number in {f:?}"))
+}
+
+/// The worker's pid from its START line.
+fn pid(f: &Fields) -> i32 {
+    f["pid"]
+        .parse()
+        .unwrap_or_else(|_| panic!("pid is not a number in {f:?}"))
+}
+
+/// Each of `nodes` starts its next worker, within `secs`, in a world of `world`: their START
+/// fields, node by node.
+fn formed(nodes: &mut [Launcher], world: u32, secs: u64) -> Vec<Fields> {
+    nodes
+        .iter_mut()
+        .map(|n| {
+            let f = n.start(secs);
+            assert_eq!(num(&f, "world"), world, "{}", n.output());
+            f
+        })
+        .collect()
 }
 
 /// Waits (by pidfd, not by polling) until process `pid` has exited, within `secs`.
@@ -255,13 +215,23 @@ fn wait_gone(pid: i32, secs: u64) {
     assert_eq!(n, 1, "process {pid} still exists after {secs} s");
 }
 
-/// A pid from a worker's `CHILD pid` or `pid=` field.
+/// A pid from a worker's `CHILD pid` line.
 fn child_pid(line: &str) -> i32 {
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 fn code(status: ExitStatus) -> i32 {
     status.code().unwrap_or(-1)
+}
+
+/// The one run directory `--log-dir=logs` holds.
+fn run_dir(logs: &Path) -> PathBuf {
+    std::fs::read_dir(logs)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
 }
 
 /// Runs an operator command to completion: (exit code, stdout, stderr).
@@ -278,10 +248,27 @@ fn op(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Runs an operator command that must succeed: its stdout.
+fn op_ok(args: &[&str]) -> String {
+    let (c, out, err) = op(args);
+    assert_eq!(c, 0, "{args:?}: {err}");
+    out
+}
+
+/// Runs an operator command that must fail with exit code `want`: its stderr.
+fn op_fails(args: &[&str], want: i32) -> String {
+    let (c, _, err) = op(args);
+    assert_eq!(c, want, "{args:?}: {err}");
+    err
+}
+
 fn status_json(url: &str) -> serde_json::Value {
-    let (code, out, err) = op(&["status", "--json", url]);
-    assert_eq!(code, 0, "{err}");
-    serde_json::from_str(&out).unwrap()
+    serde_json::from_str(&op_ok(&["status", "--json", url])).unwrap()
+}
+
+/// A run id no other test of this process uses.
+fn unique_run_id(prefix: &str) -> String {
+    format!("{prefix}-{}", SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Fast rounds for tests: a short last call and lease.
@@ -292,27 +279,26 @@ fn launchers_with_different_worker_counts_form_one_job() {
     let etcd = Etcd::start();
     let s = Scratch::new();
     let w = s.worker();
-    let run = format!("job-{}", SEQ.fetch_add(1, Ordering::Relaxed));
-    let endpoint = etcd.endpoint();
-    let args = |n: &'static str| {
-        vec![
-            "run".to_string(),
-            "--nnodes=2".into(),
-            format!("--nproc-per-node={n}"),
-            format!("--rdzv-endpoint={endpoint}"),
-            format!("--rdzv-id={run}"),
-            "--local-addr=127.0.0.1".into(),
-            w.clone(),
-            "ok".into(),
-        ]
+    let run = unique_run_id("job");
+    let endpoint = format!("--rdzv-endpoint={}", etcd.endpoint());
+    let id = format!("--rdzv-id={run}");
+    let node = |nproc: &str| {
+        rdzv(&[
+            "run",
+            "--nnodes=2",
+            nproc,
+            &endpoint,
+            &id,
+            "--local-addr=127.0.0.1",
+            &w,
+            "ok",
+        ])
     };
-    let a_args = args("2");
-    let b_args = args("1");
-    let mut a = Launcher::spawn(&a_args.iter().map(String::as_str).collect::<Vec<_>>());
-    let mut b = Launcher::spawn(&b_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut a = node("--nproc-per-node=2");
+    let mut b = node("--nproc-per-node=1");
     let mut starts = vec![a.start(30), a.start(30), b.start(30)];
-    assert_eq!(code(a.exit(30)), 0, "{}", a.output());
-    assert_eq!(code(b.exit(30)), 0, "{}", b.output());
+    a.exits_with(0, 30);
+    b.exits_with(0, 30);
     starts.sort_by_key(|f| num(f, "rank"));
     let ranks: Vec<u32> = starts.iter().map(|f| num(f, "rank")).collect();
     assert_eq!(ranks, [0, 1, 2], "global ranks are unique and dense");
@@ -336,7 +322,7 @@ fn launchers_with_different_worker_counts_form_one_job() {
         assert!(f["errfile"].ends_with("error.json"), "{f:?}");
     }
     // The node with two workers holds the lower or the higher ranks, consistently.
-    let node_of = |f: &HashMap<String, String>| (num(f, "group"), num(f, "lws"), f["omp"].clone());
+    let node_of = |f: &Fields| (num(f, "group"), num(f, "lws"), f["omp"].clone());
     let two = starts
         .iter()
         .filter(|f| num(f, "lws") == 2)
@@ -364,9 +350,9 @@ fn min_equals_max_and_the_exit_barrier_waits_for_the_slow_node() {
     let fifo = s.path("release");
     let c = std::ffi::CString::new(fifo.display().to_string()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let mut fast = Launcher::spawn(&["run", "--rdzv", &url, &s.worker(), "ok"]);
+    let mut fast = s.node(&url, &[], "ok");
     let fifo_arg = fifo.display().to_string();
-    let mut slow = Launcher::spawn(&["run", "--rdzv", &url, &s.worker(), "fifo", &fifo_arg]);
+    let mut slow = rdzv(&["run", "--rdzv", &url, &s.worker(), "fifo", &fifo_arg]);
     fast.start(30);
     slow.start(30);
     fast.wait_line(30, |l| l.contains("exit barrier"));
@@ -376,8 +362,8 @@ fn min_equals_max_and_the_exit_barrier_waits_for_the_slow_node() {
     );
     // Release the slow worker: opening the FIFO for writing unblocks its read.
     std::fs::write(&fifo, "go\n").unwrap();
-    assert_eq!(code(slow.exit(30)), 0, "{}", slow.output());
-    assert_eq!(code(fast.exit(30)), 0, "{}", fast.output());
+    slow.exits_with(0, 30);
+    fast.exits_with(0, 30);
     assert!(fast.said("every node finished"), "{}", fast.output());
     // A finished job leaves nothing in etcd.
     assert_eq!(status_json(&url)["exists"], false);
@@ -388,24 +374,10 @@ fn a_node_that_arrives_grows_the_world_without_spending_restarts() {
     let etcd = Etcd::start();
     let s = Scratch::new();
     let url = etcd.url("grow", &format!("min_nodes=1&max_nodes=3&{FAST}"));
-    let mut a = Launcher::spawn(&[
-        "run",
-        "--rdzv",
-        &url,
-        "--max-restarts=0",
-        &s.worker(),
-        "hold",
-    ]);
+    let mut a = s.node(&url, &["--max-restarts=0"], "hold");
     let first = a.start(30);
     assert_eq!(num(&first, "world"), 1);
-    let mut b = Launcher::spawn(&[
-        "run",
-        "--rdzv",
-        &url,
-        "--max-restarts=0",
-        &s.worker(),
-        "hold",
-    ]);
+    let mut b = s.node(&url, &["--max-restarts=0"], "hold");
     a.wait_line(30, |l| l.contains("waiting to join"));
     let again = a.start(30);
     let joined = b.start(30);
@@ -420,8 +392,8 @@ fn a_node_that_arrives_grows_the_world_without_spending_restarts() {
     assert_eq!(num(&joined, "rank"), 1);
     a.signal(libc::SIGTERM);
     b.signal(libc::SIGTERM);
-    assert_eq!(code(a.exit(30)), 128 + libc::SIGTERM);
-    assert_eq!(code(b.exit(30)), 128 + libc::SIGTERM);
+    a.exits_with(128 + libc::SIGTERM, 30);
+    b.exits_with(128 + libc::SIGTERM, 30);
 }
 
 #[test]
@@ -429,26 +401,19 @@ fn survivors_re_form_within_about_the_lease_ttl_after_a_node_is_killed() {
     let etcd = Etcd::start();
     let s = Scratch::new();
     let url = etcd.url("loss", &format!("min_nodes=2&max_nodes=3&{FAST}"));
-    let mut nodes: Vec<Launcher> = (0..3)
-        .map(|_| Launcher::spawn(&["run", "--rdzv", &url, &s.worker(), "hold"]))
+    let mut nodes = s.nodes(3, &url, &[], "hold");
+    let pids: Vec<(u32, i32)> = formed(&mut nodes, 3, 30)
+        .iter()
+        .map(|f| (num(f, "rank"), pid(f)))
         .collect();
-    let mut pids = Vec::new();
-    for n in nodes.iter_mut() {
-        let f = n.start(30);
-        assert_eq!(num(&f, "world"), 3);
-        pids.push((num(&f, "rank"), f["pid"].parse::<i32>().unwrap()));
-    }
     // Kill the node whose worker is rank 2, launcher and all, as a machine would die.
     let victim = pids.iter().position(|(rank, _)| *rank == 2).unwrap();
     let mut dead = nodes.remove(victim);
     let worker_pid = pids[victim].1;
     let killed = Instant::now();
-    dead.signal(libc::SIGKILL);
-    dead.exit(10);
+    dead.crash();
     wait_gone(worker_pid, 10); // PR_SET_PDEATHSIG: no worker outlives its launcher
-    for n in nodes.iter_mut() {
-        let f = n.start(30);
-        assert_eq!(num(&f, "world"), 2, "{}", n.output());
+    for f in formed(&mut nodes, 2, 30) {
         assert_eq!(num(&f, "restart"), 0, "a lost node spends no restart");
     }
     let took = killed.elapsed();
@@ -457,10 +422,7 @@ fn survivors_re_form_within_about_the_lease_ttl_after_a_node_is_killed() {
         took.as_secs_f64()
     );
     assert!(took < Duration::from_secs(12), "took {took:?}");
-    for mut n in nodes {
-        n.signal(libc::SIGTERM);
-        assert_eq!(code(n.exit(30)), 128 + libc::SIGTERM);
-    }
+    nodes.iter_mut().for_each(WorkerLines::terminate);
 }
 
 /// A signal that lands as the launcher goes from stopping its workers to rejoining is pending
@@ -472,26 +434,19 @@ fn a_sigterm_as_the_launcher_rejoins_ends_it() {
     let s = Scratch::new();
     // The signal lands in the gap about one time in four: twelve trials miss it rarely.
     for trial in 0..12 {
-        // A join timeout far beyond the exit wait: a lost signal shows as a hang.
+        eprintln!("trial {trial}"); // shown with the output of a failed trial
+                                    // A join timeout far beyond the exit wait: a lost signal shows as a hang.
         let url = etcd.url(
             &format!("rejoin-signal-{trial}"),
             &format!("min_nodes=2&max_nodes=2&join_timeout=300&{FAST}"),
         );
-        let spawn = || Launcher::spawn(&["run", "--rdzv", &url, &s.worker(), "hold"]);
-        let (mut a, mut b) = (spawn(), spawn());
+        let (mut a, mut b) = (s.node(&url, &[], "hold"), s.node(&url, &[], "hold"));
         a.start(30);
         b.start(30);
-        a.signal(libc::SIGTERM);
-        assert_eq!(code(a.exit(30)), 128 + libc::SIGTERM);
+        a.terminate();
         // b's worker says this as b stops it to re-form without a: b is about to rejoin.
         b.wait_line(30, |l| l.contains("GOT TERM"));
-        b.signal(libc::SIGTERM);
-        assert_eq!(
-            code(b.exit(30)),
-            128 + libc::SIGTERM,
-            "trial {trial}: {}",
-            b.output()
-        );
+        b.terminate();
     }
 }
 
@@ -505,24 +460,11 @@ fn rdzv_drain_stops_one_node_which_exits_0_and_the_others_re_form_without_spendi
         "drain",
         "min_nodes=2&max_nodes=3&last_call_timeout=60&lease_ttl=60",
     );
-    let mut nodes: Vec<Launcher> = (0..3)
-        .map(|_| {
-            Launcher::spawn(&[
-                "run",
-                "--rdzv",
-                &url,
-                "--max-restarts=0",
-                &s.worker(),
-                "hold",
-            ])
-        })
+    let mut nodes = s.nodes(3, &url, &["--max-restarts=0"], "hold");
+    let ranks: Vec<u32> = formed(&mut nodes, 3, 90)
+        .iter()
+        .map(|f| num(f, "rank"))
         .collect();
-    let mut ranks = Vec::new();
-    for n in nodes.iter_mut() {
-        let f = n.start(90);
-        assert_eq!(num(&f, "world"), 3);
-        ranks.push(num(&f, "rank"));
-    }
     // The node running rank 1, by the id its launcher printed when it joined.
     let victim = ranks.iter().position(|r| *r == 1).unwrap();
     let joined = nodes[victim].wait_line(5, |l| l.contains("as node "));
@@ -532,19 +474,16 @@ fn rdzv_drain_stops_one_node_which_exits_0_and_the_others_re_form_without_spendi
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap()
         .to_string();
-    let (c, out, err) = op(&["drain", "--reason", "scale down", &url, &node_id]);
-    assert_eq!(c, 0, "{err}");
+    let out = op_ok(&["drain", "--reason", "scale down", &url, &node_id]);
     assert!(out.contains("drained"), "{out}");
     let mut drained = nodes.remove(victim);
-    assert_eq!(code(drained.exit(30)), 0, "{}", drained.output());
+    drained.exits_with(0, 30);
     assert!(
         drained.said("GOT TERM"),
         "its workers were stopped gracefully"
     );
     assert!(drained.said("drained"), "{}", drained.output());
-    for n in nodes.iter_mut() {
-        let f = n.start(30);
-        assert_eq!(num(&f, "world"), 2, "{}", n.output());
+    for f in formed(&mut nodes, 2, 30) {
         assert_eq!(num(&f, "restart"), 0, "a drain spends no restart");
     }
     let members = status_json(&url)["sealed"]["members"].clone();
@@ -557,13 +496,9 @@ fn rdzv_drain_stops_one_node_which_exits_0_and_the_others_re_form_without_spendi
         "{members}"
     );
     // Draining what is not a node of the run is a usage error naming it.
-    let (c, _, err) = op(&["drain", &url, "0000000000000000"]);
-    assert_eq!(c, 2, "{err}");
+    let err = op_fails(&["drain", &url, "0000000000000000"], 2);
     assert!(err.contains("0000000000000000"), "{err}");
-    for mut n in nodes {
-        n.signal(libc::SIGTERM);
-        assert_eq!(code(n.exit(30)), 128 + libc::SIGTERM);
-    }
+    nodes.iter_mut().for_each(WorkerLines::terminate);
 }
 
 #[test]
@@ -571,41 +506,19 @@ fn a_worker_that_always_fails_spends_the_budget_and_closes_the_run() {
     let etcd = Etcd::start();
     let s = Scratch::new();
     let url = etcd.url("budget", &format!("min_nodes=2&max_nodes=2&{FAST}"));
-    let mut healthy = Launcher::spawn(&[
-        "run",
-        "--rdzv",
-        &url,
-        "--max-restarts=2",
-        &s.worker(),
-        "hold",
-    ]);
-    let mut failing = Launcher::spawn(&[
-        "run",
-        "--rdzv",
-        &url,
-        "--max-restarts=2",
-        &s.worker(),
-        "errfile",
-    ]);
+    let mut healthy = s.node(&url, &["--max-restarts=2"], "hold");
+    let mut failing = s.node(&url, &["--max-restarts=2"], "errfile");
     let mut restarts = Vec::new();
     for _ in 0..3 {
         restarts.push(num(&failing.start(60), "restart"));
     }
     assert_eq!(restarts, [0, 1, 2]);
-    assert_eq!(code(failing.exit(60)), 1, "{}", failing.output());
+    failing.exits_with(1, 60);
     let out = failing.output();
     assert!(out.contains("restart budget spent (2 of 2"), "{out}");
-    let report = failing
-        .seen
-        .iter()
-        .find(|l| l.contains("first failure"))
-        .expect("a report");
+    let report = failing.line_with("first failure");
     assert!(report.contains("exit code 7"), "{report}");
-    let errfile = failing
-        .seen
-        .iter()
-        .find(|l| l.contains("error file"))
-        .expect("the error file");
+    let errfile = failing.line_with("error file");
     assert!(
         errfile.contains("error.json") && errfile.contains("ValueError: boom"),
         "{errfile}"
@@ -623,7 +536,7 @@ fn a_worker_that_always_fails_spends_the_budget_and_closes_the_run() {
     );
     // The other node restarted with it each time (a membership change for it, no budget
     // spent), then saw the run closed and ended its workers gracefully.
-    assert_eq!(code(healthy.exit(30)), 0, "{}", healthy.output());
+    healthy.exits_with(0, 30);
     assert!(healthy.said("GOT TERM"));
     assert!(healthy.said("the run was closed"));
     assert_eq!(status_json(&url)["closed"], true);
@@ -634,23 +547,16 @@ fn a_worker_that_fails_once_is_restarted_and_the_job_succeeds() {
     let etcd = Etcd::start();
     let s = Scratch::new();
     let url = etcd.url("once", FAST);
-    let mut l = Launcher::spawn(&[
-        "run",
-        "--rdzv",
+    let mut l = s.node(
         &url,
-        "--nproc-per-node=2",
-        "--max-restarts=1",
-        &s.worker(),
+        &["--nproc-per-node=2", "--max-restarts=1"],
         "fail-once",
-    ]);
-    assert_eq!(code(l.exit(60)), 0, "{}", l.output());
+    );
+    l.exits_with(0, 60);
     assert!(l.said("restarting the worker group (restart 1 of 1)"));
     // The first group may be stopped before its second worker prints anything; the restarted
     // group runs to its end.
-    let second = l
-        .seen
-        .iter()
-        .filter(|x| x.contains("]:START ") && x.contains("restart=1"));
+    let second = l.lines_with("]:START ").filter(|x| x.contains("restart=1"));
     assert_eq!(second.count(), 2, "both workers ran again: {}", l.output());
     assert!(l.said("restart=0"));
     assert_eq!(
@@ -665,32 +571,19 @@ fn sigterm_is_forwarded_to_every_worker_and_nothing_is_orphaned() {
     let etcd = Etcd::start();
     let s = Scratch::new();
     let url = etcd.url("signal", FAST);
-    let mut l = Launcher::spawn(&[
-        "run",
-        "--rdzv",
-        &url,
-        "--nproc-per-node=2",
-        &s.worker(),
-        "hold",
-    ]);
+    let mut l = s.node(&url, &["--nproc-per-node=2"], "hold");
     // Two workers, each with a child: their pids, in whatever order the lines arrive.
     let pids: Vec<i32> = (0..4)
         .map(|_| {
             let line = l.wait_line(30, |x| x.contains("]:START ") || x.contains("]:CHILD "));
             match line.contains("]:CHILD ") {
                 true => child_pid(&line),
-                false => fields(&line)["pid"].parse().unwrap(),
+                false => pid(&fields(&line)),
             }
         })
         .collect();
-    l.signal(libc::SIGTERM);
-    assert_eq!(code(l.exit(30)), 128 + libc::SIGTERM, "{}", l.output());
-    assert_eq!(
-        l.seen.iter().filter(|x| x.contains("GOT TERM")).count(),
-        2,
-        "{}",
-        l.output()
-    );
+    l.terminate();
+    assert_eq!(l.lines_with("GOT TERM").count(), 2, "{}", l.output());
     for pid in pids {
         wait_gone(pid, 10);
     }
@@ -705,17 +598,10 @@ fn sigterm_is_forwarded_to_every_worker_and_nothing_is_orphaned() {
 #[test]
 fn a_worker_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let s = Scratch::new();
-    let mut l = Launcher::spawn(&[
-        "run",
-        "--standalone",
-        "--shutdown-timeout=1",
-        &s.worker(),
-        "stubborn",
-    ]);
-    let pid = l.start(30)["pid"].parse::<i32>().unwrap();
+    let mut l = s.standalone(&["--shutdown-timeout=1"], "stubborn");
+    let pid = pid(&l.start(30));
     let child = child_pid(&l.wait_line(10, |x| x.contains("]:CHILD ")));
-    l.signal(libc::SIGTERM);
-    assert_eq!(code(l.exit(30)), 128 + libc::SIGTERM, "{}", l.output());
+    l.terminate();
     assert!(l.said("SIGKILL"), "{}", l.output());
     wait_gone(pid, 10);
     wait_gone(child, 10);
@@ -724,19 +610,9 @@ fn a_worker_that_ignores_sigterm_is_killed_after_the_grace_period() {
 #[test]
 fn workers_die_with_a_launcher_killed_by_sigkill() {
     let s = Scratch::new();
-    let mut l = Launcher::spawn(&[
-        "run",
-        "--standalone",
-        "--nproc-per-node=2",
-        &s.worker(),
-        "hold",
-    ]);
-    let pids = [
-        l.start(30)["pid"].parse::<i32>().unwrap(),
-        l.start(30)["pid"].parse::<i32>().unwrap(),
-    ];
-    l.signal(libc::SIGKILL);
-    l.exit(10);
+    let mut l = s.standalone(&["--nproc-per-node=2"], "hold");
+    let pids = [pid(&l.start(30)), pid(&l.start(30))];
+    l.crash();
     for pid in pids {
         wait_gone(pid, 10);
     }
@@ -747,20 +623,18 @@ fn rdzv_close_ends_a_running_job() {
     let etcd = Etcd::start();
     let s = Scratch::new();
     let url = etcd.url("close", &format!("min_nodes=2&{FAST}"));
-    let mut a = Launcher::spawn(&["run", "--rdzv", &url, &s.worker(), "hold"]);
-    let mut b = Launcher::spawn(&["run", "--rdzv", &url, &s.worker(), "hold"]);
+    let mut a = s.node(&url, &[], "hold");
+    let mut b = s.node(&url, &[], "hold");
     a.start(30);
     b.start(30);
-    let (c, out, err) = op(&["close", &url]);
-    assert_eq!(c, 0, "{err}");
+    let out = op_ok(&["close", &url]);
     assert!(out.contains("closed"), "{out}");
     for n in [&mut a, &mut b] {
-        assert_eq!(code(n.exit(30)), 0, "{}", n.output());
+        n.exits_with(0, 30);
         assert!(n.said("GOT TERM") && n.said("the run was closed"));
     }
     // A job started later under the closed id fails clearly instead of ending quietly.
-    let (c, _, err) = op(&["run", "--rdzv", &url, &s.worker(), "ok"]);
-    assert_eq!(c, 1, "{err}");
+    let err = op_fails(&["run", "--rdzv", &url, &s.worker(), "ok"], 1);
     assert!(err.contains("is closed"), "{err}");
 }
 
@@ -769,8 +643,8 @@ fn pet_variables_configure_the_launcher_and_flags_win() {
     let etcd = Etcd::start();
     let s = Scratch::new();
     let endpoint = etcd.endpoint();
-    let run = format!("pet-{}", SEQ.fetch_add(1, Ordering::Relaxed));
-    let mut l = Launcher::spawn_env(
+    let run = unique_run_id("pet");
+    let mut l = rdzv_env(
         &["run", "--nproc-per-node=2", &s.worker(), "ok"],
         &[
             ("PET_NNODES", "1"),
@@ -784,7 +658,7 @@ fn pet_variables_configure_the_launcher_and_flags_win() {
         ],
     );
     let f = l.start(30);
-    assert_eq!(code(l.exit(30)), 0, "{}", l.output());
+    l.exits_with(0, 30);
     assert_eq!(
         num(&f, "lws"),
         2,
@@ -794,21 +668,15 @@ fn pet_variables_configure_the_launcher_and_flags_win() {
     assert_eq!(num(&f, "max"), 4);
     assert_eq!(f["role"], "trainer");
     assert!(l.said("rdzv speaks etcd's v3 API"), "{}", l.output());
-    assert_eq!(l.seen.iter().filter(|x| x.contains("]:START ")).count(), 2);
+    assert_eq!(l.lines_with("]:START ").count(), 2);
 }
 
 #[test]
 fn standalone_runs_without_etcd() {
     let s = Scratch::new();
-    let mut l = Launcher::spawn(&[
-        "run",
-        "--standalone",
-        "--nproc-per-node=3",
-        &s.worker(),
-        "ok",
-    ]);
+    let mut l = s.standalone(&["--nproc-per-node=3"], "ok");
     let mut starts: Vec<_> = (0..3).map(|_| l.start(30)).collect();
-    assert_eq!(code(l.exit(30)), 0, "{}", l.output());
+    l.exits_with(0, 30);
     starts.sort_by_key(|f| num(f, "rank"));
     for (i, f) in starts.iter().enumerate() {
         assert_eq!(num(f, "rank"), i as u32);
@@ -826,26 +694,13 @@ fn log_dir_keeps_per_worker_files() {
     let s = Scratch::new();
     let logs = s.path("logs");
     let logs_arg = format!("--log-dir={}", logs.display());
-    let mut l = Launcher::spawn(&[
-        "run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--redirects=1",
-        &logs_arg,
-        &s.worker(),
-        "ok",
-    ]);
-    assert_eq!(code(l.exit(30)), 0, "{}", l.output());
+    let mut l = s.standalone(&["--nproc-per-node=2", "--redirects=1", &logs_arg], "ok");
+    l.exits_with(0, 30);
     assert!(
         !l.said("]:START "),
         "--redirects=1 keeps stdout off the console"
     );
-    let run_dir = std::fs::read_dir(&logs)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let run_dir = run_dir(&logs);
     for rank in 0..2 {
         let out =
             std::fs::read_to_string(run_dir.join(format!("attempt_0/{rank}/stdout.log"))).unwrap();
@@ -955,15 +810,14 @@ fn status_shows_members_and_a_crashed_run_goes_with_its_leases() {
     let etcd = Etcd::start();
     let s = Scratch::new();
     let url = etcd.url("status", &format!("min_nodes=2&{FAST}"));
-    let mut watch = Launcher::spawn(&["status", "--watch", &url]);
+    let mut watch = rdzv(&["status", "--watch", &url]);
     watch.wait_line(10, |l| l.contains("absent"));
-    let mut a = Launcher::spawn(&["run", "--rdzv", &url, &s.worker(), "hold"]);
-    let mut b = Launcher::spawn(&["run", "--rdzv", &url, &s.worker(), "hold"]);
+    let mut a = s.node(&url, &[], "hold");
+    let mut b = s.node(&url, &[], "hold");
     a.start(30);
     b.start(30);
     watch.wait_line(10, |l| l.contains("round 0 sealed: 2 member(s)"));
-    let (c, table, _) = op(&["status", &url]);
-    assert_eq!(c, 0);
+    let table = op_ok(&["status", &url]);
     assert!(table.contains("state    open"), "{table}");
     assert!(table.contains("RANK  NODE"), "{table}");
     assert_eq!(
@@ -977,8 +831,8 @@ fn status_shows_members_and_a_crashed_run_goes_with_its_leases() {
     let json = status_json(&url);
     assert_eq!(json["sealed"]["members"].as_array().unwrap().len(), 2);
     assert_eq!(json["sealed"]["round"], 0);
-    let (c, _, err) = op(&["purge", &url]);
-    assert_eq!(c, 1, "purge refuses while members are alive");
+    // purge refuses while members are alive.
+    let err = op_fails(&["purge", &url], 1);
     assert!(err.contains("2 live node(s)"), "{err}");
     // Crash both nodes: nobody shuts down, yet the run's keys go with the nodes' leases and
     // the run's lease, which no node refreshes any more.
@@ -991,11 +845,9 @@ fn status_shows_members_and_a_crashed_run_goes_with_its_leases() {
     common::wait_for_key_count(&etcd.endpoint(), &format!("/rdzv/{run}/"), |n| n == 0);
     assert_eq!(status_json(&url)["exists"], false);
     // What is left of a closed run is its marker, until `retention`: purge takes it now.
-    let (c, _, err) = op(&["close", &url]);
-    assert_eq!(c, 0, "{err}");
+    op_ok(&["close", &url]);
     assert_eq!(status_json(&url)["closed"], true);
-    let (c, out, err) = op(&["purge", &url]);
-    assert_eq!(c, 0, "{err}");
+    let out = op_ok(&["purge", &url]);
     assert!(out.contains("purged"), "{out}");
     assert_eq!(status_json(&url)["exists"], false);
 }
@@ -1005,29 +857,20 @@ fn tee_and_the_local_ranks_filter_choose_what_the_console_shows() {
     let s = Scratch::new();
     let logs = s.path("logs");
     let logs_arg = format!("--log-dir={}", logs.display());
-    let mut l = Launcher::spawn(&[
-        "run",
-        "--standalone",
+    let flags = [
         "--nproc-per-node=2",
         "--tee=3",
         "--local-ranks-filter=1",
         &logs_arg,
-        &s.worker(),
-        "ok",
-    ]);
-    assert_eq!(code(l.exit(30)), 0, "{}", l.output());
+    ];
+    let mut l = s.standalone(&flags, "ok");
+    l.exits_with(0, 30);
     assert!(
         l.said("[rank1]:START") && !l.said("[rank0]:START"),
         "{}",
         l.output()
     );
-    let run_dir = std::fs::read_dir(&logs)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let out = std::fs::read_to_string(run_dir.join("attempt_0/0/stdout.log")).unwrap();
+    let out = std::fs::read_to_string(run_dir(&logs).join("attempt_0/0/stdout.log")).unwrap();
     assert!(
         out.starts_with("START rank=0 "),
         "files keep the filtered ranks: {out}"
@@ -1045,10 +888,9 @@ fn python_programs_run_under_python3_and_cpu_counts_cpus() {
     .unwrap();
     let cpus = std::thread::available_parallelism().unwrap().get();
     let script_arg = script.display().to_string();
-    let mut l = Launcher::spawn(&["run", "--standalone", "--nproc-per-node=cpu", &script_arg]);
-    assert_eq!(code(l.exit(30)), 0, "{}", l.output());
-    let lines = l.seen.iter().filter(|x| x.contains("]:PY ")).count();
-    assert_eq!(lines, cpus, "{}", l.output());
+    let mut l = rdzv(&["run", "--standalone", "--nproc-per-node=cpu", &script_arg]);
+    l.exits_with(0, 30);
+    assert_eq!(l.lines_with("]:PY ").count(), cpus, "{}", l.output());
     assert!(l.said(&format!("]:PY 0 {cpus}")));
 
     // --module runs python3 -m NAME.
@@ -1058,31 +900,25 @@ fn python_programs_run_under_python3_and_cpu_counts_cpus() {
     )
     .unwrap();
     let path = s.dir.display().to_string();
-    let mut m = Launcher::spawn_env(
+    let mut m = rdzv_env(
         &["run", "--standalone", "--module", "wmod"],
         &[("PYTHONPATH", &path)],
     );
-    assert_eq!(code(m.exit(30)), 0, "{}", m.output());
+    m.exits_with(0, 30);
     assert!(m.said("[rank0]:MOD 0"), "{}", m.output());
 }
 
 #[test]
 fn a_second_signal_cuts_the_grace_period_short() {
     let s = Scratch::new();
-    let mut l = Launcher::spawn(&[
-        "run",
-        "--standalone",
-        "--shutdown-timeout=600",
-        &s.worker(),
-        "stubborn",
-    ]);
-    let pid = l.start(30)["pid"].parse::<i32>().unwrap();
+    let mut l = s.standalone(&["--shutdown-timeout=600"], "stubborn");
+    let pid = pid(&l.start(30));
     l.wait_line(10, |x| x.contains("]:CHILD "));
     l.signal(libc::SIGTERM);
     l.wait_line(10, |x| x.contains("forwarding it to the workers"));
     let second = Instant::now();
     l.signal(libc::SIGINT);
-    assert_eq!(code(l.exit(30)), 128 + libc::SIGTERM, "{}", l.output());
+    l.exits_with(128 + libc::SIGTERM, 30);
     assert!(second.elapsed() < Duration::from_secs(10));
     assert!(
         l.said("still running after SIGINT: SIGKILL"),
@@ -1094,7 +930,7 @@ fn a_second_signal_cuts_the_grace_period_short() {
 
 #[test]
 fn a_worker_killed_by_a_signal_is_reported_by_the_signal_name() {
-    let mut l = Launcher::spawn(&[
+    let mut l = rdzv(&[
         "run",
         "--standalone",
         "--no-python",
@@ -1102,12 +938,8 @@ fn a_worker_killed_by_a_signal_is_reported_by_the_signal_name() {
         "-c",
         "kill -SEGV $$",
     ]);
-    assert_eq!(code(l.exit(30)), 1, "{}", l.output());
-    let report = l
-        .seen
-        .iter()
-        .find(|x| x.contains("first failure"))
-        .expect("a report");
+    l.exits_with(1, 30);
+    let report = l.line_with("first failure");
     assert!(
         report.contains("rank 0") && report.contains("signal SIGSEGV"),
         "{report}"
