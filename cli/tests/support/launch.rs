@@ -231,7 +231,7 @@ impl Drop for Launcher {
 }
 
 /// Waits for `child` by pidfd until `deadline`; kills it then. Its exit code, if it exited.
-pub fn wait_with_deadline(child: &mut Child, deadline: Instant) -> Option<i32> {
+fn wait_with_deadline(child: &mut Child, deadline: Instant) -> Option<i32> {
     let left = deadline.saturating_duration_since(Instant::now());
     // SAFETY: plain syscalls on a pid this process has not reaped.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as i32, 0) } as i32;
