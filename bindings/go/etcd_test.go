@@ -38,7 +38,8 @@ func runTests(m *testing.M) int {
 }
 
 // etcdServer is a real etcd started by the repository's etcd-test-server program (the Rust
-// tests' own etcd, as a program: tests/fixtures/etcd-test-server.rs, built by `cargo build`).
+// tests' own etcd, as a program: tests/fixtures/etcd-test-server.rs, built by `cargo build`;
+// RDZV_ETCD_TEST_SERVER names another copy).
 // The program ends etcd and its data when its stdin closes: at stop, or when this process
 // ends however it ends.
 type etcdServer struct {

@@ -89,7 +89,8 @@ def free_port() -> int:
 
 class Etcd:
     """A real etcd, started by the repository's etcd-test-server program (the Rust tests' own
-    etcd, as a program: tests/fixtures/etcd-test-server.rs, built by ``cargo build``). The
+    etcd, as a program: tests/fixtures/etcd-test-server.rs, built by ``cargo build``;
+    RDZV_ETCD_TEST_SERVER names another copy). The
     program ends etcd and its data when its stdin closes: at ``stop``, or when pytest ends
     however it ends; and it removes what killed earlier runs left."""
 
