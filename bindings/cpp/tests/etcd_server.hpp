@@ -1,9 +1,9 @@
 // Test fixture: a real etcd, started by the repository's etcd-test-server program (the Rust
 // tests' own etcd, as a program: tests/fixtures/etcd-test-server.rs, built by `cargo build`;
-// RDZV_ETCD_TEST_SERVER names another copy),
-// which says the endpoint once etcd is ready, ends etcd and its data when this process closes
-// its input or dies, and removes what killed earlier runs left. A test can crash the server
-// (kill), freeze it (signal(SIGSTOP)) and start it again on the same ports and data (restart).
+// RDZV_ETCD_TEST_SERVER names another copy), which says the endpoint once etcd is ready, ends
+// etcd and its data when this process closes its input or dies, and removes what killed
+// earlier runs left. A test can crash the server (kill), freeze it (signal(SIGSTOP)) and start
+// it again on the same ports and data (restart).
 #ifndef RDZV_TESTS_ETCD_SERVER_HPP
 #define RDZV_TESTS_ETCD_SERVER_HPP
 
