@@ -48,6 +48,8 @@ cargo build --quiet
 # target/debug, and CGO_LDFLAGS come before them.
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 lib="$target/debug"
+# The C++, Go and Python suites start their etcd with this program (tests/fixtures), built above.
+export RDZV_ETCD_TEST_SERVER="$lib/etcd-test-server"
 suite "rustfmt" cargo fmt --all --check
 suite "clippy" cargo clippy --workspace --all-targets --quiet -- -D warnings
 suite "crates: the library alone depends on no command-line parser; what each published crate ships" scripts/crates-check.sh

@@ -90,6 +90,88 @@ fn etcd_dies_with_a_killed_test_process() {
     );
 }
 
+/// Starts the `etcd-test-server` program (the other languages' test etcd); returns it, its
+/// stdin and stdout, and the fields of its ready line: endpoint, etcd's pid, data directory.
+fn start_the_program() -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    impl BufRead,
+    [String; 3],
+) {
+    let mut server = Command::new(env!("CARGO_BIN_EXE_etcd-test-server"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn_tied()
+        .unwrap();
+    let stdin = server.stdin.take().unwrap();
+    let mut stdout = BufReader::new(server.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let fields: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+    assert_eq!(
+        fields.len(),
+        4,
+        "not `ENDPOINT PID DATADIR VERSION`: {line:?}"
+    );
+    let [endpoint, pid, dir, _] = <[String; 4]>::try_from(fields).unwrap();
+    (server, stdin, stdout, [endpoint, pid, dir])
+}
+
+#[test]
+fn the_program_ends_etcd_and_its_data_at_the_end_of_its_input() {
+    let (mut server, mut stdin, mut stdout, [endpoint, pid, dir]) = start_the_program();
+    let etcd_pid: u32 = pid.parse().unwrap();
+    assert!(
+        TcpListener::bind(&endpoint).is_err(),
+        "nothing serves {endpoint}"
+    );
+    assert!(Path::new(&dir).exists(), "no {dir}");
+
+    // restart: the same ports and data, another process.
+    writeln!(stdin, "restart").unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let again: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!((again[0], again[2]), (endpoint.as_str(), dir.as_str()));
+    assert!(
+        wait_for_exit(etcd_pid, Duration::from_secs(10)),
+        "the old etcd still runs"
+    );
+    let etcd_pid: u32 = again[1].parse().unwrap();
+    assert_ne!(again[1], pid);
+
+    writeln!(stdin, "no such command").unwrap();
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("error "), "{line:?}");
+
+    drop(stdin); // as the end of a test process closes it
+    assert!(server.wait().unwrap().success());
+    assert!(
+        wait_for_exit(etcd_pid, Duration::from_secs(10)),
+        "etcd outlived the program"
+    );
+    assert!(!Path::new(&dir).exists(), "{dir} outlived the program");
+}
+
+#[test]
+fn a_killed_programs_etcd_dies_and_its_data_goes_at_the_next_start() {
+    let (mut server, _stdin, _stdout, [_, pid, dir]) = start_the_program();
+    server.kill().unwrap(); // SIGKILL: no destructor runs
+    server.wait().unwrap();
+    let etcd_pid: u32 = pid.parse().unwrap();
+    assert!(
+        wait_for_exit(etcd_pid, Duration::from_secs(10)),
+        "etcd (pid {etcd_pid}) outlived the killed program"
+    );
+    assert!(
+        Path::new(&dir).exists(),
+        "{dir} is gone before any start removed it"
+    );
+    let _next = start_the_program();
+    assert!(!Path::new(&dir).exists(), "{dir} outlived the next start");
+}
+
 /// The network namespaces the machine has, by name.
 fn namespaces() -> Vec<String> {
     let out = Command::new("ip").args(["netns", "list"]).output().unwrap();

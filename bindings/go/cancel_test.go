@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -153,10 +152,8 @@ const (
 // storeGetUnder: a Get waits on a private etcd, etcd is broken under it, then trig fires.
 // Returns how long after the trigger the Get returned, having checked how it ended.
 func storeGetUnder(t *testing.T, f fault, trig trigger) time.Duration {
-	// A private etcd, broken below. This goroutine stays locked to its thread so that the
-	// server's Pdeathsig (tied to the forking thread) fires only when the test ends.
-	runtime.LockOSThread()
-	srv, err := startEtcd(30 * time.Second)
+	// A private etcd, broken below.
+	srv, err := startEtcd(100 * time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,12 +189,17 @@ func storeGetUnder(t *testing.T, f fault, trig trigger) time.Duration {
 	kept.await(t, since, run, "store wait watching")
 	since = kept.mark()
 	if f == killed {
-		_ = srv.cmd.Process.Kill()
+		if err := srv.kill(); err != nil {
+			t.Fatal(err)
+		}
 		// Its watch broke, and its read finds etcd gone (a warning after a second of that).
 		kept.await(t, since, run, "still retrying")
 	} else {
-		_ = srv.cmd.Process.Signal(syscall.SIGSTOP) // its read after the watch's set-up hangs
-		defer func() { _ = srv.cmd.Process.Signal(syscall.SIGCONT) }()
+		// Its read after the watch's set-up hangs.
+		if err := srv.signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = srv.signal(syscall.SIGCONT) }()
 	}
 	fired := time.Now()
 	switch trig {

@@ -2,17 +2,13 @@ package rdzv
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
-	"regexp"
-	"runtime"
+	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -27,140 +23,119 @@ func TestMain(m *testing.M) {
 	// of waits under faults wait for the store's debug record of a wait that watches.
 	os.Setenv("RDZV_LOG", "info,rdzv::store=debug")
 	SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil))) // quiet unless a test listens
-	// etcd dies with this process (Pdeathsig), but Linux sends that signal when the OS thread
-	// that forked it exits, and a goroutine may run on any thread, one that the runtime later
-	// ends: etcd is started from this goroutine, locked to its thread until os.Exit.
-	runtime.LockOSThread()
 	os.Exit(runTests(m))
 }
 
 func runTests(m *testing.M) int {
-	srv, err := startEtcd(30 * time.Second)
+	srv, err := startEtcd(100 * time.Second)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "starting etcd:", err)
 		return 1
 	}
 	defer srv.stop()
-	fmt.Fprintf(os.Stderr, "etcd %s ready at %s\n", srv.version, srv.endpoint)
 	testEtcd = srv
 	return m.Run()
 }
 
-// etcdServer is a real etcd (the first `etcd` on PATH: Debian's 3.4 or one built by
-// scripts/etcd-build.sh) on free loopback ports with a temporary data directory.
+// etcdServer is a real etcd started by the repository's etcd-test-server program (the Rust
+// tests' own etcd, as a program: tests/fixtures/etcd-test-server.rs, built by `cargo build`;
+// RDZV_ETCD_TEST_SERVER names another copy).
+// The program ends etcd and its data when its stdin closes: at stop, or when this process
+// ends however it ends.
 type etcdServer struct {
 	cmd      *exec.Cmd
-	dataDir  string
+	in       io.WriteCloser
+	lines    chan string // the program's answers, one a line
+	timeout  time.Duration
 	endpoint string
-	version  string // as etcd logged it at startup; set before ready
-	drained  chan struct{}
+	version  string
 }
 
-// etcdVersionLog finds the server version in etcd's startup log: "etcd Version: 3.4.23" (3.4)
-// or "etcd-version":"3.7.3" (3.5 and later, JSON).
-var etcdVersionLog = regexp.MustCompile(`etcd Version: (\S+)|"etcd-version":"([^"]+)"`)
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// startEtcd starts etcd and waits until it logs "ready to serve client requests", or fails
-// after readyTimeout with the last lines etcd printed.
+// startEtcd starts the program and waits, at most readyTimeout, for its
+// "ENDPOINT PID DATADIR VERSION" line.
 func startEtcd(readyTimeout time.Duration) (*etcdServer, error) {
-	clientPort, err := freePort()
+	program := os.Getenv("RDZV_ETCD_TEST_SERVER")
+	if program == "" {
+		program = filepath.Join("..", "..", "target", "debug", "etcd-test-server")
+	}
+	cmd := exec.Command(program)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
 	}
-	peerPort, err := freePort()
-	for err == nil && peerPort == clientPort {
-		peerPort, err = freePort()
-	}
+	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
-	dataDir, err := os.MkdirTemp("", "rdzv-go-etcd-")
-	if err != nil {
-		return nil, err
-	}
-	name := fmt.Sprintf("rdzv-go-test-%d", os.Getpid())
-	client := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
-	peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
-	cmd := exec.Command("etcd",
-		"--name", name, "--data-dir", dataDir,
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", name+"="+peer)
-	r, w, err := os.Pipe()
-	if err != nil {
-		os.RemoveAll(dataDir)
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = w, w // etcd 3.4 logs on stderr
-	// SIGKILL when this test process dies, even by SIGKILL, so a killed run leaves no etcd. Go
-	// signals the child itself if the parent is already gone when the child sets it (getppid).
-	// Only from TestMain's locked thread: see TestMain.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		r.Close()
-		w.Close()
-		os.RemoveAll(dataDir)
-		return nil, fmt.Errorf("is etcd on PATH? %w", err)
+		return nil, fmt.Errorf("%w (`cargo build` builds %s)", err, program)
 	}
-	w.Close()
-
-	srv := &etcdServer{cmd: cmd, dataDir: dataDir, endpoint: fmt.Sprintf("127.0.0.1:%d", clientPort), drained: make(chan struct{})}
-	ready := make(chan struct{})
-	var mu sync.Mutex
-	var tail []string
+	srv := &etcdServer{cmd: cmd, in: in, lines: make(chan string), timeout: readyTimeout}
 	go func() {
-		// Drain etcd's output for its whole life so it never blocks on a full pipe.
-		defer close(srv.drained)
-		defer r.Close()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 64*1024), 1024*1024)
-		signalled := false
+		defer close(srv.lines)
+		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			line := sc.Text()
-			mu.Lock()
-			tail = append(tail, line)
-			if len(tail) > 20 {
-				tail = tail[1:]
-			}
-			mu.Unlock()
-			if m := etcdVersionLog.FindStringSubmatch(line); m != nil && !signalled && srv.version == "" {
-				srv.version = m[1] + m[2]
-			}
-			if !signalled && strings.Contains(line, "ready to serve client requests") {
-				if srv.version == "" {
-					srv.version = "(version not logged)"
-				}
-				signalled = true
-				close(ready)
-			}
+			srv.lines <- sc.Text()
 		}
 	}()
-	select {
-	case <-ready:
-		return srv, nil
-	case <-srv.drained:
-	case <-time.After(readyTimeout):
+	if err := srv.ready(srv.answer()); err != nil {
+		srv.stop()
+		return nil, err
 	}
-	srv.stop()
-	mu.Lock()
-	defer mu.Unlock()
-	return nil, errors.New("etcd did not become ready; last output:\n" + strings.Join(tail, "\n"))
+	return srv, nil
 }
 
+// answer is the program's next line, or "" if it exited or did not answer in time.
+func (s *etcdServer) answer() string {
+	select {
+	case line := <-s.lines:
+		return line
+	case <-time.After(s.timeout):
+		return ""
+	}
+}
+
+func (s *etcdServer) ask(command string) string {
+	if _, err := io.WriteString(s.in, command+"\n"); err != nil {
+		return ""
+	}
+	return s.answer()
+}
+
+func (s *etcdServer) ready(line string) error {
+	f := strings.Fields(line)
+	if len(f) < 4 || f[0] == "error" {
+		return fmt.Errorf("etcd-test-server: %q (its stderr is above)", line)
+	}
+	s.endpoint, s.version = f[0], f[3]
+	return nil
+}
+
+// kill sends etcd SIGKILL, as a crash would; its data stays for restart.
+func (s *etcdServer) kill() error { return okOrError(s.ask("kill")) }
+
+// signal sends sig to etcd: SIGSTOP freezes it, SIGCONT resumes it.
+func (s *etcdServer) signal(sig syscall.Signal) error {
+	return okOrError(s.ask(fmt.Sprintf("signal %d", sig)))
+}
+
+// restart starts etcd again on the same ports and data.
+func (s *etcdServer) restart() error { return s.ready(s.ask("restart")) }
+
+func okOrError(line string) error {
+	if line != "ok" {
+		return fmt.Errorf("etcd-test-server: %q", line)
+	}
+	return nil
+}
+
+// stop closes the program's stdin: it kills etcd, removes its data and exits.
 func (s *etcdServer) stop() {
-	_ = s.cmd.Process.Kill()
+	_ = s.in.Close()
+	for range s.lines { // drained so that the reader ends
+	}
 	_ = s.cmd.Wait()
-	<-s.drained
-	_ = os.RemoveAll(s.dataDir)
 }
 
 var runSeq atomic.Int64

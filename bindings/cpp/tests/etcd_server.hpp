@@ -1,17 +1,16 @@
-// Test fixture: a real etcd (the first `etcd` on PATH: Debian's 3.4 or one built by
-// scripts/etcd-build.sh) on free loopback ports with a temporary data directory. Ready when etcd
-// logs "ready to serve client requests" (waited for with a timeout, never a fixed sleep);
-// killed and its data removed on destruction, and killed too when the test process dies, even
-// by SIGKILL (PR_SET_PDEATHSIG). A test can crash it (kill), freeze it (signal(SIGSTOP)) and
-// start it again on the same ports and data (restart).
+// Test fixture: a real etcd, started by the repository's etcd-test-server program (the Rust
+// tests' own etcd, as a program: tests/fixtures/etcd-test-server.rs, built by `cargo build`;
+// RDZV_ETCD_TEST_SERVER names another copy), which says the endpoint once etcd is ready, ends
+// etcd and its data when this process closes its input or dies, and removes what killed
+// earlier runs left. A test can crash the server (kill), freeze it (signal(SIGSTOP)) and start
+// it again on the same ports and data (restart).
 #ifndef RDZV_TESTS_ETCD_SERVER_HPP
 #define RDZV_TESTS_ETCD_SERVER_HPP
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
+#include <poll.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,29 +18,23 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <filesystem>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
-#include <vector>
 
 extern char** environ;
 
 namespace rdzv_test {
 
+/// A loopback port free a moment ago (for a URL where nothing must listen).
 inline uint16_t free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error("socket() failed");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
   socklen_t len = sizeof addr;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
@@ -52,44 +45,45 @@ inline uint16_t free_port() {
   return ntohs(addr.sin_port);
 }
 
-// The first executable `name` in a directory of PATH, or "" if there is none.
-inline std::string find_on_path(const std::string& name) {
-  const char* env = std::getenv("PATH");
-  const std::string dirs = env != nullptr ? env : "/usr/local/bin:/usr/bin:/bin";
-  for (size_t start = 0;;) {
-    const size_t end = dirs.find(':', start);
-    std::string dir = dirs.substr(start, end == std::string::npos ? end : end - start);
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0)
-      return candidate;
-    if (end == std::string::npos) return "";
-    start = end + 1;
-  }
-}
-
 class EtcdServer {
  public:
-  explicit EtcdServer(std::chrono::seconds ready_timeout = std::chrono::seconds(30)) {
-    name_ = "rdzv-cpp-test-" + std::to_string(::getpid());
-    std::string tmpl = (std::filesystem::temp_directory_path() / "rdzv-cpp-etcd-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    data_dir_ = tmpl;
-    client_port_ = free_port();
-    do peer_port_ = free_port();
-    while (peer_port_ == client_port_);
-    launch(ready_timeout);
+  /// Waits at most `ready_timeout` for each answer of the program (it tries etcd up to 3 times,
+  /// 30 s each).
+  explicit EtcdServer(std::chrono::seconds ready_timeout = std::chrono::seconds(100)) {
+    const char* env = std::getenv("RDZV_ETCD_TEST_SERVER");
+    const std::string program = env != nullptr ? env : RDZV_ETCD_TEST_SERVER;
+    // One socket for its stdin and stdout: a write to a program that died fails (MSG_NOSIGNAL)
+    // instead of killing this process with SIGPIPE.
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      throw std::runtime_error("socketpair failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
+    posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
+    char* argv[] = {const_cast<char*>(program.c_str()), nullptr};
+    const int err = ::posix_spawn(&pid_, program.c_str(), &actions, nullptr, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(sv[1]);
+    fd_ = sv[0];
+    if (err != 0) {
+      close_and_reap();
+      throw std::runtime_error("could not start " + program + " (`cargo build` builds it): " +
+                               std::strerror(err));
+    }
+    try {
+      ready(answer(ready_timeout));
+    } catch (...) {
+      close_and_reap();
+      throw;
+    }
   }
 
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;
-  ~EtcdServer() {
-    kill();
-    std::error_code ec;
-    std::filesystem::remove_all(data_dir_, ec);
-  }
+  ~EtcdServer() { close_and_reap(); }
 
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  std::string endpoint() const { return endpoint_; }
 
   /// A rendezvous URL on this server whose run id is unique in this process.
   std::string url(const std::string& run, const std::string& query = "") const {
@@ -100,180 +94,75 @@ class EtcdServer {
   }
 
   /// SIGKILL, as a crash would; the data stays for restart().
-  void kill() {
-    pid_t pid;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return spawned_; });  // the reader has forked (or failed to)
-      pid = pid_;
-      pid_ = -1;
-    }
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-    if (reader_.joinable()) reader_.join();
-  }
+  void kill() { expect_ok(ask("kill", std::chrono::seconds(30))); }
 
   /// Sends `sig` to etcd: SIGSTOP freezes it (connections stay open, nothing answers),
   /// SIGCONT resumes it.
-  void signal(int sig) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (pid_ > 0) ::kill(pid_, sig);
-  }
+  void signal(int sig) { expect_ok(ask("signal " + std::to_string(sig), std::chrono::seconds(30))); }
 
   /// Starts etcd again (after kill(), or killing it first) on the same ports and data.
-  void restart(std::chrono::seconds ready_timeout = std::chrono::seconds(30)) {
-    kill();
-    launch(ready_timeout);
+  void restart(std::chrono::seconds ready_timeout = std::chrono::seconds(100)) {
+    ready(ask("restart", ready_timeout));
   }
 
  private:
-  void launch(std::chrono::seconds ready_timeout) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      spawned_ = ready_ = exited_ = false;
-      log_.clear();
-    }
-    const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
-    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
-    std::vector<std::string> args = {"etcd",
-                                     "--name", name_,
-                                     "--data-dir", data_dir_.string(),
-                                     "--listen-client-urls", client,
-                                     "--advertise-client-urls", client,
-                                     "--listen-peer-urls", peer,
-                                     "--initial-advertise-peer-urls", peer,
-                                     "--initial-cluster", name_ + "=" + peer};
-    const std::string path = find_on_path("etcd");
-    if (path.empty()) {
-      std::filesystem::remove_all(data_dir_);
-      throw std::runtime_error("could not start etcd: it is not on PATH");
-    }
-
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-    // One thread forks etcd, then drains its output for its whole life (so etcd never blocks on
-    // a full pipe), and so lives as long as etcd: PR_SET_PDEATHSIG fires when the thread that
-    // forked ends, not the process, and the first test to ask for the server may be running on
-    // a thread that ends before the test process does.
-    reader_ = std::thread([this, path, args = std::move(args), fds]() mutable {
-      const bool started = spawn(path, args, fds[1]);
-      ::close(fds[1]);
-      if (started) {
-        read_output(fds[0]);
-      } else {
-        ::close(fds[0]);
-      }
-    });
-
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, ready_timeout, [this] { return ready_ || exited_; }) || !ready_) {
-      const std::string why = exited_ ? "etcd exited before it was ready" : "etcd not ready in time";
-      const std::string log = log_tail_locked();
-      lock.unlock();
-      kill();
-      std::error_code ec;
-      std::filesystem::remove_all(data_dir_, ec);
-      throw std::runtime_error(why + "; last output:\n" + log);
-    }
-    std::fprintf(stderr, "etcd %s ready at %s\n",
-                 version_.empty() ? "(version not logged)" : version_.c_str(), endpoint().c_str());
+  // "ENDPOINT PID DATADIR VERSION"
+  void ready(const std::string& line) {
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos || line.rfind("error ", 0) == 0)
+      throw std::runtime_error("etcd-test-server: " + line);
+    endpoint_ = line.substr(0, sp);
   }
 
-  // Forks and execs etcd with stdin from /dev/null and stdout and stderr into `out` (etcd 3.4
-  // logs on stderr). In the child of this threaded process only async-signal-safe calls are
-  // made until exec. Returns false if fork failed, with the reason in the log.
-  bool spawn(const std::string& path, std::vector<std::string>& args, int out) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      // SIGKILL when the forking thread (hence the test process) ends; if the parent died
-      // before this call, nobody would send it: exit instead.
-      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
-      const int null = ::open("/dev/null", O_RDONLY);
-      if (null < 0 || ::dup2(null, 0) < 0 || ::dup2(out, 1) < 0 || ::dup2(out, 2) < 0) ::_exit(127);
-      if (null > 2) ::close(null);
-      ::execve(path.c_str(), argv.data(), environ);
-      static const char failed[] = "exec of etcd failed\n";
-      ssize_t ignored = ::write(2, failed, sizeof failed - 1);
-      (void)ignored;
-      ::_exit(127);
-    }
-    const int fork_errno = errno;
-    std::lock_guard<std::mutex> lock(mu_);
-    pid_ = pid;
-    spawned_ = true;
-    if (pid < 0) {
-      log_.push_back(std::string("fork failed: ") + std::strerror(fork_errno));
-      exited_ = true;
-    }
-    cv_.notify_all();
-    return pid > 0;
+  static void expect_ok(const std::string& line) {
+    if (line != "ok") throw std::runtime_error("etcd-test-server: " + line);
   }
 
-  void read_output(int fd) {
-    std::string pending;
-    char buf[4096];
-    for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
+  std::string ask(const std::string& command, std::chrono::seconds timeout) {
+    const std::string line = command + "\n";
+    if (::send(fd_, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size()))
+      throw std::runtime_error("etcd-test-server is gone (its stderr is above)");
+    return answer(timeout);
+  }
+
+  // The program's next line, waited for at most `timeout`.
+  std::string answer(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    size_t nl;
+    while ((nl = pending_.find('\n')) == std::string::npos) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      pollfd p{fd_, POLLIN, 0};
+      const int r = ::poll(&p, 1, left.count() > 0 ? static_cast<int>(left.count()) : 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) throw std::runtime_error("etcd-test-server did not answer in time");
+      char buf[512];
+      const ssize_t n = ::read(fd_, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      pending.append(buf, static_cast<size_t>(n));
-      size_t nl;
-      while ((nl = pending.find('\n')) != std::string::npos) {
-        std::string line = pending.substr(0, nl);
-        pending.erase(0, nl + 1);
-        std::lock_guard<std::mutex> lock(mu_);
-        if (version_.empty() && !ready_) version_ = version_in_log(line);
-        if (line.find("ready to serve client requests") != std::string::npos) ready_ = true;
-        log_.push_back(std::move(line));
-        if (log_.size() > 20) log_.pop_front();
-        cv_.notify_all();
+      if (n <= 0) throw std::runtime_error("etcd-test-server exited (its stderr is above)");
+      pending_.append(buf, static_cast<size_t>(n));
+    }
+    std::string line = pending_.substr(0, nl);
+    pending_.erase(0, nl + 1);
+    return line;
+  }
+
+  // The end of its input: it kills etcd, removes the data and exits.
+  void close_and_reap() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    if (pid_ > 0) {
+      int status = 0;
+      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
       }
+      pid_ = -1;
     }
-    ::close(fd);
-    std::lock_guard<std::mutex> lock(mu_);
-    exited_ = true;
-    cv_.notify_all();
   }
 
-  // The server version in a startup log line: "etcd Version: 3.4.23" (3.4) or
-  // "etcd-version":"3.7.3" (3.5 and later, JSON); empty if the line has none.
-  static std::string version_in_log(const std::string& line) {
-    for (const std::string marker : {"etcd Version: ", "\"etcd-version\":\""}) {
-      const size_t at = line.find(marker);
-      if (at == std::string::npos) continue;
-      const size_t start = at + marker.size();
-      return line.substr(start, line.find_first_of("\" \t", start) - start);
-    }
-    return "";
-  }
-
-  std::string log_tail_locked() const {
-    std::string out;
-    for (const auto& l : log_) out += l + "\n";
-    return out;
-  }
-
-  std::string name_;
-  std::filesystem::path data_dir_;
-  uint16_t client_port_ = 0;
-  uint16_t peer_port_ = 0;
-  std::thread reader_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  pid_t pid_ = -1;        // set by the reader when it has forked
-  bool spawned_ = false;  // the reader has forked, or failed to
-  bool ready_ = false;
-  bool exited_ = false;
-  std::string version_;  // written by the reader until ready, read after
-  std::deque<std::string> log_;
+  pid_t pid_ = -1;  // the program's
+  int fd_ = -1;     // its stdin and stdout
+  std::string pending_;
+  std::string endpoint_;
 };
 
 }  // namespace rdzv_test

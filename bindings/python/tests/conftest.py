@@ -1,16 +1,15 @@
-"""Test fixtures: a real etcd (the first on PATH: Debian's 3.4 or one built by
-scripts/etcd-build.sh) on free loopback ports, started once per session and ready when it says
-so; unique run ids; helpers that never wait without a deadline."""
+"""Test fixtures: a real etcd (by etcd-test-server: the first on PATH on free loopback ports),
+started once per session and ready when it says so; unique run ids; helpers that never wait
+without a deadline."""
 
 from __future__ import annotations
 
 import base64
-import collections
 import ctypes
 import json
 import os
+import queue
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -44,10 +43,8 @@ _rdzv_ffi.lib()
 if _rdzv_log is None:
     del os.environ["RDZV_LOG"]
 
-READY_TIMEOUT = 30.0
-# The server version in etcd's startup log: "etcd Version: 3.4.23" (3.4) or
-# "etcd-version":"3.7.3" (3.5 and later, JSON).
-VERSION_LOG = re.compile(r'etcd Version: (\S+)|"etcd-version":"([^"]+)"')
+# The program tries etcd up to 3 times, 30 s each.
+READY_TIMEOUT = 100.0
 STARTED: list[str] = []  # "etcd VERSION ready at ENDPOINT" of each server, for the summary
 
 
@@ -91,59 +88,75 @@ def free_port() -> int:
 
 
 class Etcd:
-    def __init__(self, data_dir: Path):
-        etcd = shutil.which("etcd")
-        if etcd is None:
-            raise RuntimeError("etcd must be on PATH to run these tests")
-        self.client_port = free_port()
-        self.peer_port = free_port()
-        self.name = f"rdzv-py-{os.getpid()}"
-        client = f"http://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        self.log: collections.deque[str] = collections.deque(maxlen=200)
-        self.version = "(version not logged)"
-        ready = threading.Event()
-        self.proc = subprocess.Popen(
-            [
-                etcd,
-                "--name", self.name,
-                "--data-dir", str(data_dir),
-                "--listen-client-urls", client,
-                "--advertise-client-urls", client,
-                "--listen-peer-urls", peer,
-                "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"{self.name}={peer}",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            # Started by the session fixture, on the main thread: it lives as long as pytest.
-            preexec_fn=dies_with_this_process(),
-        )
+    """A real etcd, started by the repository's etcd-test-server program (the Rust tests' own
+    etcd, as a program: tests/fixtures/etcd-test-server.rs, built by ``cargo build``;
+    RDZV_ETCD_TEST_SERVER names another copy). The
+    program ends etcd and its data when its stdin closes: at ``stop``, or when pytest ends
+    however it ends; and it removes what killed earlier runs left."""
 
-        def drain() -> None:  # keeps reading so etcd never blocks on a full pipe
+    def __init__(self):
+        program = os.environ.get("RDZV_ETCD_TEST_SERVER") or str(
+            REPO_ROOT / "target" / "debug" / "etcd-test-server"
+        )
+        try:
+            self.proc = subprocess.Popen(
+                [program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+        except OSError as e:
+            raise RuntimeError(f"could not start {program} (`cargo build` builds it): {e}")
+        self.lines: queue.Queue[str] = queue.Queue()
+
+        def read() -> None:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
-                self.log.append(line.rstrip())
-                found = None if ready.is_set() else VERSION_LOG.search(line)
-                if found:
-                    self.version = found.group(1) or found.group(2)
-                if "ready to serve client requests" in line:
-                    ready.set()
+                self.lines.put(line.strip())
+            self.lines.put("")  # it exited
 
-        threading.Thread(target=drain, name="etcd-log", daemon=True).start()
-        if not ready.wait(READY_TIMEOUT):
+        threading.Thread(target=read, name="etcd-test-server", daemon=True).start()
+        try:
+            self._ready(self._answer())
+        except BaseException:
             self.stop()
-            raise RuntimeError(
-                f"etcd did not report ready within {READY_TIMEOUT} s:\n" + "\n".join(self.log)
-            )
+            raise
         STARTED.append(f"etcd {self.version} ready at {self.endpoint}")
 
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+    def _answer(self) -> str:
+        try:
+            return self.lines.get(timeout=READY_TIMEOUT)
+        except queue.Empty:
+            return f"no answer within {READY_TIMEOUT} s"
+
+    def _ask(self, command: str) -> str:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            return ""
+        return self._answer()
+
+    def _ready(self, line: str) -> None:
+        """Reads "ENDPOINT PID DATADIR VERSION"."""
+        fields = line.split()
+        if len(fields) < 4 or fields[0] == "error":
+            raise RuntimeError(f"etcd-test-server: {line!r} (its stderr is above)")
+        self.endpoint, self.pid, self.version = fields[0], int(fields[1]), fields[3]
+
+    def _ok(self, line: str) -> None:
+        if line != "ok":
+            raise RuntimeError(f"etcd-test-server: {line!r}")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; the data stays for ``restart``."""
+        self._ok(self._ask("kill"))
+
+    def signal(self, signum: int) -> None:
+        """Sends ``signum`` to etcd: SIGSTOP freezes it, SIGCONT resumes it."""
+        self._ok(self._ask(f"signal {int(signum)}"))
+
+    def restart(self) -> None:
+        """Starts etcd again on the same ports and data."""
+        self._ready(self._ask("restart"))
 
     def url(self, run_id: str, **options: object) -> str:
         query = "&".join(f"{k}={v}" for k, v in options.items())
@@ -172,12 +185,14 @@ class Etcd:
         return [base64.b64decode(kv["key"]).decode() for kv in kvs]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """Closes the program's stdin: it kills etcd, removes the data and exits."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            pass
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _b64(text: str) -> str:
@@ -189,8 +204,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def etcd(tmp_path_factory: pytest.TempPathFactory):
-    server = Etcd(tmp_path_factory.mktemp("etcd") / "data")
+def etcd():
+    server = Etcd()
     try:
         yield server
     finally:

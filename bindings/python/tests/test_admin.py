@@ -259,8 +259,8 @@ def test_watch_idle_timeout(etcd, run_id):
             next(statuses)
 
 
-def test_a_watch_ends_with_a_connection_error_when_etcd_dies(tmp_path, run_id):
-    own = Etcd(tmp_path / "data")  # this test's own etcd, since it kills it
+def test_a_watch_ends_with_a_connection_error_when_etcd_dies(run_id):
+    own = Etcd()  # this test's own etcd, since it kills it
     try:
         with Admin(own.url(run_id, connect_timeout=2)) as admin:
             # idle_timeout far above connect_timeout: timing out instead would fail the test.

@@ -62,9 +62,9 @@ def records():
 
 
 @pytest.fixture
-def private_etcd(tmp_path):
+def private_etcd():
     """An etcd of this test's own, which it kills or freezes."""
-    server = Etcd(tmp_path / "data")
+    server = Etcd()
     yield server
     server.stop()  # SIGKILL ends a frozen etcd too
 
@@ -93,11 +93,11 @@ def test_a_waiting_get_ends_promptly_when_etcd_goes_away(private_etcd, records, 
         records.wait_for(since, run_id, "store wait watching")
         since = records.mark()
         if fault == "SIGKILL":
-            etcd.proc.kill()
+            etcd.kill()
             # Its watch broke, and its read finds etcd gone (a warning after a second of that).
             records.wait_for(since, run_id, "still retrying")
         else:
-            etcd.proc.send_signal(signal.SIGSTOP)  # its read after the watch's set-up hangs
+            etcd.signal(signal.SIGSTOP)  # its read after the watch's set-up hangs
         fired = time.monotonic()
         if trigger == "cancel":
             store.cancel()
@@ -109,7 +109,7 @@ def test_a_waiting_get_ends_promptly_when_etcd_goes_away(private_etcd, records, 
     late = returned - fired
     print(f"get, etcd {fault} under it, {trigger}: returned {late:.2f} s after it ({error!r})")
     if fault == "SIGSTOP":
-        etcd.proc.send_signal(signal.SIGCONT)
+        etcd.signal(signal.SIGCONT)
     store.close()
     handler.close()
     expected = {
