@@ -354,8 +354,12 @@ _Creator = Callable[[ParametersLike], TorchEtcdV3RendezvousHandler]
 
 @overload
 def create_handler(params: None = None) -> _Creator: ...
+
+
 @overload
 def create_handler(params: ParametersLike) -> TorchEtcdV3RendezvousHandler: ...
+
+
 def create_handler(
     params: ParametersLike | None = None,
 ) -> TorchEtcdV3RendezvousHandler | _Creator:
