@@ -46,8 +46,9 @@ try:
     import torch.distributed as _dist
     from torch.distributed.elastic.rendezvous import api as _api
 except ImportError:  # torch is optional
-    _dist = None
-    _api = None
+    # (the ignore is used only where torch, hence its types, is installed)
+    _dist = None  # type: ignore[assignment, unused-ignore]
+    _api = None  # type: ignore[assignment, unused-ignore]
 
 TORCH_AVAILABLE = _api is not None
 
