@@ -62,7 +62,9 @@ if [ -d bindings/go ]; then
   suite "go binding (go vet, go test -race)" env CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib" bash -c 'cd bindings/go && test -z "$(gofmt -l .)" && go vet -tags rdzv_dev ./... && go test -tags rdzv_dev -race -count=1 ./...'
 fi
 if [ -d bindings/python ]; then
-  suite "python binding (pytest)" env RDZV_LIBRARY="$lib/librdzv.so" python3 -m pytest -q bindings/python/tests
+  # mypy checks the annotations the package ships (py.typed); /dev/null: no cache to share.
+  suite "python binding (pytest, mypy)" env RDZV_LIBRARY="$lib/librdzv.so" bash -c 'python3 -m pytest -q bindings/python/tests &&
+    mypy_python=$(scripts/mypy-env.sh) && (cd bindings/python && "$mypy_python" -m mypy --cache-dir=/dev/null)'
 fi
 suite "demo" scripts/demo.sh
 suite "README C quick start, as printed" scripts/readme-quickstart.sh

@@ -142,30 +142,11 @@ func (a *Admin) with(f func(ptr *C.rdzv_admin_t) error) error {
 	return err
 }
 
-// bounded runs f, a C call that cannot be interrupted but is bounded by connect_timeout (or
-// close_timeout), in a goroutine and returns its error, or an error matching ErrCancelled and
-// ctx.Err() if ctx ends first. In that case the call goes on in the background and may still
-// take effect (a drain, a close or a purge is not undone); Close waits for it.
-func (a *Admin) bounded(ctx context.Context, what string, f func() error) error {
-	if err := ctx.Err(); err != nil {
-		return &Error{Status: StatusCancelled, Message: "context done before " + what, cause: err}
-	}
-	done := make(chan error, 1)
-	go func() { done <- f() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return &Error{Status: StatusCancelled, cause: ctx.Err(),
-			Message: what + ": context done while etcd had not answered; the call finishes in the background and may still take effect"}
-	}
-}
-
 // Status reads the run's status at one etcd revision (two or three etcd reads, at most
 // connect_timeout). A run that does not exist gives a status with Exists false, not an error.
 func (a *Admin) Status(ctx context.Context) (*RunStatus, error) {
 	var st *RunStatus
-	err := a.bounded(ctx, "status", func() error {
+	err := bounded(ctx, "status", func() error {
 		var err error
 		st, err = a.status()
 		return err
@@ -401,7 +382,7 @@ func (a *Admin) watchNext(ctx context.Context, timeout time.Duration) watchResul
 // anywhere return ErrClosed and later ones fail at once (at most close_timeout). Not to be
 // confused with Close, which frees this handle.
 func (a *Admin) CloseRun(ctx context.Context) error {
-	return a.bounded(ctx, "close the run", func() error {
+	return bounded(ctx, "close the run", func() error {
 		return a.with(func(ptr *C.rdzv_admin_t) error {
 			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_admin_close(ptr, e) })
 		})
@@ -415,7 +396,7 @@ func (a *Admin) CloseRun(ctx context.Context) error {
 func (a *Admin) Purge(ctx context.Context, force bool) (PurgeResult, error) {
 	var deleted C.int64_t
 	var alive C.uint32_t
-	err := a.bounded(ctx, "purge", func() error {
+	err := bounded(ctx, "purge", func() error {
 		return a.with(func(ptr *C.rdzv_admin_t) error {
 			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
 				return C.rdzv_admin_purge(ptr, C.bool(force), &deleted, &alive, e)
@@ -436,7 +417,7 @@ func (a *Admin) Purge(ctx context.Context, force bool) (PurgeResult, error) {
 // the node, if it is not a live node of the run.
 func (a *Admin) Drain(ctx context.Context, nodeID, reason string) error {
 	// The strings belong to the goroutine that makes the call, which may outlive ctx.
-	return a.bounded(ctx, "drain "+nodeID, func() error {
+	return bounded(ctx, "drain "+nodeID, func() error {
 		cn, cr := C.CString(nodeID), C.CString(reason)
 		defer C.free(unsafe.Pointer(cn))
 		defer C.free(unsafe.Pointer(cr))

@@ -163,7 +163,7 @@ func TestAdminDrainMemberSurvivorsReformWithoutIt(t *testing.T) {
 	nodes := formRound(t, url, 3)
 	ids := nodeIDs(nodes)
 	for _, n := range []*Rendezvous{nodes[0], nodes[2]} {
-		if lost, err := n.NumLost(); err != nil || lost != 0 {
+		if lost, err := n.NumLost(ctx); err != nil || lost != 0 {
 			t.Fatalf("NumLost before the drain: %d, %v", lost, err)
 		}
 	}
@@ -191,7 +191,7 @@ func TestAdminDrainMemberSurvivorsReformWithoutIt(t *testing.T) {
 	for _, n := range []*Rendezvous{nodes[0], nodes[2]} {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			lost, err := n.NumLost()
+			lost, err := n.NumLost(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -204,10 +204,10 @@ func TestAdminDrainMemberSurvivorsReformWithoutIt(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	if d, err := nodes[1].IsDraining(); err != nil || !d {
+	if d, err := nodes[1].IsDraining(ctx); err != nil || !d {
 		t.Errorf("drained node IsDraining = %v, %v", d, err)
 	}
-	if d, err := nodes[0].IsDraining(); err != nil || d {
+	if d, err := nodes[0].IsDraining(ctx); err != nil || d {
 		t.Errorf("survivor IsDraining = %v, %v", d, err)
 	}
 	if _, _, err := nodes[1].Next(ctxTimeout(t, 30*time.Second)); !errors.Is(err, ErrGracefulExit) ||
@@ -277,10 +277,10 @@ func TestAdminDrainUnknownNodeNamesIt(t *testing.T) {
 func TestNodeDrainsItself(t *testing.T) {
 	url := testEtcd.url("self-drain", "min_nodes=1&max_nodes=2&last_call_timeout=1&join_timeout=30")
 	nodes := formRound(t, url, 1)
-	if err := nodes[0].Drain("preempted"); err != nil {
+	if err := nodes[0].Drain(ctx, "preempted"); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := nodes[0].IsDraining(); err != nil || !d {
+	if d, err := nodes[0].IsDraining(ctx); err != nil || !d {
 		t.Fatalf("IsDraining after Drain = %v, %v", d, err)
 	}
 	if _, _, err := nodes[0].Next(ctxTimeout(t, 30*time.Second)); !errors.Is(err, ErrGracefulExit) {

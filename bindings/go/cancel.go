@@ -57,3 +57,27 @@ func (t *cancelToken) run(ctx context.Context, closing <-chan struct{}, f func(t
 	<-watcher
 	return err
 }
+
+// bounded runs f, a C call that takes no cancel token but is bounded by the library (at most
+// connect_timeout or close_timeout), and returns its error, or, if ctx ends first, an error
+// matching ErrCancelled and ctx.Err(). The call then goes on in a goroutine and may still take
+// effect (a write is not undone); closing the handle waits for it. So f must own what it uses:
+// C strings it makes and frees itself, and no buffer the caller may reuse. A ctx that can never
+// end (context.Background()) runs f on the caller's goroutine.
+func bounded(ctx context.Context, what string, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return &Error{Status: StatusCancelled, Message: "context done before " + what, cause: err}
+	}
+	if ctx.Done() == nil {
+		return f()
+	}
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return &Error{Status: StatusCancelled, cause: ctx.Err(),
+			Message: what + ": context done while etcd had not answered; the call finishes in the background and may still take effect"}
+	}
+}

@@ -57,7 +57,7 @@ func TestTokenCancelledBeforeNextEndsItAtOnce(t *testing.T) {
 
 func TestTokenCancelledBeforeAStoreWaitEndsItAtOnce(t *testing.T) {
 	s := singleStore(t)
-	if err := s.Set("here", []byte("v")); err != nil {
+	if err := s.Set(ctx, "here", []byte("v")); err != nil {
 		t.Fatal(err)
 	}
 	tok, err := newCancelToken()
@@ -256,4 +256,84 @@ func TestStoreGetEndsPromptlyWhenEtcdIsKilled(t *testing.T) {
 
 func TestStoreGetEndsPromptlyWhenEtcdIsFrozen(t *testing.T) {
 	storeGetEndsPromptlyUnder(t, frozen)
+}
+
+// TestCallsEndWithTheirContext: calls without a cancel token (reads, writes, drain) return
+// as soon as their context ends, with an error matching ErrCancelled and ctx.Err(): at once
+// when it ended before the call, without taking effect; and when etcd stops answering under
+// them (frozen with SIGSTOP), at their deadline rather than after connect_timeout (30 s).
+func TestCallsEndWithTheirContext(t *testing.T) {
+	runtime.LockOSThread() // the server's Pdeathsig is tied to this thread (see storeGetUnder)
+	srv, err := startEtcd(30 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	run := fmt.Sprintf("ctx-calls-%d", runSeq.Add(1))
+	r := mustRendezvous(t, fmt.Sprintf("etcd://%s/%s?min_nodes=1&max_nodes=1&join_timeout=60&connect_timeout=30&close_timeout=2", srv.endpoint, run))
+	defer r.Close()
+	_, s, err := r.Next(ctxTimeout(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	type namedCall struct {
+		name string
+		call func(context.Context) error
+	}
+	calls := []namedCall{
+		{"IsClosed", func(c context.Context) error { _, err := r.IsClosed(c); return err }},
+		{"NumWaiting", func(c context.Context) error { _, err := r.NumWaiting(c); return err }},
+		{"NumLost", func(c context.Context) error { _, err := r.NumLost(c); return err }},
+		{"IsDraining", func(c context.Context) error { _, err := r.IsDraining(c); return err }},
+		{"Store.Check", func(c context.Context) error { _, err := s.Check(c, []string{"k"}); return err }},
+		{"Store.NumKeys", func(c context.Context) error { _, err := s.NumKeys(c); return err }},
+		{"Store.Set", func(c context.Context) error { return s.Set(c, "k", []byte("v")) }},
+		{"Store.Add", func(c context.Context) error { _, err := s.Add(c, "n", 1); return err }},
+		{"Store.CompareSet", func(c context.Context) error { _, err := s.CompareSet(c, "k", nil, []byte("v")); return err }},
+		{"Store.DeleteKey", func(c context.Context) error { _, err := s.DeleteKey(c, "k"); return err }},
+		{"Store.MultiSet", func(c context.Context) error { return s.MultiSet(c, []string{"k"}, [][]byte{[]byte("v")}) }},
+		{"SetClosed", func(c context.Context) error { return r.SetClosed(c) }},
+		{"Drain", func(c context.Context) error { return r.Drain(c, "ctx test") }},
+	}
+
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, c := range calls {
+		if err := c.call(done); !errors.Is(err, ErrCancelled) || !errors.Is(err, context.Canceled) {
+			t.Errorf("%s with a cancelled context: %v, want ErrCancelled and context.Canceled", c.name, err)
+		}
+	}
+	// Nothing was written.
+	if closed, err := r.IsClosed(ctx); err != nil || closed {
+		t.Errorf("after SetClosed with a cancelled context: IsClosed = %v, %v", closed, err)
+	}
+	if draining, err := r.IsDraining(ctx); err != nil || draining {
+		t.Errorf("after Drain with a cancelled context: IsDraining = %v, %v", draining, err)
+	}
+	if n, err := s.NumKeys(ctx); err != nil || n != 0 {
+		t.Errorf("after store writes with a cancelled context: NumKeys = %d, %v", n, err)
+	}
+
+	// Each call sends etcd a request, which a frozen etcd never answers.
+	if err := srv.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.cmd.Process.Signal(syscall.SIGCONT) }()
+	const deadline = 300 * time.Millisecond
+	for _, c := range calls {
+		cctx, cancel := context.WithTimeout(context.Background(), deadline)
+		start := time.Now()
+		err := c.call(cctx)
+		took := time.Since(start)
+		cancel()
+		t.Logf("%s, etcd frozen, %v deadline: returned after %.2f s (%v)", c.name, deadline, took.Seconds(), err)
+		if !errors.Is(err, ErrCancelled) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s with etcd frozen: %v, want ErrCancelled and context.DeadlineExceeded", c.name, err)
+		}
+		if took > deadline+prompt {
+			t.Errorf("%s with etcd frozen returned %v after its %v deadline", c.name, took-deadline, deadline)
+		}
+	}
 }

@@ -23,7 +23,7 @@ type callsRdzv struct {
 
 func (h *callsRdzv) Enabled(context.Context, slog.Level) bool { return true }
 func (h *callsRdzv) Handle(_ context.Context, rec slog.Record) error {
-	closed, err := h.observer.IsClosed()
+	closed, err := h.observer.IsClosed(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls++

@@ -94,7 +94,7 @@ func TestNodesFormRoundAndExchangeThroughStore(t *testing.T) {
 			}
 			defer store.Close()
 			res.info = info
-			if res.err = store.Set(fmt.Sprintf("node/%d", info.Rank), []byte(r.NodeID())); res.err != nil {
+			if res.err = store.Set(ctx, fmt.Sprintf("node/%d", info.Rank), []byte(r.NodeID())); res.err != nil {
 				return
 			}
 			keys := make([]string, info.WorldSize)
@@ -104,7 +104,7 @@ func TestNodesFormRoundAndExchangeThroughStore(t *testing.T) {
 			if res.peers, res.err = store.MultiGet(ctx, keys, 30*time.Second); res.err != nil {
 				return
 			}
-			res.added, res.err = store.Add("arrived", 1)
+			res.added, res.err = store.Add(ctx, "arrived", 1)
 		}()
 	}
 	var all []result
@@ -220,18 +220,18 @@ func TestNextJoinTimeout(t *testing.T) {
 func TestSetClosedWakesNext(t *testing.T) {
 	url := runURL("closed", 2, 60)
 	waiter, closer := mustRendezvous(t, url), mustRendezvous(t, url)
-	if closed, err := closer.IsClosed(); err != nil || closed {
+	if closed, err := closer.IsClosed(ctx); err != nil || closed {
 		t.Fatalf("IsClosed = %v, %v before closing", closed, err)
 	}
 	ch := startNext(t, waiter, ctxTimeout(t, 60*time.Second))
-	if err := closer.SetClosed(); err != nil {
+	if err := closer.SetClosed(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// join_timeout is 60 s: ErrClosed well before shows Next was woken.
 	if o := receive(t, ch, 20*time.Second); !errors.Is(o.err, ErrClosed) {
 		t.Fatalf("err = %v, want ErrClosed", o.err)
 	}
-	if closed, err := waiter.IsClosed(); err != nil || !closed {
+	if closed, err := waiter.IsClosed(ctx); err != nil || !closed {
 		t.Errorf("IsClosed = %v, %v after closing", closed, err)
 	}
 	if _, _, err := closer.Next(ctxTimeout(t, 30*time.Second)); !errors.Is(err, ErrClosed) {
@@ -336,7 +336,7 @@ func TestAccessors(t *testing.T) {
 	if other := mustRendezvous(t, url); other.NodeID() == r.NodeID() {
 		t.Errorf("two handles share NodeID %q", r.NodeID())
 	}
-	if n, err := r.NumWaiting(); err != nil || n != 0 {
+	if n, err := r.NumWaiting(ctx); err != nil || n != 0 {
 		t.Errorf("NumWaiting = %d, %v", n, err)
 	}
 	info, s, err := r.Next(ctxTimeout(t, 30*time.Second))
@@ -347,7 +347,7 @@ func TestAccessors(t *testing.T) {
 	if info.Rank != 0 || info.WorldSize != 1 {
 		t.Errorf("info %+v", info)
 	}
-	if n, err := r.NumLost(); err != nil || n != 0 {
+	if n, err := r.NumLost(ctx); err != nil || n != 0 {
 		t.Errorf("NumLost = %d, %v", n, err)
 	}
 }
@@ -376,18 +376,18 @@ func TestStoreSemantics(t *testing.T) {
 		}
 	}
 
-	check("Set", s.Set("greeting", []byte("hello")))
+	check("Set", s.Set(ctx, "greeting", []byte("hello")))
 	v, err := s.Get(ctx, "greeting", 5*time.Second)
 	check("Get", err)
 	if string(v) != "hello" {
 		t.Errorf("Get = %q", v)
 	}
 	bin := []byte{0, 1, 2, 0, 255}
-	check("Set binary", s.Set("binary", bin))
+	check("Set binary", s.Set(ctx, "binary", bin))
 	if v, err := s.Get(ctx, "binary", DefaultTimeout); err != nil || !bytes.Equal(v, bin) {
 		t.Errorf("Get binary = %v, %v", v, err)
 	}
-	check("Set empty", s.Set("empty", nil))
+	check("Set empty", s.Set(ctx, "empty", nil))
 	if v, err := s.Get(ctx, "empty", time.Second); err != nil || len(v) != 0 {
 		t.Errorf("Get empty = %v, %v", v, err)
 	}
@@ -402,20 +402,20 @@ func TestStoreSemantics(t *testing.T) {
 		t.Errorf("Wait missing: %v", err)
 	}
 	check("Wait", s.Wait(ctx, []string{"greeting", "binary"}, 5*time.Second))
-	if ok, err := s.Check([]string{"greeting", "binary"}); err != nil || !ok {
+	if ok, err := s.Check(ctx, []string{"greeting", "binary"}); err != nil || !ok {
 		t.Errorf("Check present = %v, %v", ok, err)
 	}
-	if ok, err := s.Check([]string{"greeting", "missing"}); err != nil || ok {
+	if ok, err := s.Check(ctx, []string{"greeting", "missing"}); err != nil || ok {
 		t.Errorf("Check missing = %v, %v", ok, err)
 	}
 
-	if n, err := s.Add("counter", 5); err != nil || n != 5 {
+	if n, err := s.Add(ctx, "counter", 5); err != nil || n != 5 {
 		t.Errorf("Add = %d, %v", n, err)
 	}
-	if n, err := s.Add("counter", -2); err != nil || n != 3 {
+	if n, err := s.Add(ctx, "counter", -2); err != nil || n != 3 {
 		t.Errorf("Add = %d, %v", n, err)
 	}
-	if _, err := s.Add("greeting", 1); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := s.Add(ctx, "greeting", 1); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("Add on text: %v", err)
 	}
 
@@ -424,15 +424,15 @@ func TestStoreSemantics(t *testing.T) {
 		{"wrong", "two", "one"}, // mismatch: unchanged
 		{"one", "two", "two"},   // match: swapped
 	} {
-		if v, err := s.CompareSet("cas", []byte(c.expected), []byte(c.desired)); err != nil || string(v) != c.want {
+		if v, err := s.CompareSet(ctx, "cas", []byte(c.expected), []byte(c.desired)); err != nil || string(v) != c.want {
 			t.Errorf("CompareSet(%q, %q) = %q, %v; want %q", c.expected, c.desired, v, err, c.want)
 		}
 	}
-	if v, err := s.CompareSet("absent", []byte("x"), []byte("y")); err != nil || string(v) != "x" {
+	if v, err := s.CompareSet(ctx, "absent", []byte("x"), []byte("y")); err != nil || string(v) != "x" {
 		t.Errorf("CompareSet on absent key = %q, %v", v, err)
 	}
 
-	check("MultiSet", s.MultiSet([]string{"m/a", "m/b", "m/empty"}, [][]byte{[]byte("A"), []byte("B"), nil}))
+	check("MultiSet", s.MultiSet(ctx, []string{"m/a", "m/b", "m/empty"}, [][]byte{[]byte("A"), []byte("B"), nil}))
 	vals, err := s.MultiGet(ctx, []string{"m/b", "m/a", "m/empty"}, 5*time.Second)
 	check("MultiGet", err)
 	if len(vals) != 3 || string(vals[0]) != "B" || string(vals[1]) != "A" || len(vals[2]) != 0 {
@@ -441,26 +441,26 @@ func TestStoreSemantics(t *testing.T) {
 	if _, err := s.MultiGet(ctx, []string{"m/a", "missing"}, 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
 		t.Errorf("MultiGet missing: %v", err)
 	}
-	if err := s.MultiSet([]string{"x", "y"}, [][]byte{nil}); !errors.Is(err, ErrInvalidArgument) {
+	if err := s.MultiSet(ctx, []string{"x", "y"}, [][]byte{nil}); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("MultiSet length mismatch: %v", err)
 	}
 
-	before, err := s.NumKeys()
+	before, err := s.NumKeys(ctx)
 	check("NumKeys", err)
-	if d, err := s.DeleteKey("greeting"); err != nil || !d {
+	if d, err := s.DeleteKey(ctx, "greeting"); err != nil || !d {
 		t.Errorf("DeleteKey = %v, %v", d, err)
 	}
-	if d, err := s.DeleteKey("greeting"); err != nil || d {
+	if d, err := s.DeleteKey(ctx, "greeting"); err != nil || d {
 		t.Errorf("DeleteKey again = %v, %v", d, err)
 	}
-	if after, err := s.NumKeys(); err != nil || after != before-1 {
+	if after, err := s.NumKeys(ctx); err != nil || after != before-1 {
 		t.Errorf("NumKeys %d -> %d, %v", before, after, err)
 	}
 
-	if err := s.Set("", []byte("v")); !errors.Is(err, ErrInvalidArgument) {
+	if err := s.Set(ctx, "", []byte("v")); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("empty key: %v", err)
 	}
-	if err := s.Set(strings.Repeat("k", 4097), nil); !errors.Is(err, ErrInvalidArgument) {
+	if err := s.Set(ctx, strings.Repeat("k", 4097), nil); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("long key: %v", err)
 	}
 
@@ -490,7 +490,7 @@ func TestStoreGetWaitsForConcurrentSet(t *testing.T) {
 		t.Fatalf("Get returned before Set: %q", v)
 	case <-time.After(200 * time.Millisecond):
 	}
-	if err := s.Set("late", []byte("arrived")); err != nil {
+	if err := s.Set(ctx, "late", []byte("arrived")); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -513,7 +513,7 @@ func TestStoreConcurrentAdd(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
-				if _, err := s.Add("n", 1); err != nil {
+				if _, err := s.Add(ctx, "n", 1); err != nil {
 					errs <- err
 				}
 			}
@@ -524,7 +524,7 @@ func TestStoreConcurrentAdd(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if n, err := s.Add("n", 0); err != nil || n != workers*each {
+	if n, err := s.Add(ctx, "n", 0); err != nil || n != workers*each {
 		t.Errorf("sum = %d, %v", n, err)
 	}
 }
@@ -551,7 +551,7 @@ func TestCloseIsIdempotent(t *testing.T) {
 		}
 	}
 	// The store's calls fail once its node is closed; the store closes idempotently too.
-	if err := s.Set("after", []byte("close")); !errors.Is(err, ErrShutdown) {
+	if err := s.Set(ctx, "after", []byte("close")); !errors.Is(err, ErrShutdown) {
 		t.Errorf("store after Rendezvous.Close: %v", err)
 	}
 	for i := 0; i < 2; i++ {

@@ -133,62 +133,89 @@ func (r *Rendezvous) next(tok *C.rdzv_cancel_token_t) nextResult {
 	return res
 }
 
-// IsClosed reports whether any node has closed the run.
-func (r *Rendezvous) IsClosed() (bool, error) {
+// IsClosed reports whether any node has closed the run. If ctx ends before etcd answers, the
+// error matches both ErrCancelled and ctx.Err().
+func (r *Rendezvous) IsClosed(ctx context.Context) (bool, error) {
 	var closed C.bool
-	err := r.with(func(ptr *C.rdzv_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_is_closed(ptr, &closed, e) })
+	err := bounded(ctx, "is closed", func() error {
+		return r.with(func(ptr *C.rdzv_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_is_closed(ptr, &closed, e) })
+		})
 	})
-	return bool(closed), err
+	if err != nil {
+		return false, err
+	}
+	return bool(closed), nil
 }
 
-// SetClosed closes the run for every node: blocked Next calls anywhere return ErrClosed.
-func (r *Rendezvous) SetClosed() error {
-	return r.with(func(ptr *C.rdzv_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_set_closed(ptr, e) })
+// SetClosed closes the run for every node: blocked Next calls anywhere return ErrClosed. If
+// ctx ends first, the error matches ErrCancelled and the close may still take effect.
+func (r *Rendezvous) SetClosed(ctx context.Context) error {
+	return bounded(ctx, "close the run", func() error {
+		return r.with(func(ptr *C.rdzv_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_set_closed(ptr, e) })
+		})
 	})
 }
 
 // NumWaiting is the number of nodes waiting for a round after this node's last one; non-zero
 // means the members should call Next to admit them.
-func (r *Rendezvous) NumWaiting() (uint32, error) {
+func (r *Rendezvous) NumWaiting(ctx context.Context) (uint32, error) {
 	var n C.uint32_t
-	err := r.with(func(ptr *C.rdzv_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_num_waiting(ptr, &n, e) })
+	err := bounded(ctx, "num waiting", func() error {
+		return r.with(func(ptr *C.rdzv_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_num_waiting(ptr, &n, e) })
+		})
 	})
-	return uint32(n), err
+	if err != nil {
+		return 0, err
+	}
+	return uint32(n), nil
 }
 
 // NumLost is the number of members of this node's last round whose lease expired or that
 // were drained; non-zero means the round is broken and the survivors should call Next.
-func (r *Rendezvous) NumLost() (uint32, error) {
+func (r *Rendezvous) NumLost(ctx context.Context) (uint32, error) {
 	var n C.uint32_t
-	err := r.with(func(ptr *C.rdzv_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_num_lost(ptr, &n, e) })
+	err := bounded(ctx, "num lost", func() error {
+		return r.with(func(ptr *C.rdzv_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_num_lost(ptr, &n, e) })
+		})
 	})
-	return uint32(n), err
+	if err != nil {
+		return 0, err
+	}
+	return uint32(n), nil
 }
 
 // Drain marks this node as leaving the run, as Admin.Drain does for any node: for a node
 // that learns first that it will go away (a preemption notice). The other members count it
 // in NumLost at once and re-form without it; this node's Next ends with ErrGracefulExit.
-// reason may be "".
-func (r *Rendezvous) Drain(reason string) error {
-	cr := C.CString(reason)
-	defer C.free(unsafe.Pointer(cr))
-	return r.with(func(ptr *C.rdzv_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_drain(ptr, cr, e) })
+// reason may be "". If ctx ends first, the error matches ErrCancelled and the drain may
+// still take effect.
+func (r *Rendezvous) Drain(ctx context.Context, reason string) error {
+	return bounded(ctx, "drain", func() error {
+		cr := C.CString(reason) // the call's own: it may outlive ctx
+		defer C.free(unsafe.Pointer(cr))
+		return r.with(func(ptr *C.rdzv_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_drain(ptr, cr, e) })
+		})
 	})
 }
 
 // IsDraining reports whether this node was drained (by Drain, an operator or a scheduler):
 // it should stop its work and leave. One etcd read, at most connect_timeout.
-func (r *Rendezvous) IsDraining() (bool, error) {
+func (r *Rendezvous) IsDraining(ctx context.Context) (bool, error) {
 	var draining C.bool
-	err := r.with(func(ptr *C.rdzv_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_is_draining(ptr, &draining, e) })
+	err := bounded(ctx, "is draining", func() error {
+		return r.with(func(ptr *C.rdzv_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_is_draining(ptr, &draining, e) })
+		})
 	})
-	return bool(draining), err
+	if err != nil {
+		return false, err
+	}
+	return bool(draining), nil
 }
 
 // Cancel wakes a Next blocked in another goroutine (it returns ErrCancelled); the handle

@@ -7,8 +7,10 @@ package rdzv
 import "C"
 
 import (
+	"bytes"
 	"context"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -103,16 +105,29 @@ func cKeys(keys []string) (arr **C.char, free func()) {
 	}
 }
 
-// Set sets key to value.
-func (s *Store) Set(key string, value []byte) error {
-	ck := C.CString(key)
-	defer C.free(unsafe.Pointer(ck))
-	return s.with(func(ptr *C.rdzv_store_t) error {
-		err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_store_set(ptr, ck, bytesPtr(value), C.size_t(len(value)), e)
+// ownBytes is b, copied when ctx can end: a call that ctx abandons goes on in the background
+// (see bounded), and must not read a buffer its caller has since reused.
+func ownBytes(ctx context.Context, b []byte) []byte {
+	if ctx.Done() == nil {
+		return b
+	}
+	return bytes.Clone(b)
+}
+
+// Set sets key to value. If ctx ends before etcd answers, the error matches both
+// ErrCancelled and ctx.Err(), and the write may still take effect.
+func (s *Store) Set(ctx context.Context, key string, value []byte) error {
+	value = ownBytes(ctx, value)
+	return bounded(ctx, "store set", func() error {
+		ck := C.CString(key)
+		defer C.free(unsafe.Pointer(ck))
+		return s.with(func(ptr *C.rdzv_store_t) error {
+			err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+				return C.rdzv_store_set(ptr, ck, bytesPtr(value), C.size_t(len(value)), e)
+			})
+			runtime.KeepAlive(value)
+			return err
 		})
-		runtime.KeepAlive(value)
-		return err
 	})
 }
 
@@ -128,42 +143,55 @@ func (s *Store) Get(ctx context.Context, key string, timeout time.Duration) ([]b
 }
 
 // Add atomically adds delta to the decimal integer at key (absent counts as 0) and returns
-// the sum. ErrInvalidArgument if the value is not an integer or the sum overflows.
-func (s *Store) Add(key string, delta int64) (int64, error) {
-	ck := C.CString(key)
-	defer C.free(unsafe.Pointer(ck))
+// the sum. ErrInvalidArgument if the value is not an integer or the sum overflows. If ctx
+// ends first, the error matches ErrCancelled and the add may still take effect.
+func (s *Store) Add(ctx context.Context, key string, delta int64) (int64, error) {
 	var out C.int64_t
-	err := s.with(func(ptr *C.rdzv_store_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_store_add(ptr, ck, C.int64_t(delta), &out, e)
+	err := bounded(ctx, "store add", func() error {
+		ck := C.CString(key)
+		defer C.free(unsafe.Pointer(ck))
+		return s.with(func(ptr *C.rdzv_store_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+				return C.rdzv_store_add(ptr, ck, C.int64_t(delta), &out, e)
+			})
 		})
 	})
-	return int64(out), err
+	if err != nil {
+		return 0, err
+	}
+	return int64(out), nil
 }
 
 // CompareSet sets key to desired if it holds expected (or is absent and expected is empty),
 // atomically, and returns the value the key holds afterwards (expected itself when the key is
-// absent and expected is not empty).
-func (s *Store) CompareSet(key string, expected, desired []byte) ([]byte, error) {
-	ck := C.CString(key)
-	defer C.free(unsafe.Pointer(ck))
+// absent and expected is not empty). If ctx ends first, the error matches ErrCancelled and
+// the swap may still take effect.
+func (s *Store) CompareSet(ctx context.Context, key string, expected, desired []byte) ([]byte, error) {
+	expected, desired = ownBytes(ctx, expected), ownBytes(ctx, desired)
 	var out []byte
-	err := s.with(func(ptr *C.rdzv_store_t) error {
-		var p *C.uint8_t
-		var n C.size_t
-		err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_store_compare_set(ptr, ck, bytesPtr(expected), C.size_t(len(expected)),
-				bytesPtr(desired), C.size_t(len(desired)), &p, &n, e)
+	err := bounded(ctx, "store compare-set", func() error {
+		ck := C.CString(key)
+		defer C.free(unsafe.Pointer(ck))
+		return s.with(func(ptr *C.rdzv_store_t) error {
+			var p *C.uint8_t
+			var n C.size_t
+			err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+				return C.rdzv_store_compare_set(ptr, ck, bytesPtr(expected), C.size_t(len(expected)),
+					bytesPtr(desired), C.size_t(len(desired)), &p, &n, e)
+			})
+			runtime.KeepAlive(expected)
+			runtime.KeepAlive(desired)
+			if err != nil {
+				return err
+			}
+			out = takeBytes(p, n)
+			return nil
 		})
-		runtime.KeepAlive(expected)
-		runtime.KeepAlive(desired)
-		if err != nil {
-			return err
-		}
-		out = takeBytes(p, n)
-		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Wait waits up to timeout until all keys exist (ErrTimeout otherwise), or until ctx is done
@@ -211,39 +239,57 @@ func (s *Store) Cancel() error {
 	})
 }
 
-// Check reports whether all keys exist now. It does not wait.
-func (s *Store) Check(keys []string) (bool, error) {
-	ck, free := cKeys(keys)
-	defer free()
+// Check reports whether all keys exist now. It does not wait for them; if ctx ends before
+// etcd answers, the error matches both ErrCancelled and ctx.Err().
+func (s *Store) Check(ctx context.Context, keys []string) (bool, error) {
+	keys = slices.Clone(keys) // read by the call, which may outlive ctx
 	var ok C.bool
-	err := s.with(func(ptr *C.rdzv_store_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_store_check(ptr, ck, C.size_t(len(keys)), &ok, e)
+	err := bounded(ctx, "store check", func() error {
+		ck, free := cKeys(keys)
+		defer free()
+		return s.with(func(ptr *C.rdzv_store_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+				return C.rdzv_store_check(ptr, ck, C.size_t(len(keys)), &ok, e)
+			})
 		})
 	})
-	return bool(ok), err
+	if err != nil {
+		return false, err
+	}
+	return bool(ok), nil
 }
 
-// DeleteKey deletes key and reports whether it existed.
-func (s *Store) DeleteKey(key string) (bool, error) {
-	ck := C.CString(key)
-	defer C.free(unsafe.Pointer(ck))
+// DeleteKey deletes key and reports whether it existed. If ctx ends first, the error matches
+// ErrCancelled and the delete may still take effect.
+func (s *Store) DeleteKey(ctx context.Context, key string) (bool, error) {
 	var deleted C.bool
-	err := s.with(func(ptr *C.rdzv_store_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_store_delete_key(ptr, ck, &deleted, e)
+	err := bounded(ctx, "store delete", func() error {
+		ck := C.CString(key)
+		defer C.free(unsafe.Pointer(ck))
+		return s.with(func(ptr *C.rdzv_store_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+				return C.rdzv_store_delete_key(ptr, ck, &deleted, e)
+			})
 		})
 	})
-	return bool(deleted), err
+	if err != nil {
+		return false, err
+	}
+	return bool(deleted), nil
 }
 
 // NumKeys is the number of keys in this round's store.
-func (s *Store) NumKeys() (int64, error) {
+func (s *Store) NumKeys(ctx context.Context) (int64, error) {
 	var n C.int64_t
-	err := s.with(func(ptr *C.rdzv_store_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_store_num_keys(ptr, &n, e) })
+	err := bounded(ctx, "store num keys", func() error {
+		return s.with(func(ptr *C.rdzv_store_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_store_num_keys(ptr, &n, e) })
+		})
 	})
-	return int64(n), err
+	if err != nil {
+		return 0, err
+	}
+	return int64(n), nil
 }
 
 // MultiGet waits up to timeout for all keys, then returns their values read at one revision,
@@ -276,32 +322,43 @@ func (s *Store) multiGet(ctx context.Context, tok *cancelToken, keys []string, t
 	return out, err
 }
 
-// MultiSet sets keys[i] to values[i] for all i, all or nothing.
-func (s *Store) MultiSet(keys []string, values [][]byte) error {
+// MultiSet sets keys[i] to values[i] for all i, all or nothing. If ctx ends first, the error
+// matches ErrCancelled and the writes may still take effect.
+func (s *Store) MultiSet(ctx context.Context, keys []string, values [][]byte) error {
 	if len(keys) != len(values) {
 		return &Error{Status: StatusInvalidArgument, Message: "MultiSet: keys and values differ in length"}
 	}
-	ck, freeKeys := cKeys(keys)
-	defer freeKeys()
-	// cgo forbids Go pointers stored in C memory, so the values are copied to C memory too.
-	n := len(values) + 1
-	cvals := unsafe.Slice((**C.uint8_t)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof((*C.uint8_t)(nil))))), n)
-	clens := make([]C.size_t, n)
-	defer func() {
-		for _, p := range cvals {
-			C.free(unsafe.Pointer(p))
+	// The call owns its inputs: it may outlive ctx.
+	keys = slices.Clone(keys)
+	if ctx.Done() != nil {
+		values = slices.Clone(values)
+		for i := range values {
+			values[i] = bytes.Clone(values[i])
 		}
-		C.free(unsafe.Pointer(&cvals[0]))
-	}()
-	for i, v := range values {
-		if len(v) > 0 {
-			cvals[i] = (*C.uint8_t)(C.CBytes(v))
-		}
-		clens[i] = C.size_t(len(v))
 	}
-	return s.with(func(ptr *C.rdzv_store_t) error {
-		return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-			return C.rdzv_store_multi_set(ptr, ck, &cvals[0], &clens[0], C.size_t(len(keys)), e)
+	return bounded(ctx, "store multi-set", func() error {
+		ck, freeKeys := cKeys(keys)
+		defer freeKeys()
+		// cgo forbids Go pointers stored in C memory, so the values are copied to C memory too.
+		n := len(values) + 1
+		cvals := unsafe.Slice((**C.uint8_t)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof((*C.uint8_t)(nil))))), n)
+		clens := make([]C.size_t, n)
+		defer func() {
+			for _, p := range cvals {
+				C.free(unsafe.Pointer(p))
+			}
+			C.free(unsafe.Pointer(&cvals[0]))
+		}()
+		for i, v := range values {
+			if len(v) > 0 {
+				cvals[i] = (*C.uint8_t)(C.CBytes(v))
+			}
+			clens[i] = C.size_t(len(v))
+		}
+		return s.with(func(ptr *C.rdzv_store_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
+				return C.rdzv_store_multi_set(ptr, ck, &cvals[0], &clens[0], C.size_t(len(keys)), e)
+			})
 		})
 	})
 }

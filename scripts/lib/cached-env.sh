@@ -1,5 +1,5 @@
 # Shared by the scripts that make a cached virtual environment (torch-env.sh, jax-env.sh,
-# torch-frameworks-env.sh, quorum-env.sh, wheel.sh): sourced, not run.
+# torch-frameworks-env.sh, quorum-env.sh, mypy-env.sh, wheel.sh): sourced, not run.
 #
 # A virtual environment cannot be renamed (its scripts name their interpreter by absolute
 # path), so it is made in place: under a lock, so that concurrent runs make it once, and with

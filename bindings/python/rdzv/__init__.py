@@ -14,8 +14,10 @@ drain).
 """
 
 from . import admin
+from ._native import Timeout
 from .admin import Admin, Joiner, Member, PurgeResult, RunStatus
 from .errors import (
+    Status,
     RendezvousCancelledError,
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -28,7 +30,7 @@ from .errors import (
     RendezvousTimeoutError,
 )
 from .handler import EtcdV3RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
-from .params import RendezvousParameters
+from .params import ParametersLike, RendezvousParameters
 from .store import Store
 
 __version__ = "0.1.0"
@@ -46,6 +48,7 @@ __all__ = [
     "EtcdV3RendezvousHandler",
     "Joiner",
     "Member",
+    "ParametersLike",
     "PurgeResult",
     "RendezvousCancelledError",
     "RendezvousClosedError",
@@ -61,6 +64,8 @@ __all__ = [
     "RendezvousStoreInfo",
     "RendezvousTimeoutError",
     "RunStatus",
+    "Status",
     "Store",
+    "Timeout",
     "version",
 ]

@@ -35,13 +35,13 @@ def _installed_with_package(here: Path) -> list[Path]:
 
     for dist in metadata.distributions(name="rdzv"):
         try:
-            if Path(dist.locate_file("rdzv/__init__.py")).resolve() != here / "__init__.py":
+            if Path(str(dist.locate_file("rdzv/__init__.py"))).resolve() != here / "__init__.py":
                 continue
             files = dist.files or []
         except OSError:
             continue
         return [
-            Path(dist.locate_file(f)).resolve()
+            Path(str(dist.locate_file(f))).resolve()
             for f in files
             if f.name == COMMAND and f.parent.name in ("bin", "Scripts")
         ]

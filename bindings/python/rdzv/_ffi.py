@@ -18,7 +18,6 @@ import os
 import sys
 import threading
 from ctypes import (
-    CFUNCTYPE,
     POINTER,
     Structure,
     c_bool,
@@ -34,37 +33,46 @@ from ctypes import (
     c_uint64,
     c_uint8,
 )
+from enum import IntEnum
 from pathlib import Path
+
+from ._log import LogHandler, route
 
 # Constants from rdzv.h (checked against the header by the tests).
 RDZV_MAX_VALUE_BYTES = (1024 * 1024) + (512 * 1024) - 4096
 RDZV_ADDR_CAPACITY = 256
 RDZV_MAX_KEY_BYTES = 4096
 
-# rdzv_status_t
-RDZV_OK = 0
-RDZV_ERR_INVALID_ARGUMENT = 1
-RDZV_ERR_CLOSED = 2
-RDZV_ERR_TIMEOUT = 3
-RDZV_ERR_CONNECTION = 4
-RDZV_ERR_STATE = 5
-RDZV_ERR_GRACEFUL_EXIT = 6
-RDZV_ERR_SHUTDOWN = 7
-RDZV_ERR_INTERNAL = 8
-RDZV_ERR_CANCELLED = 9
 
-STATUS_NAMES = {
-    RDZV_OK: "RDZV_OK",
-    RDZV_ERR_INVALID_ARGUMENT: "RDZV_ERR_INVALID_ARGUMENT",
-    RDZV_ERR_CLOSED: "RDZV_ERR_CLOSED",
-    RDZV_ERR_TIMEOUT: "RDZV_ERR_TIMEOUT",
-    RDZV_ERR_CONNECTION: "RDZV_ERR_CONNECTION",
-    RDZV_ERR_STATE: "RDZV_ERR_STATE",
-    RDZV_ERR_GRACEFUL_EXIT: "RDZV_ERR_GRACEFUL_EXIT",
-    RDZV_ERR_SHUTDOWN: "RDZV_ERR_SHUTDOWN",
-    RDZV_ERR_INTERNAL: "RDZV_ERR_INTERNAL",
-    RDZV_ERR_CANCELLED: "RDZV_ERR_CANCELLED",
-}
+class Status(IntEnum):
+    """``rdzv_status_t``: what a call returned, with the header's names and values (never
+    renumbered). An ``IntEnum``, so it compares equal to the plain ints the library returns."""
+
+    RDZV_OK = 0
+    RDZV_ERR_INVALID_ARGUMENT = 1
+    RDZV_ERR_CLOSED = 2
+    RDZV_ERR_TIMEOUT = 3
+    RDZV_ERR_CONNECTION = 4
+    RDZV_ERR_STATE = 5
+    RDZV_ERR_GRACEFUL_EXIT = 6
+    RDZV_ERR_SHUTDOWN = 7
+    RDZV_ERR_INTERNAL = 8
+    RDZV_ERR_CANCELLED = 9
+
+
+# The header's names at module level too, as before the enum.
+RDZV_OK = Status.RDZV_OK
+RDZV_ERR_INVALID_ARGUMENT = Status.RDZV_ERR_INVALID_ARGUMENT
+RDZV_ERR_CLOSED = Status.RDZV_ERR_CLOSED
+RDZV_ERR_TIMEOUT = Status.RDZV_ERR_TIMEOUT
+RDZV_ERR_CONNECTION = Status.RDZV_ERR_CONNECTION
+RDZV_ERR_STATE = Status.RDZV_ERR_STATE
+RDZV_ERR_GRACEFUL_EXIT = Status.RDZV_ERR_GRACEFUL_EXIT
+RDZV_ERR_SHUTDOWN = Status.RDZV_ERR_SHUTDOWN
+RDZV_ERR_INTERNAL = Status.RDZV_ERR_INTERNAL
+RDZV_ERR_CANCELLED = Status.RDZV_ERR_CANCELLED
+
+STATUS_NAMES = {int(s): s.name for s in Status}
 
 rdzv_status_t = c_int  # a C enum is int-sized
 
@@ -153,8 +161,7 @@ CancelTokenP = POINTER(rdzv_cancel_token_t)
 RunStatusP = POINTER(rdzv_run_status_t)
 BytesP = POINTER(c_uint8)
 KeysP = POINTER(c_char_p)  # const char *const *
-# rdzv_log_handler_t: (level, target, line, user_data)
-LogHandler = CFUNCTYPE(None, c_int32, c_char_p, c_char_p, c_void_p)
+# rdzv_log_handler_t is LogHandler, declared in _log (which forwards the records).
 
 # name -> (restype, [argtypes]); one entry per function of include/rdzv.h.
 SIGNATURES = {
@@ -333,9 +340,7 @@ def lib() -> ctypes.CDLL:
                 except OSError as e:
                     raise OSError(f"cannot load {path}: {e}") from e
                 _lib = _declare(cdll)
-                from . import _log
-
-                _log.route(_lib)
+                route(_lib)
     return _lib
 
 

@@ -18,8 +18,12 @@ import atexit
 import ctypes
 import logging
 import re
+from ctypes import CFUNCTYPE, c_char_p, c_int32, c_void_p
 
-from ._ffi import LogHandler
+# rdzv_log_handler_t: (level, target, line, user_data). Declared here, not in _ffi, so that
+# this module imports nothing of the package: _ffi routes the records here when it loads the
+# library.
+LogHandler = CFUNCTYPE(None, c_int32, c_char_p, c_char_p, c_void_p)
 
 logger = logging.getLogger("rdzv")
 # rdzv_log_level_t -> logging level (trace is below debug: logging has nothing finer).

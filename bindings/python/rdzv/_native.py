@@ -1,6 +1,6 @@
 """Helpers shared by the wrappers: calling with an error out-parameter, string and byte
-conversion, timeouts, handle lifetime, cancel tokens, and running blocking calls so that
-Ctrl-C works."""
+conversion, timeouts, cancel tokens, and running blocking calls so that Ctrl-C works (a
+handle's lifetime is in ``_managed``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import datetime
 import math
 import os
 import threading
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar, Union
 
 from . import _ffi
 from .errors import RendezvousInvalidArgumentError, RendezvousShutdownError, error_for
 
 T = TypeVar("T")
+
+#: A timeout argument: a ``datetime.timedelta`` or a number of seconds (``rdzv.Timeout``).
+Timeout = Union[datetime.timedelta, float]
 
 # Timeouts above this are capped by the library anyway (one year); keeps int64 safe.
 _MAX_MS = 2**62
@@ -131,67 +134,6 @@ def timeout_ms(timeout: Any, what: str = "timeout") -> int:
     return min(_MAX_MS, int(math.ceil(secs * 1000)))
 
 
-class Owned:
-    """A library handle used from several threads and freed once: ``close`` marks it closed at
-    once, and the free happens when the last call in flight (``use``) has returned."""
-
-    def __init__(self, ptr: Any, free: Callable[[Any], None], what: str):
-        self._ptr = ptr
-        self._free = free
-        self._what = what
-        self._lock = threading.Lock()
-        self._users = 0
-        self._closing = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closing
-
-    def use(self) -> "_Use":
-        return _Use(self)
-
-    def _acquire(self) -> Any:
-        with self._lock:
-            if self._closing or not self._ptr:
-                raise RendezvousShutdownError(f"the {self._what} is closed")
-            self._users += 1
-            return self._ptr
-
-    def _release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            ptr = self._take_if_idle()
-        if ptr is not None:
-            self._free(ptr)
-
-    def _take_if_idle(self) -> Any:
-        if self._closing and self._users == 0 and self._ptr:
-            ptr, self._ptr = self._ptr, None
-            return ptr
-        return None
-
-    def close(self) -> None:
-        with self._lock:
-            self._closing = True
-            ptr = self._take_if_idle()
-        if ptr is not None:
-            self._free(ptr)
-
-
-class _Use:
-    __slots__ = ("_owned", "_ptr")
-
-    def __init__(self, owned: Owned):
-        self._owned = owned
-
-    def __enter__(self) -> Any:
-        self._ptr = self._owned._acquire()
-        return self._ptr
-
-    def __exit__(self, *exc: Any) -> None:
-        self._owned._release()
-
-
 class CancelToken:
     """A library cancel token (``rdzv_cancel_token_t``). Once cancelled it stays cancelled, so
     a cancel made just before the call it is passed to starts still ends that call: nobody
@@ -201,7 +143,7 @@ class CancelToken:
         L = lib()
         ptr = _ffi.CancelTokenP()
         call(L.rdzv_cancel_token_new, ctypes.byref(ptr))
-        self.ptr = ptr
+        self.ptr: Any = ptr  # None once freed
         self._free = L.rdzv_cancel_token_free
 
     def cancel(self) -> None:
@@ -327,16 +269,17 @@ def run_blocking(
     done = threading.Event()
 
     def worker() -> None:
+        value: Any  # the result, or the exception for the caller
         try:
-            outcome = (True, work())
+            ok, value = True, work()
         except BaseException as e:  # handed to the caller
-            outcome = (False, e)
+            ok, value = False, e
         with lock:
-            state["outcome"] = outcome
+            state["outcome"] = (ok, value)
             abandoned = state.get("abandoned", False)
         done.set()
-        if abandoned and outcome[0] and discard is not None:
-            discard(outcome[1])
+        if abandoned and ok and discard is not None:
+            discard(value)
 
     thread = threading.Thread(target=worker, name=name, daemon=True)
     try:

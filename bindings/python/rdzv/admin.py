@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from . import _ffi
+from ._managed import Managed, Owned
 from ._native import (
     HandleCancel,
-    Owned,
+    Timeout,
     call,
     cstr,
     lib,
@@ -36,7 +37,7 @@ from .errors import (
     RendezvousShutdownError,
     RendezvousTimeoutError,
 )
-from .params import native_params
+from .params import ParametersLike, native_params
 
 __all__ = ["Admin", "Joiner", "Member", "PurgeResult", "RunStatus", "connect"]
 
@@ -184,7 +185,7 @@ def _read_status(fn: Any, *args: Any) -> RunStatus:
             lib().rdzv_run_status_free(out)
 
 
-class Admin:
+class Admin(Managed):
     """An operator's or scheduler's handle on one run (named by the run id and key prefix of
     its URL or parameters). It never joins the run: it holds no lease, so it is never counted,
     waited for or sealed into a round.
@@ -196,7 +197,7 @@ class Admin:
     ``close_run``, ``purge`` and ``drain`` need write access.
     """
 
-    def __init__(self, target: Any):
+    def __init__(self, target: str | ParametersLike):
         L = lib()
         if isinstance(target, str):
             params = _ffi.ParamsP()
@@ -224,12 +225,12 @@ class Admin:
         self._pending: RunStatus | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> "Admin":
+    def from_url(cls, url: str) -> Admin:
         """An admin handle from ``etcd://HOST:PORT[,HOST:PORT...]/RUN_ID[?options]``."""
         return cls(url)
 
     @classmethod
-    def from_parameters(cls, params: Any) -> "Admin":
+    def from_parameters(cls, params: ParametersLike) -> Admin:
         """An admin handle from ``RendezvousParameters`` (or torch's, of the same shape)."""
         return cls(params)
 
@@ -240,7 +241,7 @@ class Admin:
         with self._res.use() as p:
             return _read_status(lib().rdzv_admin_status, p)
 
-    def watch_next(self, timeout: Any = None) -> RunStatus | None:
+    def watch_next(self, timeout: Timeout | None = None) -> RunStatus | None:
         """The run's current status on the handle's first watch call; after that, waits for
         the next change an operator would see (a join, a seal, a loss, a drain, a close; not
         the workers' store traffic) and returns the new status. Successive calls return every
@@ -255,7 +256,7 @@ class Admin:
             cancels = self._cancels
         return self._watch_next(timeout, cancels)
 
-    def _watch_next(self, timeout: Any, cancels: int) -> RunStatus | None:
+    def _watch_next(self, timeout: Timeout | None, cancels: int) -> RunStatus | None:
         """``watch_next``, cancelled by any ``cancel()`` made after the count was ``cancels``."""
         ms = _FOREVER_MS if timeout is None else min(_FOREVER_MS, math.ceil(seconds(timeout) * 1000))
         L = lib()
@@ -285,7 +286,7 @@ class Admin:
         # running, which would make the next watch call fail) and a change it read is kept.
         return run_cancellable(self._call_cancel, work, name="rdzv-admin-watch", discard=keep)
 
-    def watch(self, idle_timeout: Any = None) -> Iterator[RunStatus]:
+    def watch(self, idle_timeout: Timeout | None = None) -> Iterator[RunStatus]:
         """A generator of the run's statuses: the current one first, then one per change an
         operator would see, in order (see ``watch_next``). It ends when ``cancel()`` or
         ``close()`` is called after it was made (from another thread while it waits, or from
@@ -378,35 +379,18 @@ class Admin:
         """Frees the handle, once calls in other threads have returned; a watch running in
         another thread is woken first (its generator ends). Idempotent; the run is not
         affected."""
-        res = getattr(self, "_res", None)
-        if res is None or res.closed:
-            return
+        super().close()
+
+    def _before_close(self) -> None:
         try:
             self.cancel()
         except RendezvousError:
-            pass
-        res.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._res.closed
-
-    def __enter__(self) -> "Admin":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
             pass
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}{' closed' if self.closed else ''}>"
 
 
-def connect(target: Any) -> Admin:
+def connect(target: str | ParametersLike) -> Admin:
     """``Admin(target)``: an admin handle from a URL or ``RendezvousParameters``."""
     return Admin(target)

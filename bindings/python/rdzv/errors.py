@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from . import _ffi
+from ._ffi import Status
 
 __all__ = [
+    "Status",
     "RendezvousError",
     "RendezvousClosedError",
     "RendezvousTimeoutError",
@@ -20,14 +22,15 @@ __all__ = [
 
 
 class RendezvousError(Exception):
-    """Base of every rdzv error. ``status`` is the ``rdzv_status_t`` value (an int)."""
+    """Base of every rdzv error. ``status`` is the ``rdzv_status_t`` value: a ``Status``, or a
+    plain int for a value this package does not know."""
 
-    status: int = _ffi.RDZV_ERR_INTERNAL
+    status: int = Status.RDZV_ERR_INTERNAL
 
     def __init__(self, message: str = "", status: int | None = None):
         super().__init__(message)
         if status is not None:
-            self.status = status
+            self.status = Status(status) if status in _ffi.STATUS_NAMES else status
 
     @property
     def status_name(self) -> str:
@@ -37,56 +40,56 @@ class RendezvousError(Exception):
 class RendezvousInvalidArgumentError(RendezvousError, ValueError):
     """RDZV_ERR_INVALID_ARGUMENT: an argument or option was malformed; nothing changed."""
 
-    status = _ffi.RDZV_ERR_INVALID_ARGUMENT
+    status = Status.RDZV_ERR_INVALID_ARGUMENT
 
 
 class RendezvousClosedError(RendezvousError):
     """RDZV_ERR_CLOSED: the run is closed."""
 
-    status = _ffi.RDZV_ERR_CLOSED
+    status = Status.RDZV_ERR_CLOSED
 
 
 class RendezvousTimeoutError(RendezvousError):
     """RDZV_ERR_TIMEOUT: the call did not complete in time."""
 
-    status = _ffi.RDZV_ERR_TIMEOUT
+    status = Status.RDZV_ERR_TIMEOUT
 
 
 class RendezvousConnectionError(RendezvousError):
     """RDZV_ERR_CONNECTION: etcd unreachable, or this node's lease expired."""
 
-    status = _ffi.RDZV_ERR_CONNECTION
+    status = Status.RDZV_ERR_CONNECTION
 
 
 class RendezvousStateError(RendezvousError):
     """RDZV_ERR_STATE: corrupt or foreign data under the run's prefix."""
 
-    status = _ffi.RDZV_ERR_STATE
+    status = Status.RDZV_ERR_STATE
 
 
 class RendezvousGracefulExitError(RendezvousError):
     """RDZV_ERR_GRACEFUL_EXIT: the run closed while this node was left out, or this node was
     drained (a planned departure); not a failure."""
 
-    status = _ffi.RDZV_ERR_GRACEFUL_EXIT
+    status = Status.RDZV_ERR_GRACEFUL_EXIT
 
 
 class RendezvousShutdownError(RendezvousError):
     """RDZV_ERR_SHUTDOWN: the handle (or store) was shut down or closed."""
 
-    status = _ffi.RDZV_ERR_SHUTDOWN
+    status = Status.RDZV_ERR_SHUTDOWN
 
 
 class RendezvousCancelledError(RendezvousError):
     """RDZV_ERR_CANCELLED: ``cancel()`` woke a blocked ``next_rendezvous``."""
 
-    status = _ffi.RDZV_ERR_CANCELLED
+    status = Status.RDZV_ERR_CANCELLED
 
 
 class RendezvousInternalError(RendezvousError):
     """RDZV_ERR_INTERNAL: a bug in rdzv."""
 
-    status = _ffi.RDZV_ERR_INTERNAL
+    status = Status.RDZV_ERR_INTERNAL
 
 
 ERROR_CLASSES: dict[int, type[RendezvousError]] = {

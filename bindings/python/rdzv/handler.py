@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _ffi
-from ._native import HandleCancel, Owned, call, cstr, lib, run_blocking, run_cancellable
+from ._managed import Managed, Owned
+from ._native import HandleCancel, call, cstr, lib, run_blocking, run_cancellable
 from .errors import RendezvousError, RendezvousShutdownError
-from .params import native_params, store_timeout_of, store_timeout_of_url
+from .params import ParametersLike, native_params, store_timeout_of, store_timeout_of_url
 from .store import Store
 
 __all__ = ["EtcdV3RendezvousHandler", "RendezvousInfo", "RendezvousStoreInfo"]
@@ -74,7 +75,7 @@ class RendezvousInfo:
         )
 
 
-class EtcdV3RendezvousHandler:
+class EtcdV3RendezvousHandler(Managed):
     """One node's handle on an etcd v3 rendezvous (torch's ``RendezvousHandler`` interface).
 
     Create it from ``RendezvousParameters`` (``EtcdV3RendezvousHandler(params)`` or
@@ -83,17 +84,17 @@ class EtcdV3RendezvousHandler:
     Thread-safe. Use it as a context manager, or call ``close()``.
     """
 
-    def __init__(self, params: Any):
+    def __init__(self, params: ParametersLike):
         ptr = native_params(params)
         self._setup(ptr, store_timeout_of(getattr(params, "config", None) or {}))
 
     @classmethod
-    def from_parameters(cls, params: Any) -> "EtcdV3RendezvousHandler":
+    def from_parameters(cls, params: ParametersLike) -> EtcdV3RendezvousHandler:
         """A handler from ``RendezvousParameters`` (or torch's, which has the same shape)."""
         return cls(params)
 
     @classmethod
-    def from_url(cls, url: str) -> "EtcdV3RendezvousHandler":
+    def from_url(cls, url: str) -> EtcdV3RendezvousHandler:
         """A handler from ``etcd://HOST:PORT[,HOST:PORT...]/RUN_ID?name=value&...``
         (schemes ``etcd``/``etcd-v3``, or ``etcds``/``etcd+https`` for TLS)."""
         out = _ffi.ParamsP()
@@ -245,29 +246,10 @@ class EtcdV3RendezvousHandler:
     def close(self) -> None:
         """``shutdown()`` and free the handle (once calls in other threads have returned).
         Idempotent. Rounds' stores stay usable."""
-        res = getattr(self, "_res", None)
-        if res is None or res.closed:
-            return
-        try:
-            self.shutdown()
-        finally:
-            res.close()
+        super().close()
 
-    @property
-    def closed(self) -> bool:
-        return self._res.closed
-
-    def __enter__(self) -> "EtcdV3RendezvousHandler":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _before_close(self) -> None:
+        self.shutdown()
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""

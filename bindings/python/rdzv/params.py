@@ -8,17 +8,30 @@ import datetime
 import decimal
 import math
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from . import _ffi
 from ._native import call, cstr, lib
 from .errors import RendezvousInvalidArgumentError
 
-__all__ = ["RendezvousParameters", "DEFAULT_STORE_TIMEOUT"]
+__all__ = ["DEFAULT_STORE_TIMEOUT", "ParametersLike", "RendezvousParameters"]
 
 #: The store's default timeout in seconds when ``store_timeout`` is not given (see rdzv.h).
 DEFAULT_STORE_TIMEOUT = 300.0
+
+
+class ParametersLike(Protocol):
+    """What a handler or an admin handle is made from: ``RendezvousParameters``, torch's
+    ``RendezvousParameters``, or any object with these attributes."""
+
+    backend: str
+    endpoint: str
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    local_addr: Optional[str]
+    config: dict[str, Any]
 
 
 class RendezvousParameters:
@@ -147,7 +160,7 @@ def _u32(name: str, n: Any) -> int:
     return n
 
 
-def native_params(params: Any, ignore: Iterable[str] = ()) -> Any:
+def native_params(params: ParametersLike, ignore: Iterable[str] = ()) -> Any:
     """A new ``rdzv_params_t *`` from any object shaped like torch's ``RendezvousParameters``
     (``backend``, ``endpoint``, ``run_id``, ``min_nodes``, ``max_nodes``, ``local_addr``,
     ``config``). Options named in ``ignore`` and options whose value is None are skipped. The

@@ -5,13 +5,14 @@ from __future__ import annotations
 import ctypes
 import datetime
 import itertools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from . import _ffi
+from ._managed import Managed, Owned
 from ._native import (
     Buffer,
     HandleCancel,
-    Owned,
+    Timeout,
     call,
     key_arg,
     keys_arg,
@@ -29,8 +30,10 @@ __all__ = ["Store"]
 
 _ids = itertools.count()
 
+T = TypeVar("T")
 
-class Store:
+
+class Store(Managed):
     """The store of one round, returned in ``RendezvousInfo.store``.
 
     Keys are non-empty ``str`` (at most 4096 bytes of UTF-8); values are ``bytes`` or ``str``
@@ -45,11 +48,15 @@ class Store:
     ``close()`` (or a ``with`` block) frees it; a call blocked in another thread finishes first.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    _cancels: HandleCancel
+    _timeout: float
+    _name: str
+
+    def __init__(self, *args: object, **kwargs: object):
         raise TypeError("a Store comes from next_rendezvous(); it cannot be created directly")
 
     @classmethod
-    def _from_ptr(cls, ptr: Any, timeout: float) -> "Store":
+    def _from_ptr(cls, ptr: Any, timeout: float) -> Store:
         self = cls.__new__(cls)
         self._res = Owned(ptr, lib().rdzv_store_free, "store")
         self._cancels = HandleCancel()
@@ -61,25 +68,7 @@ class Store:
 
     def close(self) -> None:
         """Frees the store. Idempotent; later calls raise ``RendezvousShutdownError``."""
-        res = getattr(self, "_res", None)
-        if res is not None:
-            res.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._res.closed
-
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        super().close()
 
     # -- c10d Store API -----------------------------------------------------------------------
 
@@ -89,7 +78,7 @@ class Store:
         with self._res.use() as p:
             call(lib().rdzv_store_set, p, k, buf.ptr, buf.len)
 
-    def get(self, key: str, timeout: Any = None) -> bytes:
+    def get(self, key: str, timeout: Timeout | None = None) -> bytes:
         """Waits for ``key`` to be set and returns its value; ``RendezvousTimeoutError`` if it
         is still absent after ``timeout``."""
         k, ms = key_arg(key), timeout_ms(timeout)
@@ -126,7 +115,7 @@ class Store:
             )
         return take_bytes(ptr, n.value)
 
-    def wait(self, keys: Sequence[str] | str, timeout: Any = None) -> None:
+    def wait(self, keys: Sequence[str] | str, timeout: Timeout | None = None) -> None:
         """Waits until every key exists; ``RendezvousTimeoutError`` after ``timeout``."""
         ks, ms = keys_arg(keys), timeout_ms(timeout)
 
@@ -159,7 +148,7 @@ class Store:
             call(lib().rdzv_store_num_keys, p, ctypes.byref(out))
         return out.value
 
-    def multi_get(self, keys: Sequence[str], timeout: Any = None) -> list[bytes]:
+    def multi_get(self, keys: Sequence[str], timeout: Timeout | None = None) -> list[bytes]:
         """Waits for every key, then returns their values read at one revision."""
         ks, ms = keys_arg(keys), timeout_ms(timeout)
 
@@ -197,7 +186,7 @@ class Store:
         with self._res.use() as p:
             call(lib().rdzv_store_multi_set, p, arr, ptrs, lens, len(ks))
 
-    def set_timeout(self, timeout: Any) -> None:
+    def set_timeout(self, timeout: Timeout) -> None:
         """Sets the default timeout of ``get``, ``wait`` and ``multi_get``."""
         secs = seconds(timeout)
         ms = timeout_ms(secs)
@@ -219,7 +208,7 @@ class Store:
         with self._res.use():
             self._cancels.cancel()
 
-    def _blocking(self, work: Any, ms: int) -> Any:
+    def _blocking(self, work: Callable[[Any], T], ms: int) -> T:
         # A wait with timeout 0 does not wait: it runs on this thread.
         return run_cancellable(self._cancels, work, name=self._name, in_place=ms == 0)
 

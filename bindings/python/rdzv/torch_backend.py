@@ -33,10 +33,11 @@ import datetime
 import functools
 import logging
 import types
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 from . import errors
 from .handler import EtcdV3RendezvousHandler
+from .params import ParametersLike
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ try:
     import torch.distributed as _dist
     from torch.distributed.elastic.rendezvous import api as _api
 except ImportError:  # torch is optional
-    _dist = None
-    _api = None
+    # (the ignore is used only where torch, hence its types, is installed)
+    _dist = None  # type: ignore[assignment, unused-ignore]
+    _api = None  # type: ignore[assignment, unused-ignore]
 
 TORCH_AVAILABLE = _api is not None
 
@@ -85,13 +87,20 @@ _TORCH_PEERS = {
 }
 
 
+#: rdzv's error classes: the base and one per status.
+_RDZV_ERRORS: tuple[type[errors.RendezvousError], ...] = (
+    errors.RendezvousError,
+    *errors.ERROR_CLASSES.values(),
+)
+
+
 def _handler_error_classes() -> dict[type, type]:
     """For each rdzv error class, a class deriving from it and from torch's counterpart (or
     torch's ``RendezvousError``), so ``except`` clauses of either library match."""
     if not TORCH_AVAILABLE:
         return {}
     table: dict[type, type] = {}
-    for cls in (errors.RendezvousError, *errors.ERROR_CLASSES.values()):
+    for cls in _RDZV_ERRORS:
         peer = getattr(_api, _TORCH_PEERS.get(cls, "RendezvousError"), None) or _api.RendezvousError
         table[cls] = type(cls.__name__, (cls, peer), {"__module__": __name__})
     return table
@@ -105,7 +114,7 @@ def _store_error_classes() -> dict[type, type]:
     base = getattr(_dist, "DistStoreError", None) or RuntimeError
     return {
         cls: type(f"Store{cls.__name__}", (cls, base), {"__module__": __name__})
-        for cls in (errors.RendezvousError, *errors.ERROR_CLASSES.values())
+        for cls in _RDZV_ERRORS
     }
 
 
@@ -164,7 +173,7 @@ def _normalize_endpoint(endpoint: str) -> tuple[str, str | None]:
     return ",".join(out), protocol
 
 
-def _rdzv_params(params: Any) -> Any:
+def _rdzv_params(params: ParametersLike) -> Any:
     """rdzv parameters from torch's ``RendezvousParameters`` (or anything of that shape)."""
     endpoint, protocol = _normalize_endpoint(getattr(params, "endpoint", "") or "")
     config = {}
@@ -310,7 +319,7 @@ class TorchEtcdV3RendezvousHandler(EtcdV3RendezvousHandler, *_torch_bases):  # t
     """The handler torchrun gets for ``--rdzv-backend etcd-v3`` (see the module doc)."""
 
     @_handler_errors
-    def __init__(self, params: Any):
+    def __init__(self, params: ParametersLike):
         super().__init__(_rdzv_params(params))
 
     @_handler_errors
@@ -341,7 +350,20 @@ class TorchEtcdV3RendezvousHandler(EtcdV3RendezvousHandler, *_torch_bases):  # t
         return super().shutdown()
 
 
-def create_handler(params: Any = None) -> Any:
+_Creator = Callable[[ParametersLike], TorchEtcdV3RendezvousHandler]
+
+
+@overload
+def create_handler(params: None = None) -> _Creator: ...
+
+
+@overload
+def create_handler(params: ParametersLike) -> TorchEtcdV3RendezvousHandler: ...
+
+
+def create_handler(
+    params: ParametersLike | None = None,
+) -> TorchEtcdV3RendezvousHandler | _Creator:
     """torchrun's creator for ``etcd-v3``: ``create_handler(params)`` returns a
     ``TorchEtcdV3RendezvousHandler`` for torch's ``RendezvousParameters``.
     ``create_handler()`` (how torch's entry-point loader calls it) returns the creator."""

@@ -201,12 +201,14 @@ def test_status_codes_match_header():
     }
     assert values["RDZV_OK"] == 0 and len(values) >= 10
     assert {v: k for k, v in values.items()} == _ffi.STATUS_NAMES
+    assert {s.name: int(s) for s in _ffi.Status} == values
     for name, value in values.items():
-        assert getattr(_ffi, name) == value
+        assert getattr(_ffi, name) is _ffi.Status(value)
         assert _ffi.lib().rdzv_status_name(value).decode() == name
         if value:
             cls = errors.ERROR_CLASSES[value]
-            assert cls.status == value and issubclass(cls, errors.RendezvousError)
+            assert cls.status is _ffi.Status(value) and issubclass(cls, errors.RendezvousError)
+            assert cls("m", value).status_name == name
     assert issubclass(errors.ERROR_CLASSES[_ffi.RDZV_ERR_INVALID_ARGUMENT], ValueError)
 
 

@@ -47,7 +47,7 @@ func run(ctx context.Context, url string) (roundLine, error) {
 		return roundLine{}, err
 	}
 	defer store.Close()
-	if err := store.Set(fmt.Sprintf("node/%d", info.Rank), []byte("go")); err != nil {
+	if err := store.Set(ctx, fmt.Sprintf("node/%d", info.Rank), []byte("go")); err != nil {
 		return roundLine{}, err
 	}
 	keys := make([]string, info.WorldSize)
