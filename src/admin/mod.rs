@@ -39,8 +39,28 @@ pub struct RunStatus {
     pub waiting: Vec<Joiner>,
     /// Live nodes of the run (members, waiting nodes and spares alike).
     pub alive: usize,
+    /// Alarms the etcd cluster has raised (for every run on it, not this one alone): while
+    /// `NOSPACE` is raised etcd refuses every write, so no round forms and no store takes a
+    /// value until an operator frees space and disarms it.
+    pub alarms: Vec<EtcdAlarm>,
     /// The etcd revision this status was read at (not part of equality).
     pub revision: i64,
+}
+
+/// An alarm raised by one etcd member, as `etcdctl alarm list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdAlarm {
+    /// The member that raised it.
+    pub member: u64,
+    /// `NOSPACE` (the database reached its quota), `CORRUPT` (a member's data differs from
+    /// the others'), or etcd's number for a kind this version does not know.
+    pub alarm: String,
+}
+
+impl std::fmt::Display for EtcdAlarm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} on member {:x}", self.alarm, self.member)
+    }
 }
 
 /// A sealed round: its members in rank order and rank 0's bootstrap address.
@@ -131,6 +151,9 @@ impl RunStatus {
             "lost": self.lost().iter().map(|m| json!({"rank": m.rank, "node": m.node})).collect::<Vec<_>>(),
             "draining": self.draining().iter().map(|m| json!({"rank": m.rank, "node": m.node})).collect::<Vec<_>>(),
             "alive": self.alive,
+            "alarms": self.alarms.iter().map(|a| json!({
+                "alarm": a.alarm, "member": format!("{:x}", a.member),
+            })).collect::<Vec<_>>(),
             "revision": self.revision,
         })
     }
@@ -191,6 +214,7 @@ impl Admin {
             ),
         ]);
         let resp = self.etcd.txn(deadline, "status", first).await?;
+        let alarms = self.alarms(deadline).await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         let got = ranges(&resp);
         let (all, closed, current, alive) = (&got[0], &got[1], &got[2], &got[3]);
@@ -292,8 +316,33 @@ impl Admin {
             sealed,
             waiting,
             alive: alive.len(),
+            alarms,
             revision,
         })
+    }
+
+    /// The cluster's alarms. A read through etcd's raft log (it costs no revision), and
+    /// allowed to every user: the read-only observer of `tests/security.rs` gets it too.
+    async fn alarms(&self, deadline: Instant) -> Result<Vec<EtcdAlarm>> {
+        use etcd_client::{AlarmAction, AlarmType};
+        let resp = self
+            .etcd
+            .call(deadline, "status (etcd's alarms)", |mut c| async move {
+                c.alarm(AlarmAction::Get, AlarmType::None, None).await
+            })
+            .await?;
+        Ok(resp
+            .alarms()
+            .iter()
+            .map(|a| EtcdAlarm {
+                member: a.member_id(),
+                alarm: match a.alarm() {
+                    AlarmType::Nospace => "NOSPACE".into(),
+                    AlarmType::Corrupt => "CORRUPT".into(),
+                    other => format!("alarm {}", other as i32),
+                },
+            })
+            .collect())
     }
 
     /// Watches the run: `StatusWatch::next` returns the current status first, then each

@@ -425,6 +425,7 @@ mod tests {
                 draining: false,
             }],
             alive: 3,
+            alarms: vec![],
             revision: 42,
         };
         let raw = give_status(&status);
