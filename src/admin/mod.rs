@@ -17,9 +17,21 @@ use crate::error::{Error, Result};
 use crate::params::Params;
 use crate::rendezvous::{members_from_chunks, FinalRecord, JoinRecord};
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
+use once_cell::sync::Lazy;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
 use tokio::time::Instant;
+
+/// The alarms last read from each cluster (by its endpoints), and when: see `Admin::alarms`.
+static ALARMS: Lazy<Mutex<HashMap<String, AlarmsRead>>> = Lazy::new(Default::default);
+
+/// When alarms were read, and what they were.
+type AlarmsRead = (Instant, Vec<EtcdAlarm>);
+
+/// How long a read of "no alarm" is reused.
+const ALARMS_KEPT: Duration = Duration::from_secs(1);
 
 /// A run as an operator sees it at one etcd revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -321,17 +333,30 @@ impl Admin {
         })
     }
 
-    /// The cluster's alarms. A read through etcd's raft log (it costs no revision), and
-    /// allowed to every user: the read-only observer of `tests/security.rs` gets it too.
+    /// The cluster's alarms, allowed to every user (the read-only observer of
+    /// `tests/security.rs` reads them too). Reading them is a request through etcd's raft
+    /// log, as a write is (it costs no revision), and they are the cluster's, not a run's: a
+    /// process that reads the status of many runs (a scheduler watching every job) asks at
+    /// most once per `ALARMS_KEPT` per cluster while there is none. A list with an alarm in
+    /// it is read afresh every time, so a cleared alarm shows at once.
     async fn alarms(&self, deadline: Instant) -> Result<Vec<EtcdAlarm>> {
         use etcd_client::{AlarmAction, AlarmType};
+        let cluster = self.etcd.endpoints().to_string();
+        let none_lately = ALARMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cluster)
+            .is_some_and(|(read, alarms)| alarms.is_empty() && read.elapsed() < ALARMS_KEPT);
+        if none_lately {
+            return Ok(Vec::new());
+        }
         let resp = self
             .etcd
             .call(deadline, "status (etcd's alarms)", |mut c| async move {
                 c.alarm(AlarmAction::Get, AlarmType::None, None).await
             })
             .await?;
-        Ok(resp
+        let alarms = resp
             .alarms()
             .iter()
             .map(|a| EtcdAlarm {
@@ -342,7 +367,12 @@ impl Admin {
                     other => format!("alarm {}", other as i32),
                 },
             })
-            .collect())
+            .collect::<Vec<_>>();
+        ALARMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cluster, (Instant::now(), alarms.clone()));
+        Ok(alarms)
     }
 
     /// Watches the run: `StatusWatch::next` returns the current status first, then each
