@@ -7,6 +7,10 @@
 #                                        32); with --per-process, N/K processes of K nodes
 #        scripts/bench.sh --phases [N]   where a round of N (default 1024) spends its time,
 #                                        next to the floor's: joins, seal, fan-out
+#        scripts/bench.sh --history [N ...]  what jobs of N nodes (default 8 64 256 1024) cost
+#                                        etcd's history, per node and round, on etcd's
+#                                        defaults (no compaction, 2 GiB quota), and how long a
+#                                        busy platform has before NOSPACE
 #        scripts/bench.sh --launcher [N ...]  rdzv run: launch to all workers started, and
 #                                        SIGKILL of a node to the survivors restarted (N = 2 4 8)
 #        scripts/bench.sh --frameworks [RUNS]  JAX, Lightning and DeepSpeed on 2 nodes x 2
@@ -26,7 +30,10 @@ scripts/install-deps.sh
 # --cluster: the same benchmark against a 3-member etcd cluster on loopback, as production runs.
 members=1
 [ "${1:-}" != "--cluster" ] || members=3
-read -r pids endpoint dir < <(scripts/etcd-local.sh --members "$members" --quota-backend-bytes=4294967296)
+# A quota beyond the largest rounds' history, except where etcd's defaults are what is measured.
+quota=(--quota-backend-bytes=4294967296)
+[ "${1:-}" != "--history" ] || quota=()
+read -r pids endpoint dir < <(scripts/etcd-local.sh --members "$members" "${quota[@]}")
 # shellcheck disable=SC2064 # the pids are known now; a restarted member is the benchmark's
 trap "kill ${pids//,/ } 2>/dev/null || true; pkill -f -- '--data-dir $dir/' || true; rm -rf '$dir'" EXIT
 # Where cargo builds: CARGO_TARGET_DIR (or cargo's configuration) if set, else target/.
@@ -61,6 +68,10 @@ elif [ "${1:-}" = "--quorum" ]; then
   python=$(scripts/quorum-env.sh)
   RDZV_LIBRARY="$target/release/librdzv.so" PYTHONPATH="$PWD/bindings/python" \
     "$python" examples/bench_quorum.py "$endpoint" "$@" 2> >(grep -v '\[torchft::' >&2)
+elif [ "${1:-}" = "--history" ]; then
+  shift
+  cargo build --release --example bench --quiet
+  "$target/release/examples/bench" "$endpoint" --history "$@"
 elif [ "${1:-}" = "--phases" ]; then
   cargo build --release -p rdzv --example bench --quiet
   "$target/release/examples/bench" "$endpoint" --phases "${2:-1024}"

@@ -4,7 +4,7 @@
 
 use crate::cli::{DrainArgs, PurgeArgs, StatusArgs, UrlArg};
 use crate::output::{error, result};
-use rdzv::admin::{Admin, Purge, RunStatus};
+use rdzv::admin::{Admin, EtcdAlarm, Purge, RunStatus};
 use rdzv::Params;
 
 /// Exit status of an operator command.
@@ -138,6 +138,10 @@ pub async fn drain(a: DrainArgs) -> Code {
 /// The status as aligned text, one line per item.
 fn table(s: &RunStatus) -> Vec<String> {
     let mut lines = vec![format!("run      {}", s.run_id)];
+    // First: while it lasts, nothing below can change.
+    for alarm in &s.alarms {
+        lines.push(format!("alarm    etcd: {}: {}", alarm, alarm_advice(alarm)));
+    }
     if !s.exists {
         lines.push("state    absent (never started, finished and cleaned up, or purged)".into());
         return lines;
@@ -220,6 +224,19 @@ fn table(s: &RunStatus) -> Vec<String> {
     lines
 }
 
+/// What an etcd alarm means for the run, and where the operator's way out is written.
+fn alarm_advice(alarm: &EtcdAlarm) -> &'static str {
+    match alarm.alarm.as_str() {
+        "NOSPACE" => {
+            "etcd's database reached its quota and it refuses every write (no round forms, \
+             no store write) until an operator compacts, defragments and disarms the alarm \
+             (OPERATIONS.md in rdzv's docs)"
+        }
+        "CORRUPT" => "a member's data differs from the others': etcd refuses requests",
+        _ => "see etcdctl alarm list",
+    }
+}
+
 /// One line saying what changed from `before` to `now` (or the state, the first time).
 fn changes(before: Option<&RunStatus>, now: &RunStatus) -> String {
     let summary = |s: &RunStatus| {
@@ -232,8 +249,13 @@ fn changes(before: Option<&RunStatus>, now: &RunStatus) -> String {
             ),
             None => "no round sealed".into(),
         };
+        let alarms: String = s
+            .alarms
+            .iter()
+            .map(|a| format!(", etcd alarm {a}"))
+            .collect();
         format!(
-            "{}: {}, {sealed}, {} waiting, {} lost",
+            "{}: {}, {sealed}, {} waiting, {} lost{alarms}",
             s.run_id,
             match (s.exists, s.closed) {
                 (false, _) => "absent",
@@ -248,6 +270,12 @@ fn changes(before: Option<&RunStatus>, now: &RunStatus) -> String {
         return summary(now);
     };
     let mut said = Vec::new();
+    for a in now.alarms.iter().filter(|a| !b.alarms.contains(a)) {
+        said.push(format!("etcd alarm {a}: {}", alarm_advice(a)));
+    }
+    for a in b.alarms.iter().filter(|a| !now.alarms.contains(a)) {
+        said.push(format!("etcd alarm {a} cleared"));
+    }
     if b.exists != now.exists {
         said.push(match now.exists {
             true => "run appeared in etcd".to_string(),

@@ -5,6 +5,8 @@
 //! -- HOST:PORT [N ...]`. Numbers are medians; the machine is shared, so compare ratios.
 
 mod cluster;
+mod history;
+mod torch;
 
 use rdzv::{Params, Rendezvous};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -798,7 +800,7 @@ async fn store_bench(endpoint: &str) {
 fn main() {
     let mut args = std::env::args().skip(1).peekable();
     const USAGE: &str =
-        "usage: bench HOST:PORT[,HOST:PORT...] [N ... | --phases N | --leader-kill PID,... [N ...]]";
+        "usage: bench HOST:PORT[,HOST:PORT...] [N ... | --phases N | --history [N ...] | --leader-kill PID,... [N ...]]";
     let Some(endpoint) = args.next().filter(|e| !e.starts_with('-')) else {
         eprintln!("{USAGE}");
         std::process::exit(2);
@@ -815,6 +817,19 @@ fn main() {
         };
         let rt = tokio::runtime::Runtime::new().unwrap();
         return rt.block_on(cluster::leader_kill(&endpoint, &pids, &sizes));
+    }
+    if args.peek().map(String::as_str) == Some("--history") {
+        let sizes: Vec<usize> = args
+            .skip(1)
+            .map(|a| a.parse().expect("N must be a number"))
+            .collect();
+        let sizes = if sizes.is_empty() {
+            vec![8, 64, 256, 1024]
+        } else {
+            sizes
+        };
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        return rt.block_on(history::history(&endpoint, &sizes));
     }
     if args.peek().map(String::as_str) == Some("--phases") {
         let n = args

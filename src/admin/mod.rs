@@ -17,9 +17,21 @@ use crate::error::{Error, Result};
 use crate::params::Params;
 use crate::rendezvous::records::{members_from_chunks, FinalRecord, JoinRecord};
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
+use once_cell::sync::Lazy;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
 use tokio::time::Instant;
+
+/// The alarms last read from each cluster (by its endpoints), and when: see `Admin::alarms`.
+static ALARMS: Lazy<Mutex<HashMap<String, AlarmsRead>>> = Lazy::new(Default::default);
+
+/// When alarms were read, and what they were.
+type AlarmsRead = (Instant, Vec<EtcdAlarm>);
+
+/// How long a read of "no alarm" is reused.
+const ALARMS_KEPT: Duration = Duration::from_secs(1);
 
 /// A run as an operator sees it at one etcd revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +51,28 @@ pub struct RunStatus {
     pub waiting: Vec<Joiner>,
     /// Live nodes of the run (members, waiting nodes and spares alike).
     pub alive: usize,
+    /// Alarms the etcd cluster has raised (for every run on it, not this one alone): while
+    /// `NOSPACE` is raised etcd refuses every write, so no round forms and no store takes a
+    /// value until an operator frees space and disarms it.
+    pub alarms: Vec<EtcdAlarm>,
     /// The etcd revision this status was read at (not part of equality).
     pub revision: i64,
+}
+
+/// An alarm raised by one etcd member, as `etcdctl alarm list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdAlarm {
+    /// The member that raised it.
+    pub member: u64,
+    /// `NOSPACE` (the database reached its quota), `CORRUPT` (a member's data differs from
+    /// the others'), or etcd's number for a kind this version does not know.
+    pub alarm: String,
+}
+
+impl std::fmt::Display for EtcdAlarm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} on member {:x}", self.alarm, self.member)
+    }
 }
 
 /// A sealed round: its members in rank order and rank 0's bootstrap address.
@@ -131,6 +163,9 @@ impl RunStatus {
             "lost": self.lost().iter().map(|m| json!({"rank": m.rank, "node": m.node})).collect::<Vec<_>>(),
             "draining": self.draining().iter().map(|m| json!({"rank": m.rank, "node": m.node})).collect::<Vec<_>>(),
             "alive": self.alive,
+            "alarms": self.alarms.iter().map(|a| json!({
+                "alarm": a.alarm, "member": format!("{:x}", a.member),
+            })).collect::<Vec<_>>(),
             "revision": self.revision,
         })
     }
@@ -191,6 +226,7 @@ impl Admin {
             ),
         ]);
         let resp = self.etcd.txn(deadline, "status", first).await?;
+        let alarms = self.alarms(deadline).await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         let got = ranges(&resp);
         let (all, closed, current, alive) = (&got[0], &got[1], &got[2], &got[3]);
@@ -292,8 +328,51 @@ impl Admin {
             sealed,
             waiting,
             alive: alive.len(),
+            alarms,
             revision,
         })
+    }
+
+    /// The cluster's alarms, allowed to every user (the read-only observer of
+    /// `tests/security.rs` reads them too). Reading them is a request through etcd's raft
+    /// log, as a write is (it costs no revision), and they are the cluster's, not a run's: a
+    /// process that reads the status of many runs (a scheduler watching every job) asks at
+    /// most once per `ALARMS_KEPT` per cluster while there is none. A list with an alarm in
+    /// it is read afresh every time, so a cleared alarm shows at once.
+    async fn alarms(&self, deadline: Instant) -> Result<Vec<EtcdAlarm>> {
+        use etcd_client::{AlarmAction, AlarmType};
+        let cluster = self.etcd.endpoints().to_string();
+        let none_lately = ALARMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cluster)
+            .is_some_and(|(read, alarms)| alarms.is_empty() && read.elapsed() < ALARMS_KEPT);
+        if none_lately {
+            return Ok(Vec::new());
+        }
+        let resp = self
+            .etcd
+            .call(deadline, "status (etcd's alarms)", |mut c| async move {
+                c.alarm(AlarmAction::Get, AlarmType::None, None).await
+            })
+            .await?;
+        let alarms = resp
+            .alarms()
+            .iter()
+            .map(|a| EtcdAlarm {
+                member: a.member_id(),
+                alarm: match a.alarm() {
+                    AlarmType::Nospace => "NOSPACE".into(),
+                    AlarmType::Corrupt => "CORRUPT".into(),
+                    other => format!("alarm {}", other as i32),
+                },
+            })
+            .collect::<Vec<_>>();
+        ALARMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cluster, (Instant::now(), alarms.clone()));
+        Ok(alarms)
     }
 
     /// Watches the run: `StatusWatch::next` returns the current status first, then each

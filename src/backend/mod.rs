@@ -454,7 +454,8 @@ raft_term_from_header!(
     etcd_client::TxnResponse,
     etcd_client::LeaseGrantResponse,
     etcd_client::LeaseRevokeResponse,
-    etcd_client::LeaseTimeToLiveResponse
+    etcd_client::LeaseTimeToLiveResponse,
+    etcd_client::AlarmResponse
 );
 
 impl RaftTerm for Watch {
@@ -569,6 +570,16 @@ pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error 
             }
             Code::InvalidArgument if m.contains("too large") => {
                 return Error::invalid(format!("{what}: request too large for etcd ({m})"))
+            }
+            // Not retried: nothing frees space but an operator, so every write fails at once
+            // until the alarm is cleared.
+            Code::ResourceExhausted if m.contains("database space exceeded") => {
+                return Error::connection(format!(
+                    "etcd at {endpoints} refused {what}: {m}: its database reached its quota \
+                     (NOSPACE alarm) and it takes no writes until an operator compacts its \
+                     history, defragments every member and disarms the alarm (etcdctl compact, \
+                     etcdctl defrag, etcdctl alarm disarm; see OPERATIONS.md in rdzv's docs)"
+                ))
             }
             Code::PermissionDenied
             | Code::Unauthenticated

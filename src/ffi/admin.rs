@@ -399,6 +399,7 @@ mod tests {
                 draining: false,
             }],
             alive: 3,
+            alarms: vec![],
             revision: 42,
         };
         let raw = give_status(&status);

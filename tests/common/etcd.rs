@@ -21,6 +21,8 @@ pub struct Etcd {
     pub name: String,
     /// The server version, as etcd logged it at its last start.
     pub version: String,
+    /// More flags for etcd (`Etcd::start_with`), kept for a restart.
+    flags: Vec<std::ffi::OsString>,
 }
 
 /// A port for a test's etcd, free a moment ago. Outside the kernel's ephemeral range, as
@@ -171,6 +173,11 @@ pub static SEQ: AtomicU32 = AtomicU32::new(0);
 
 impl Etcd {
     pub fn start() -> Etcd {
+        Etcd::start_with(&[])
+    }
+
+    /// Starts etcd with more flags, such as `--quota-backend-bytes=16777216`.
+    pub fn start_with(flags: &[&str]) -> Etcd {
         let name = format!(
             "rdzv-test-{}-{}",
             std::process::id(),
@@ -185,6 +192,7 @@ impl Etcd {
             data_dir,
             name,
             version: String::new(),
+            flags: flags.iter().map(Into::into).collect(),
         };
         etcd.launch_on_free_ports();
         etcd
@@ -261,7 +269,7 @@ impl Etcd {
             client_urls: &client,
             peer_url: &peer,
             initial_cluster: &format!("{}={peer}", self.name),
-            extra: &[],
+            extra: &self.flags,
         });
         self.child = Some(child);
         match ready_rx.recv_timeout(Duration::from_secs(30)) {

@@ -1,0 +1,158 @@
+//! etcd out of space: a real etcd with a 16 MiB backend quota, filled until it raises its
+//! NOSPACE alarm. A store write then fails at once with a message that says what the operator
+//! must do; `Admin::status` and `rdzv status` (table and `--json`) show the alarm; and the
+//! way out that OPERATIONS.md gives (compact, defragment, disarm) makes the run write again.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::{etcd_client, Etcd};
+use etcd_client::{AlarmAction, AlarmOptions, AlarmType, CompactionOptions};
+use rdzv::{BlockingAdmin, BlockingRendezvous, ErrorKind, Params};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const RDZV: &str = env!("CARGO_BIN_EXE_rdzv");
+
+/// etcd's smallest sensible quota: a few of the 1 MiB writes below fill it.
+const QUOTA: &str = "--quota-backend-bytes=16777216";
+
+/// Writes 1 MiB values to one key outside the run until etcd refuses for lack of space (its
+/// history keeps every version: a standalone etcd does not compact by default). Returns how
+/// many writes it took.
+fn fill(etcd: &Etcd) -> usize {
+    let (rt, mut client) = etcd_client(etcd);
+    let value = vec![b'x'; 1 << 20];
+    for written in 0..64 {
+        match rt.block_on(client.put("/filler", value.clone(), None)) {
+            Ok(_) => {}
+            Err(etcd_client::Error::GRpcStatus(s))
+                if s.code() == tonic::Code::ResourceExhausted =>
+            {
+                assert!(s.message().contains("database space exceeded"), "{s:?}");
+                return written;
+            }
+            Err(e) => panic!("filling etcd: {e}"),
+        }
+    }
+    panic!("64 MiB written and etcd never ran out of space: was the quota applied?")
+}
+
+/// `rdzv status` with `args`: (exit code, stdout, stderr).
+fn rdzv_status(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(RDZV)
+        .arg("status")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn a_full_etcd_fails_writes_at_once_says_what_to_do_and_status_shows_the_alarm() {
+    let etcd = Etcd::start_with(&[QUOTA]);
+    let url = etcd.url("nospace", "min_nodes=1&max_nodes=1&store_timeout=20");
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    let (_, store) = node.next().unwrap();
+    store.set("before", b"1").unwrap();
+    // Another process: this one's first status is read after the fill (a list without an
+    // alarm is kept for a second, process-wide).
+    let (code, json, err) = rdzv_status(&["--json", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(json.contains("\"alarms\":[]"), "no alarm before: {json}");
+
+    let written = fill(&etcd);
+    eprintln!("etcd refused the write after {written} MiB");
+
+    // Fails at once: not retried until the store's 20 s deadline, since nothing but an
+    // operator frees the space.
+    let started = Instant::now();
+    let err = store.set("after", b"2").unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
+    assert!(took < Duration::from_secs(10), "took {took:?}: {err}");
+    let m = err.message();
+    for says in [
+        "database space exceeded",
+        "NOSPACE",
+        "compact",
+        "defrag",
+        "alarm disarm",
+        "OPERATIONS.md",
+        &etcd.endpoint(),
+    ] {
+        assert!(m.contains(says), "the error does not say {says:?}: {m}");
+    }
+    // A read still works: the run's state is there to look at.
+    assert_eq!(store.get("before", None).unwrap(), b"1");
+
+    let admin = BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap();
+    let status = admin.status().unwrap();
+    assert!(status.exists);
+    assert_eq!(status.alarms.len(), 1, "{:?}", status.alarms);
+    assert_eq!(status.alarms[0].alarm, "NOSPACE");
+    let member = status.alarms[0].member;
+
+    let (code, table, err) = rdzv_status(&[&url]);
+    assert_eq!(code, 0, "{err}");
+    let line = format!("alarm    etcd: NOSPACE on member {member:x}: ");
+    assert!(table.contains(&line), "{table}");
+    assert!(table.contains("OPERATIONS.md"), "{table}");
+    let (code, json, err) = rdzv_status(&["--json", &url]);
+    assert_eq!(code, 0, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        json["alarms"],
+        serde_json::json!([{"alarm": "NOSPACE", "member": format!("{member:x}")}]),
+        "{json}"
+    );
+
+    // The way out, as OPERATIONS.md gives it with etcdctl: compact the history, defragment,
+    // disarm. Then the run writes again and the alarm is gone from its status.
+    let (rt, mut client) = etcd_client(&etcd);
+    let revision = rt
+        .block_on(client.get("/filler", None))
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let compact = CompactionOptions::new().with_physical();
+    rt.block_on(client.compact(revision, Some(compact)))
+        .unwrap();
+    rt.block_on(client.defragment()).unwrap();
+    let mut disarm = AlarmOptions::new();
+    disarm.with_member(member);
+    rt.block_on(client.alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(disarm)))
+        .unwrap();
+    store.set("after", b"2").unwrap();
+    assert_eq!(store.get("after", None).unwrap(), b"2");
+    assert_eq!(admin.status().unwrap().alarms, []);
+    let (code, table, err) = rdzv_status(&[&url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!table.contains("alarm"), "{table}");
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn a_node_that_starts_on_a_full_etcd_fails_at_once_saying_what_to_do() {
+    let etcd = Etcd::start_with(&[QUOTA]);
+    fill(&etcd);
+    let url = etcd.url("nospace-new", "min_nodes=1&max_nodes=1&connect_timeout=20");
+    let started = Instant::now();
+    // Its lease is refused: a handle cannot register on an etcd that takes no writes.
+    let err = match BlockingRendezvous::new(Params::from_url(&url).unwrap()) {
+        Ok(_) => panic!("a node registered on an etcd out of space"),
+        Err(e) => e,
+    };
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
+    assert!(took < Duration::from_secs(10), "took {took:?}: {err}");
+    for says in ["NOSPACE", "alarm disarm", "OPERATIONS.md"] {
+        assert!(err.message().contains(says), "{err}");
+    }
+}
