@@ -263,7 +263,6 @@ func TestStoreGetEndsPromptlyWhenEtcdIsFrozen(t *testing.T) {
 // when it ended before the call, without taking effect; and when etcd stops answering under
 // them (frozen with SIGSTOP), at their deadline rather than after connect_timeout (30 s).
 func TestCallsEndWithTheirContext(t *testing.T) {
-	runtime.LockOSThread() // the server's Pdeathsig is tied to this thread (see storeGetUnder)
 	srv, err := startEtcd(30 * time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -317,10 +316,10 @@ func TestCallsEndWithTheirContext(t *testing.T) {
 	}
 
 	// Each call sends etcd a request, which a frozen etcd never answers.
-	if err := srv.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := srv.signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = srv.cmd.Process.Signal(syscall.SIGCONT) }()
+	defer func() { _ = srv.signal(syscall.SIGCONT) }()
 	const deadline = 300 * time.Millisecond
 	for _, c := range calls {
 		cctx, cancel := context.WithTimeout(context.Background(), deadline)
