@@ -1202,6 +1202,28 @@ async fn soak(cfg: Config) -> bool {
     for k in other.iter().take(20) {
         println!("  {k}");
     }
+    // A backup (`etcdctl snapshot save` makes the same call): its size and time.
+    let started = Instant::now();
+    let mut member = etcd_client::Client::connect([endpoints[0].as_str()], None)
+        .await
+        .unwrap();
+    let mut saved = 0usize;
+    let snapshot = async {
+        let mut stream = member.snapshot().await?;
+        while let Some(part) = stream.message().await? {
+            saved += part.blob().len();
+        }
+        Ok::<(), etcd_client::Error>(())
+    };
+    match snapshot.await {
+        Ok(()) => println!(
+            "snapshot of {}: {} in {}",
+            endpoints[0],
+            mib(saved as f64),
+            ms(started.elapsed())
+        ),
+        Err(e) => println!("snapshot failed: {e}"),
+    }
     // What a defragmentation gives back and how long it holds each member (it blocks the
     // member's reads and writes meanwhile), one member after another as OPERATIONS.md says.
     for e in &endpoints {

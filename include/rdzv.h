@@ -382,8 +382,8 @@ rdzv_status_t rdzv_admin_new(const rdzv_params_t *params, rdzv_admin_t **out, rd
 void rdzv_admin_free(rdzv_admin_t *admin);
 
 /**
- * Reads the run's status at one etcd revision: two or three etcd reads, at most
- * `connect_timeout`. A run that does not exist gives an empty status (`exists` false), not
+ * Reads the run's status at one etcd revision: two etcd reads (and etcd's alarm list, at
+ * most once a second per process while there is no alarm), at most `connect_timeout`. A run that does not exist gives an empty status (`exists` false), not
  * an error. On success `*out` owns the status (free with `rdzv_run_status_free`).
  */
 rdzv_status_t rdzv_admin_status(const rdzv_admin_t *admin,
@@ -393,8 +393,9 @@ rdzv_status_t rdzv_admin_status(const rdzv_admin_t *admin,
 /**
  * Watches the run: the first call returns its current status; each later call blocks until
  * the run changes as an operator sees it (a join, a seal, a loss, a drain, a close; not the
- * workers' store traffic) and returns the new status, so successive calls return every
- * change in order. It waits by etcd watch, never by polling. Returns `RDZV_ERR_TIMEOUT` when
+ * workers' store traffic) and returns the new status, so successive calls return the changes
+ * in order (changes within a moment of each other, such as a round's joins and its seal,
+ * come as one status, read once they have passed: at most 200 ms after the first). It waits by etcd watch, never by polling. Returns `RDZV_ERR_TIMEOUT` when
  * nothing changed within `timeout_ms` (0 or more; negative is an invalid argument): the
  * watch stays open and the next call goes on from there, losing nothing. `RDZV_ERR_CANCELLED` when
  * `rdzv_admin_cancel` wakes it. If etcd restarts the watch is reopened and the state read

@@ -11,6 +11,8 @@
 #                                        etcd's history, per node and round, on etcd's
 #                                        defaults (no compaction, 2 GiB quota), and how long a
 #                                        busy platform has before NOSPACE
+#        scripts/bench.sh --watched [W ...]  rounds of 8 without and with W schedulers
+#                                        watching and polling the run (default W = 1 10)
 #        scripts/bench.sh --launcher [N ...]  rdzv run: launch to all workers started, and
 #                                        SIGKILL of a node to the survivors restarted (N = 2 4 8)
 #        scripts/bench.sh --frameworks [RUNS]  JAX, Lightning and DeepSpeed on 2 nodes x 2
@@ -72,6 +74,10 @@ elif [ "${1:-}" = "--history" ]; then
   shift
   cargo build --release --example bench --quiet
   "$target/release/examples/bench" "$endpoint" --history "$@"
+elif [ "${1:-}" = "--watched" ]; then
+  shift
+  cargo build --release --example bench --quiet
+  "$target/release/examples/bench" "$endpoint" --watched "$@"
 elif [ "${1:-}" = "--phases" ]; then
   cargo build --release -p rdzv --example bench --quiet
   "$target/release/examples/bench" "$endpoint" --phases "${2:-1024}"

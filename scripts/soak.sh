@@ -5,8 +5,8 @@
 # (periodic auto-compaction). Prints a round's time for one job alone and then under the load
 # of all (each job's ratio), with and without a scheduler watching and polling every job's
 # status, etcd's database size every 10 s, failed calls, the keys left once every job ended
-# and lease_ttl passed, and a defragmentation of each member. Exits 1 on a failed call, a
-# stuck job, or keys left other than `closed` markers.
+# and lease_ttl passed, a snapshot, and a defragmentation of each member. Exits 1 on a failed
+# call, a stuck job, or keys left other than `closed` markers.
 #
 # Usage: scripts/soak.sh [--duration 3m] [--runs 100] [--nodes 8] [--cluster]
 #                        [--retention 5m] [--etcd VERSION|debian] [--upgrade-from VERSION]
@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     --etcd) etcd=$2; shift 2 ;;
     --upgrade-from) from=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h | --help) sed -n 2,27p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n 2,26p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/soak.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -1,7 +1,8 @@
 //! etcd out of space: a real etcd with a 16 MiB backend quota, filled until it raises its
-//! NOSPACE alarm. A store write then fails at once with a message that says what the operator
-//! must do; `Admin::status` and `rdzv status` (table and `--json`) show the alarm; and the
-//! way out that OPERATIONS.md gives (compact, defragment, disarm) makes the run write again.
+//! NOSPACE alarm. A store write (and a new node) then fails at once with a message that says
+//! what the operator must do; `Admin::status` and `rdzv status` (table and `--json`) show the
+//! alarm; a running node keeps its lease and one that leaves still cleans up; and the way out
+//! that OPERATIONS.md gives (compact, defragment, disarm) makes the run write again.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -56,7 +57,10 @@ fn rdzv_status(args: &[&str]) -> (i32, String, String) {
 #[test]
 fn a_full_etcd_fails_writes_at_once_says_what_to_do_and_status_shows_the_alarm() {
     let etcd = Etcd::start_with(&[QUOTA]);
-    let url = etcd.url("nospace", "min_nodes=1&max_nodes=1&store_timeout=20");
+    let url = etcd.url(
+        "nospace",
+        "min_nodes=1&max_nodes=1&store_timeout=20&lease_ttl=2",
+    );
     let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
     let (_, store) = node.next().unwrap();
     store.set("before", b"1").unwrap();
@@ -67,6 +71,7 @@ fn a_full_etcd_fails_writes_at_once_says_what_to_do_and_status_shows_the_alarm()
     assert!(json.contains("\"alarms\":[]"), "no alarm before: {json}");
 
     let written = fill(&etcd);
+    let full = Instant::now();
     eprintln!("etcd refused the write after {written} MiB");
 
     // Fails at once: not retried until the store's 20 s deadline, since nothing but an
@@ -91,9 +96,14 @@ fn a_full_etcd_fails_writes_at_once_says_what_to_do_and_status_shows_the_alarm()
     // A read still works: the run's state is there to look at.
     assert_eq!(store.get("before", None).unwrap(), b"1");
 
+    // The node's lease outlives its TTL: refreshing a lease is no write, so a running job
+    // keeps its members through the alarm (only what writes fails).
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(full.elapsed()));
     let admin = BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap();
     let status = admin.status().unwrap();
     assert!(status.exists);
+    assert_eq!(status.alive, 1, "the node's lease expired under the alarm");
+    assert!(status.lost().is_empty());
     assert_eq!(status.alarms.len(), 1, "{:?}", status.alarms);
     assert_eq!(status.alarms[0].alarm, "NOSPACE");
     let member = status.alarms[0].member;
@@ -139,9 +149,32 @@ fn a_full_etcd_fails_writes_at_once_says_what_to_do_and_status_shows_the_alarm()
 }
 
 #[test]
-fn a_node_that_starts_on_a_full_etcd_fails_at_once_saying_what_to_do() {
+fn a_node_that_starts_on_a_full_etcd_fails_at_once_and_one_that_leaves_cleans_up() {
     let etcd = Etcd::start_with(&[QUOTA]);
+    let leaving = etcd.url("nospace-leaving", "min_nodes=1&max_nodes=1");
+    let node = BlockingRendezvous::new(Params::from_url(&leaving).unwrap()).unwrap();
+    let (_, store) = node.next().unwrap();
+    store.set("x", b"1").unwrap();
     fill(&etcd);
+    // Revoking a lease and deleting keys are no writes that take space: the last node out
+    // still deletes the run's keys.
+    node.shutdown().unwrap();
+    let run = Params::from_url(&leaving).unwrap();
+    let prefix = format!("{}/{}/", run.key_prefix, run.run_id);
+    let (rt, mut client) = etcd_client(&etcd);
+    let left = rt
+        .block_on(client.get(
+            prefix.clone(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        ))
+        .unwrap();
+    assert_eq!(
+        left.count(),
+        0,
+        "keys left under {prefix}: {:?}",
+        left.kvs()
+    );
+
     let url = etcd.url("nospace-new", "min_nodes=1&max_nodes=1&connect_timeout=20");
     let started = Instant::now();
     // Its lease is refused: a handle cannot register on an etcd that takes no writes.

@@ -7,6 +7,7 @@
 mod cluster;
 mod history;
 mod torch;
+mod watched;
 
 use rdzv::{Params, Rendezvous};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -800,7 +801,7 @@ async fn store_bench(endpoint: &str) {
 fn main() {
     let mut args = std::env::args().skip(1).peekable();
     const USAGE: &str =
-        "usage: bench HOST:PORT[,HOST:PORT...] [N ... | --phases N | --history [N ...] | --leader-kill PID,... [N ...]]";
+        "usage: bench HOST:PORT[,HOST:PORT...] [N ... | --phases N | --history [N ...] | --watched [W ...] | --leader-kill PID,... [N ...]]";
     let Some(endpoint) = args.next().filter(|e| !e.starts_with('-')) else {
         eprintln!("{USAGE}");
         std::process::exit(2);
@@ -830,6 +831,19 @@ fn main() {
         };
         let rt = tokio::runtime::Runtime::new().unwrap();
         return rt.block_on(history::history(&endpoint, &sizes));
+    }
+    if args.peek().map(String::as_str) == Some("--watched") {
+        let observers: Vec<usize> = args
+            .skip(1)
+            .map(|a| a.parse().expect("W must be a number"))
+            .collect();
+        let observers = if observers.is_empty() {
+            vec![1, 10]
+        } else {
+            observers
+        };
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        return rt.block_on(watched::watched(&endpoint, &observers));
     }
     if args.peek().map(String::as_str) == Some("--phases") {
         let n = args

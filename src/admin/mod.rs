@@ -255,37 +255,31 @@ impl Admin {
                 Some((node.to_string(), String::from_utf8_lossy(kv.value()).into()))
             })
             .collect();
-        // The sealed round and the open round's joiners, at the same revision.
+        // The open round's joiners and the sealed round, at the same revision, in one request.
         let at = GetOptions::new().with_revision(revision);
-        let sealed = match open_round.checked_sub(1) {
-            Some(r) => {
-                let reads = Txn::new().and_then([
-                    TxnOp::get(k.final_(r), Some(at.clone())),
-                    TxnOp::get(k.lanes_prefix(r), Some(at.clone().with_prefix())),
-                ]);
-                let resp = self.etcd.txn(deadline, "status", reads).await?;
-                let got = ranges(&resp);
-                match got.first().and_then(|g| g.kvs().first()) {
-                    Some(kv) => {
-                        let sealed = FinalRecord::parse(kv.key(), kv.value())?;
-                        let chunks = got[1].kvs().iter().map(|kv| (kv.key(), kv.value()));
-                        let members = members_from_chunks(&sealed, chunks)?;
-                        Some((sealed, members))
-                    }
-                    None => None,
-                }
+        let mut reads = vec![TxnOp::get(
+            k.join_prefix(open_round),
+            Some(at.clone().with_prefix()),
+        )];
+        if let Some(r) = open_round.checked_sub(1) {
+            reads.push(TxnOp::get(k.final_(r), Some(at.clone())));
+            reads.push(TxnOp::get(k.lanes_prefix(r), Some(at.with_prefix())));
+        }
+        let resp = self
+            .etcd
+            .txn(deadline, "status", Txn::new().and_then(reads))
+            .await?;
+        let got = ranges(&resp);
+        let joins = &got[0];
+        let sealed = match got.get(1).and_then(|g| g.kvs().first()) {
+            Some(kv) => {
+                let sealed = FinalRecord::parse(kv.key(), kv.value())?;
+                let chunks = got[2].kvs().iter().map(|kv| (kv.key(), kv.value()));
+                let members = members_from_chunks(&sealed, chunks)?;
+                Some((sealed, members))
             }
             None => None,
         };
-        let joins = self
-            .etcd
-            .get(
-                deadline,
-                "status",
-                k.join_prefix(open_round),
-                at.with_prefix(),
-            )
-            .await?;
         let mut joins: Vec<_> = joins.kvs().iter().collect();
         joins.sort_by_key(|kv| kv.create_revision());
         let waiting = joins
@@ -377,13 +371,15 @@ impl Admin {
 
     /// Watches the run: `StatusWatch::next` returns the current status first, then each
     /// status that differs from the one before, as etcd reports the change (by watch, not by
-    /// polling). Writes to a round's store do not count as changes.
+    /// polling), read once the burst of changes has passed (see `SETTLE_MAX`). Writes to a
+    /// round's store do not count as changes.
     pub fn watch(&self) -> StatusWatch {
         StatusWatch {
             admin: self.clone(),
             watch: None,
             dirty: true,
             broken_since: None,
+            changed_at: None,
             last: None,
         }
     }
@@ -468,8 +464,18 @@ pub struct StatusWatch {
     /// Since when the watch has been down: reopening it is bounded by `connect_timeout` from
     /// then, across calls, so a caller that waits in short slices still gets the error.
     broken_since: Option<Instant>,
+    /// When the first change not yet read was seen: the read waits for the burst it belongs
+    /// to (a round is one event per join, then the seal) to pass, up to `SETTLE_MAX`.
+    changed_at: Option<Instant>,
     last: Option<RunStatus>,
 }
+
+/// A watch reads the status once the run's keys have been quiet this long after a change...
+const SETTLE_QUIET: Duration = Duration::from_millis(20);
+/// ...or this long after the change, whichever comes first. Reading on every event made a
+/// watcher read a round of 8 about ten times, while it formed, and slowed it by a third
+/// (`scripts/soak.sh`, docs/OPERATIONS.md).
+const SETTLE_MAX: Duration = Duration::from_millis(200);
 
 impl StatusWatch {
     /// The current status on the first call; after that, waits for the next change an
@@ -500,15 +506,34 @@ impl StatusWatch {
                     Some(events) => {
                         self.dirty = events
                             .iter()
-                            .any(|e| e.kv().is_some_and(|kv| !self.is_store_key(kv.key())))
+                            .any(|e| e.kv().is_some_and(|kv| !self.is_store_key(kv.key())));
+                        if self.dirty {
+                            self.changed_at = Some(Instant::now());
+                        }
                     }
                 },
             }
             if !self.dirty || self.watch.is_none() {
                 continue;
             }
+            if let Some(first) = self.changed_at {
+                let until = first + SETTLE_MAX;
+                while let Some(watch) = self.watch.as_mut() {
+                    let quiet = (Instant::now() + SETTLE_QUIET).min(until);
+                    match tokio::time::timeout_at(quiet, watch.events()).await {
+                        Ok(Some(_)) => {}
+                        // Broken: reopened and read afresh.
+                        Ok(None) => self.watch = None,
+                        Err(_) => break,
+                    }
+                }
+                if self.watch.is_none() {
+                    continue;
+                }
+            }
             let status = self.admin.status().await?;
             self.dirty = false;
+            self.changed_at = None;
             self.broken_since = None;
             if self.last.as_ref().is_some_and(|last| last.same_as(&status)) {
                 continue;
