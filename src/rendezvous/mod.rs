@@ -1023,11 +1023,13 @@ impl Rendezvous {
         let _next = self.next_running.lock().await;
         self.state().lost = None;
         let deadline = Instant::now() + self.params.close_timeout;
+        // Stops refreshing the run's lease first: once this node's `alive` key is gone, another
+        // node leaving at the same moment may be the last one out and revoke it, and a refresh
+        // still running here would report it lost.
+        let run_lease = self.run_lease().take().map(|l| l.id);
         if let Some(lease) = self.lease.lock().await.take() {
             lease.revoke(&self.etcd, deadline).await?;
         }
-        // Dropped: no longer refreshed by this node.
-        let run_lease = self.run_lease().take().map(|l| l.id);
         self.delete_finished_run(run_lease, deadline).await?;
         tracing::info!(run = %self.params.run_id, node = %self.node, "shut down");
         Ok(())
