@@ -43,20 +43,20 @@ target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, 
 echo "etcd $(etcd --version | awk '/^etcd Version:/ {print $3}') at $endpoint, $(nproc) cores"
 if [ "${1:-}" = "--launcher" ]; then
   shift
-  cargo build --release --quiet -p rdzv -p rdzv-cli --lib --bin rdzv --example bench_launcher
-  "$target/release/examples/bench_launcher" "$endpoint" "$@"
+  cargo build --release --quiet -p rdzv -p rdzv-cli -p rdzv-bench --lib --bin rdzv --bin bench_launcher
+  "$target/release/bench_launcher" "$endpoint" "$@"
 elif [ "${1:-}" = "--frameworks" ]; then
   shift
-  cargo build --release --quiet -p rdzv -p rdzv-cli --lib --bin rdzv --example bench_frameworks
+  cargo build --release --quiet -p rdzv -p rdzv-cli -p rdzv-bench --lib --bin rdzv --bin bench_frameworks
   RDZV_JAX_PYTHON=$(scripts/jax-env.sh) RDZV_TORCH_FRAMEWORKS_PYTHON=$(scripts/torch-frameworks-env.sh) \
-    "$target/release/examples/bench_frameworks" "$endpoint" "$@"
+    "$target/release/bench_frameworks" "$endpoint" "$@"
 elif [ "${1:-}" = "--cluster" ]; then
   shift
-  cargo build --release -p rdzv --example bench --quiet
+  cargo build --release --quiet -p rdzv-bench --bin bench
   echo "a 3-member cluster: rounds, store, then rounds while the raft leader is killed"
   [ $# -gt 0 ] || set -- 8 64 256 1024 4096
-  "$target/release/examples/bench" "$endpoint" "$@"
-  "$target/release/examples/bench" "$endpoint" --leader-kill "$pids"
+  "$target/release/bench" "$endpoint" "$@"
+  "$target/release/bench" "$endpoint" --leader-kill "$pids"
 elif [ "${1:-}" = "--gloo" ]; then
   shift
   cargo build --release --quiet -p rdzv --lib
@@ -69,24 +69,24 @@ elif [ "${1:-}" = "--quorum" ]; then
   cargo build --release --quiet -p rdzv --lib
   python=$(scripts/quorum-env.sh)
   RDZV_LIBRARY="$target/release/librdzv.so" PYTHONPATH="$PWD/bindings/python" \
-    "$python" examples/bench_quorum.py "$endpoint" "$@" 2> >(grep -v '\[torchft::' >&2)
+    "$python" benches/bench_quorum.py "$endpoint" "$@" 2> >(grep -v '\[torchft::' >&2)
 elif [ "${1:-}" = "--history" ]; then
   shift
-  cargo build --release --example bench --quiet
-  "$target/release/examples/bench" "$endpoint" --history "$@"
+  cargo build --release --quiet -p rdzv-bench --bin bench
+  "$target/release/bench" "$endpoint" --history "$@"
 elif [ "${1:-}" = "--watched" ]; then
   shift
-  cargo build --release --example bench --quiet
-  "$target/release/examples/bench" "$endpoint" --watched "$@"
+  cargo build --release --quiet -p rdzv-bench --bin bench
+  "$target/release/bench" "$endpoint" --watched "$@"
 elif [ "${1:-}" = "--phases" ]; then
-  cargo build --release -p rdzv --example bench --quiet
-  "$target/release/examples/bench" "$endpoint" --phases "${2:-1024}"
+  cargo build --release --quiet -p rdzv-bench --bin bench
+  "$target/release/bench" "$endpoint" --phases "${2:-1024}"
 elif [ "${1:-}" = "--processes" ]; then
   shift
-  cargo build --release --quiet -p rdzv --lib --example bench_processes --example bench_node
-  "$target/release/examples/bench_processes" "$endpoint" "$@"
-  RDZV_LIBRARY="$target/release/librdzv.so" "$target/release/examples/bench_processes" "$endpoint" --python
+  cargo build --release --quiet -p rdzv -p rdzv-bench --lib --bin bench_processes --bin bench_node
+  "$target/release/bench_processes" "$endpoint" "$@"
+  RDZV_LIBRARY="$target/release/librdzv.so" "$target/release/bench_processes" "$endpoint" --python
 else
-  cargo build --release -p rdzv --example bench --quiet
-  "$target/release/examples/bench" "$endpoint" "$@"
+  cargo build --release --quiet -p rdzv-bench --bin bench
+  "$target/release/bench" "$endpoint" "$@"
 fi

@@ -2,7 +2,8 @@
 # Checks the workspace's shape: the library crate (rdzv: the Rust API, the C ABI and its header)
 # builds nothing it does not use, in particular no command-line parser, which belongs to the
 # `rdzv` command's crate (rdzv-cli); and each published crate ships what it should and nothing
-# of the repository around it (`cargo package --list`). The tests' crate is not published.
+# of the repository around it (`cargo package --list`). The tests' and the benchmarks' crates
+# are not published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +21,7 @@ lib=$(list rdzv)
 for must in src/lib.rs build.rs cbindgen.toml include/rdzv.h src/ffi/rendezvous.rs LICENSE README.md Cargo.toml; do
   grep -qx "$must" <<<"$lib" || { echo "rdzv's package lacks $must" >&2; exit 1; }
 done
-if grep -E '^(tests|bindings|scripts|examples|docs|cli)/' <<<"$lib" >&2; then
+if grep -E '^(tests|bindings|scripts|examples|benches|docs|cli)/' <<<"$lib" >&2; then
   echo "rdzv's package ships the files above, which are not the library's" >&2
   exit 1
 fi
@@ -38,7 +39,9 @@ publish=$(cargo metadata --no-deps --format-version 1 | python3 -c '
 import json, sys
 for p in json.load(sys.stdin)["packages"]:
     print(p["name"], "unpublished" if p["publish"] == [] else "published")')
-grep -qx "rdzv-tests unpublished" <<<"$publish" || { echo "rdzv-tests must not be published: $publish" >&2; exit 1; }
+for private in rdzv-tests rdzv-bench; do
+  grep -qx "$private unpublished" <<<"$publish" || { echo "$private must not be published: $publish" >&2; exit 1; }
+done
 
 # A test file that no [[test]] names would be left out silently (tests/ lists its targets).
 for file in tests/*.rs; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Many jobs on one etcd (examples/soak.rs): RUNS jobs of NODES in-process nodes at once, with
+# Many jobs on one etcd (benches/soak.rs): RUNS jobs of NODES in-process nodes at once, with
 # churn (nodes killed, leaving, drained and replaced, every worker restarted, jobs ending and
 # new ones starting), for DURATION, on a throwaway etcd run as docs/OPERATIONS.md recommends
 # (periodic auto-compaction). Prints a round's time for one job alone and then under the load
@@ -49,7 +49,7 @@ fi
 new_etcd=$(command -v etcd)
 old_path=$PATH
 [ -z "$from" ] || old_path="$(scripts/etcd-build.sh "$from" | cut -d' ' -f2):$PATH"
-cargo build --release --example soak --quiet
+cargo build --release --quiet -p rdzv-bench --bin soak
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 compaction=(--auto-compaction-mode=periodic "--auto-compaction-retention=$retention")
 read -r pids endpoint dir < <(PATH=$old_path scripts/etcd-local.sh --members "$members" "${compaction[@]}")
@@ -74,7 +74,7 @@ ready() {
 # Evaluated at exit: members restarted by the upgrade have new pids.
 trap 'kill ${soak_pid:+"$soak_pid"} "${members_pids[@]}" 2>/dev/null || true; rm -rf "$dir"' EXIT
 echo "etcd $(PATH=$old_path etcd --version | awk '/^etcd Version:/ {print $3}'), $members member(s), ${compaction[*]}, $(nproc) cores"
-"$target/release/examples/soak" "$endpoint" --runs "$runs" --nodes "$nodes" --duration "$duration" "${extra[@]}" &
+"$target/release/soak" "$endpoint" --runs "$runs" --nodes "$nodes" --duration "$duration" "${extra[@]}" &
 soak_pid=$!
 if [ -n "$from" ]; then
   # The soak's job alone runs first (60 s unless --solo says otherwise), then all of them.

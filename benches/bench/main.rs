@@ -1,8 +1,8 @@
 //! Benchmark: prints rendezvous latency for N nodes, etcd writes, CPU and allocations per
 //! round (beside three floors: raw etcd-client doing the design's etcd work), and the store's
 //! set/get latency and throughput next to raw etcd-client put/get measured in the same run.
-//! Run with `scripts/bench.sh` (starts a local etcd) or `cargo run --release --example bench
-//! -- HOST:PORT [N ...]`. Numbers are medians; the machine is shared, so compare ratios.
+//! Run with `scripts/bench.sh` (starts a local etcd) or `cargo run --release -p rdzv-bench --bin
+//! bench -- HOST:PORT [N ...]`. Numbers are medians; the machine is shared, so compare ratios.
 
 mod cluster;
 mod history;

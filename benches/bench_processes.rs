@@ -3,8 +3,8 @@
 //! `bindings/python/examples/bench_node.py` with `--python`), waits until all are connected,
 //! releases them at once and prints the median time from the last call of `next` to the last
 //! return, read from the processes' own CLOCK_MONOTONIC stamps. Run with
-//! `scripts/bench.sh --processes` or `cargo run --release --example bench_processes --
-//! HOST:PORT [--python] [--per-process K] [N ...]`. With `--per-process K`, N/K processes host
+//! `scripts/bench.sh --processes` or `cargo run --release -p rdzv-bench --bin bench_processes
+//! -- HOST:PORT [--python] [--per-process K] [N ...]`. With `--per-process K`, N/K processes host
 //! K nodes each (each process one connection): how a round larger than one process's HTTP/2
 //! connection or the machine's process budget is measured.
 

@@ -12,8 +12,8 @@
 //! and with rdzv's `etcd-v3` backend. A node is killed with its whole process group (agent and
 //! worker) for every launcher.
 //!
-//! Run with `scripts/bench.sh --launcher` or `cargo build --release --lib --bin rdzv --example
-//! bench_launcher && target/release/examples/bench_launcher HOST:PORT [N ...]`.
+//! Run with `scripts/bench.sh --launcher` or `cargo build --release -p rdzv-cli -p rdzv-bench
+//! --bin rdzv --bin bench_launcher && target/release/bench_launcher HOST:PORT [N ...]`.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -112,7 +112,7 @@ fn node_command(kind: Kind, target: &Target, n: usize) -> Command {
                 ))
                 .args(["--monitor-interval=0.1", "--local-addr=127.0.0.1"])
                 .args(["--no-python", "sh", "-c", WORKER]);
-            // rdzv's backend from this checkout, on the library built with this example.
+            // rdzv's backend from this checkout, on the library built with this benchmark.
             let lib = rdzv_binary().with_file_name("librdzv.so");
             let package = concat!(env!("CARGO_MANIFEST_DIR"), "/bindings/python");
             c.env("RDZV_LIBRARY", lib).env("PYTHONPATH", package);
@@ -130,10 +130,9 @@ struct Target {
     python: Option<PathBuf>,
 }
 
-/// The `rdzv` binary next to this example's directory (both built in the same profile).
+/// The `rdzv` binary beside this one (both built in the same profile).
 fn rdzv_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("rdzv")
+    std::env::current_exe().unwrap().with_file_name("rdzv")
 }
 
 /// Starts `n` nodes; each worker line "STARTED <world>" arrives on `tx` with its node.

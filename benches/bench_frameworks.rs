@@ -201,8 +201,7 @@ fn node_command(
 }
 
 fn rdzv_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("rdzv")
+    std::env::current_exe().unwrap().with_file_name("rdzv")
 }
 
 /// Starts the nodes; each "FIRST_COLLECTIVE <world>" line arrives on `tx` with its node.
