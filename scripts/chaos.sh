@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long chaos run (tests/chaos): a job of K rdzv-node processes on a 3-member etcd cluster
+# The long chaos run (tests/all/chaos): a job of K rdzv-node processes on a 3-member etcd cluster
 # while random faults land (nodes SIGKILLed and replaced, SIGSTOPped past their lease, etcd
 # members SIGKILLed and restarted, nodes cut off the network, several at once), then the
 # checker over every node's history. Prints the seed, the faults by kind, the rounds formed
@@ -35,4 +35,4 @@ fi
 version=$(etcd --version) # whole: head -1 would leave etcd writing into a closed pipe
 echo "etcd: ${version%%$'\n'*}"
 export RDZV_CHAOS_DURATION=$duration RDZV_CHAOS_NODES=$nodes RDZV_CHAOS_SEED=$seed
-exec cargo test --release --test chaos -- --ignored --nocapture long_chaos_run
+exec cargo test --release --test all -- --ignored --nocapture --exact chaos::long_chaos_run

@@ -43,10 +43,16 @@ for private in rdzv-tests rdzv-bench; do
   grep -qx "$private unpublished" <<<"$publish" || { echo "$private must not be published: $publish" >&2; exit 1; }
 done
 
-# A test file that no [[test]] names would be left out silently (tests/ lists its targets).
+# A test file that nothing names would be left out silently: tests/ lists its targets, and
+# tests/all/main.rs its areas.
 for file in tests/*.rs; do
   name=$(basename "$file" .rs)
   [ "$name" = header ] && continue
   grep -qx "path = \"$name.rs\"" tests/Cargo.toml || { echo "tests/Cargo.toml has no [[test]] for $file" >&2; exit 1; }
 done
-echo "rdzv-tests: every tests/*.rs is a test target"
+for file in tests/all/*.rs tests/all/*/mod.rs; do
+  name=$(basename "${file%/mod.rs}" .rs)
+  [ "$name" = main ] && continue
+  grep -qx "mod $name;" tests/all/main.rs || { echo "tests/all/main.rs does not declare mod $name ($file)" >&2; exit 1; }
+done
+echo "rdzv-tests: every tests/*.rs is a test target, every tests/all/ area a module of it"

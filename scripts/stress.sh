@@ -8,8 +8,8 @@
 #   scripts/stress.sh [--runs K] [--etcd all|VERSIONS] [--load no|yes|both] [--timeout S]
 #                     [--out DIR] SUITE...
 #
-# SUITE is `rust:TARGET` (a cargo test target: rust:logs, rust:launcher, ...), `rust` (every
-# target that starts etcd), `python` (the binding's suite without PyTorch), `go`.
+# SUITE is `rust:TARGET[/FILTER]` (a cargo test target and, optionally, libtest's filter:
+# rust:all, rust:all/chaos::, rust:launcher, ...), `rust` (every target that starts etcd), `python` (the binding's suite without PyTorch), `go`.
 # --etcd: `all` (Debian's 3.4 and every version in scripts/etcd-versions), or a comma list
 # of versions (`3.4,v3.5.35,v3.7.3`); default: the newest. Default 10 runs, load both ways,
 # a watchdog of 600 s per run. Everything a failed or hung run printed is kept under --out.
@@ -76,11 +76,7 @@ lib="$target/debug"
 
 # Rust test executables by target name (built once; each run starts the binary itself).
 declare -A rust_bin=()
-rust_targets() {
-  for t in tests/*.rs cli/tests/*.rs; do
-    grep -q '^mod common;' "$t" && [ "$t" != cli/tests/launcher_torch.rs ] && basename "$t" .rs
-  done
-}
+. scripts/lib/etcd-test-targets.sh
 build_rust() {
   local args=() name
   for name in "$@"; do args+=(--test "$name"); done
@@ -97,13 +93,13 @@ for line in sys.stdin:
 expanded=()
 for s in "${suites[@]}"; do
   case $s in
-    rust) while read -r t; do expanded+=("rust:$t"); done < <(rust_targets) ;;
+    rust) while read -r t; do expanded+=("rust:$t"); done < <(etcd_test_targets) ;;
     rust:* | python | go) expanded+=("$s") ;;
     *) echo "stress.sh: unknown suite '$s' (rust, rust:TARGET, python, go)" >&2; exit 2 ;;
   esac
 done
 rust_wanted=()
-for s in "${expanded[@]}"; do [[ $s == rust:* ]] && rust_wanted+=("${s#rust:}"); done
+for s in "${expanded[@]}"; do [[ $s == rust:* ]] && s=${s#rust:} && rust_wanted+=("${s%%/*}"); done
 [ ${#rust_wanted[@]} -eq 0 ] || build_rust "${rust_wanted[@]}"
 for name in "${rust_wanted[@]}"; do
   [ -n "${rust_bin[$name]:-}" ] || { echo "stress.sh: no cargo test target '$name'" >&2; exit 2; }
@@ -126,7 +122,11 @@ dump_stacks() {
 run_once() {
   local suite=$1 log=$2 cmd=()
   case $suite in
-    rust:*) cmd=("${rust_bin[${suite#rust:}]}") ;;
+    rust:*)
+      local spec=${suite#rust:}
+      cmd=("${rust_bin[${spec%%/*}]}")
+      [[ $spec != */* ]] || cmd+=("${spec#*/}")
+      ;;
     python) cmd=(env RDZV_LIBRARY="$lib/librdzv.so" python3 -X faulthandler -m pytest -v -p no:cacheprovider -o "faulthandler_timeout=$((timeout - 30))"
       bindings/python/tests --ignore=bindings/python/tests/test_torch.py
       --ignore=bindings/python/tests/test_torchrun.py --ignore=bindings/python/tests/test_torch_backend.py) ;;

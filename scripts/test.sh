@@ -2,7 +2,7 @@
 # Runs every test of rdzv: installs what is missing, checks formatting and lints, then, against
 # the newest etcd (built from its Go module, cached), the Rust unit and integration tests (real
 # etcd, real processes, the C program and header drift, and two minutes of random faults
-# against a running job: tests/chaos), the C++, Go and Python bindings' suites, the demo, the
+# against a running job: tests/all/chaos), the C++, Go and Python bindings' suites, the demo, the
 # README's quick start, the installed library used from outside the repository and the Go
 # scheduler example on it (launchers added, drained, killed); the Rust integration and fault
 # suites again against every other etcd version (Debian's 3.4, 3.5, 3.6); real PyTorch
@@ -72,13 +72,10 @@ suite "installed: prefix, pkg-config, find_package, Go module, Python wheel" scr
 suite "go scheduler example on the installed library: rdzv run launchers added, drained, killed, closed, purged" scripts/go-scheduler-test.sh
 
 # The protocol against every other etcd version people run: each Rust test target that starts
-# etcd (those using tests/common); unit and doc tests need no etcd.
+# etcd; unit and doc tests need no etcd.
+. scripts/lib/etcd-test-targets.sh
 integration=()
-for target in tests/*.rs cli/tests/*.rs; do
-  # The framework suites (PyTorch, JAX, Lightning and DeepSpeed) run once, below.
-  case "$target" in cli/tests/launcher_torch.rs | cli/tests/launcher_jax.rs | cli/tests/launcher_torch_frameworks.rs) continue ;; esac
-  if grep -q '^mod common;' "$target"; then integration+=(--test "$(basename "$target" .rs)"); fi
-done
+while read -r name; do integration+=(--test "$name"); done < <(etcd_test_targets)
 older=("$debian_etcd")
 for entry in "${built[@]:0:${#built[@]}-1}"; do older+=("${entry#* }"); done
 for dir in "${older[@]}"; do

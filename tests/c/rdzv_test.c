@@ -17,6 +17,9 @@ static int failures = 0;
 
 #define NODES 3
 static char url[512];
+/* Options added to every URL of the test, from RDZV_TEST_URL_OPTIONS (for example a longer
+ * connect_timeout under valgrind, which runs the program tens of times slower on one core). */
+static const char *extra = "";
 
 /* Expects `st` to be `want` with an error object whose message contains `fragment`. */
 static void expect(rdzv_status_t st, rdzv_error_t *err, rdzv_status_t want, const char *fragment) {
@@ -124,8 +127,8 @@ static void cancel_tokens(const char *endpoint, const char *run, rdzv_store_t *s
            RDZV_ERR_CANCELLED, "token");
     /* A node that waits for a second one (join_timeout 60 s) is not even joined. */
     char wait_url[512];
-    snprintf(wait_url, sizeof wait_url, "etcd://%s/%s-token?min_nodes=2&max_nodes=2&join_timeout=60",
-             endpoint, run);
+    snprintf(wait_url, sizeof wait_url, "etcd://%s/%s-token?min_nodes=2&max_nodes=2&join_timeout=60%s",
+             endpoint, run, extra);
     rdzv_params_t *p = NULL;
     rdzv_t *h = NULL;
     rdzv_round_t round;
@@ -185,7 +188,7 @@ done:
  * a handle inherited from the parent refuses to work there instead of hanging. */
 static void fork_child_uses_new_handles(const char *endpoint, const char *run) {
     char fork_url[512];
-    snprintf(fork_url, sizeof fork_url, "etcd://%s/%s-fork?min_nodes=1&max_nodes=1", endpoint, run);
+    snprintf(fork_url, sizeof fork_url, "etcd://%s/%s-fork?min_nodes=1&max_nodes=1%s", endpoint, run, extra);
     rdzv_params_t *p = NULL;
     rdzv_t *parent = NULL;
     CHECK(rdzv_params_from_url(fork_url, &p, NULL) == RDZV_OK, "fork params");
@@ -218,7 +221,7 @@ static void fork_child_uses_new_handles(const char *endpoint, const char *run) {
  * few thousand random byte strings fed to the parsers. Each gives its documented status. */
 static void edge_cases(const char *endpoint, const char *run) {
     char edge_url[512];
-    snprintf(edge_url, sizeof edge_url, "etcd://%s/%s-edge?min_nodes=1&max_nodes=1", endpoint, run);
+    snprintf(edge_url, sizeof edge_url, "etcd://%s/%s-edge?min_nodes=1&max_nodes=1%s", endpoint, run, extra);
     rdzv_params_t *p = NULL;
     rdzv_t *h = NULL;
     rdzv_store_t *s = NULL;
@@ -275,7 +278,9 @@ static void edge_cases(const char *endpoint, const char *run) {
 
 int main(int argc, char **argv) {
     if (argc != 3) { fprintf(stderr, "usage: %s HOST:PORT RUN_ID\n", argv[0]); return 64; }
-    snprintf(url, sizeof url, "etcd://%s/%s?min_nodes=%d&max_nodes=%d", argv[1], argv[2], NODES, NODES);
+    if (getenv("RDZV_TEST_URL_OPTIONS")) extra = getenv("RDZV_TEST_URL_OPTIONS");
+    snprintf(url, sizeof url, "etcd://%s/%s?min_nodes=%d&max_nodes=%d%s", argv[1], argv[2], NODES, NODES,
+             extra);
     bad_input();
 
     pthread_t threads[NODES];

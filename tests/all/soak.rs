@@ -1,9 +1,9 @@
 //! Churn with real processes: two long-lived nodes and a third that joins, completes a round,
 //! leaves, and is replaced, again and again. Every join and every departure forms a new round.
 //! The short version runs with the test suite; the soak (a few hundred rounds) is opt-in:
-//! `cargo test --release --test soak -- --ignored`.
+//! `cargo test --release --test all -- --ignored soak::`.
 
-mod common;
+use crate::common;
 
 use common::node::Node;
 use common::Etcd;

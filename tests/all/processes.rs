@@ -1,6 +1,6 @@
 //! Multi-node scenarios with real processes (`rdzv-node`) and real signals.
 
-mod common;
+use crate::common;
 
 use common::node::{joiners_of_round, Node};
 use common::Etcd;

@@ -3,7 +3,7 @@
 //! failed before its fix. Real etcd, nodes as threads or `rdzv-node` processes, real signals;
 //! timings that must be forced are forced (SIGSTOP) or swept with a printed seed.
 
-mod common;
+use crate::common;
 
 use common::node::{joiners_of_round, run_of, Node};
 use common::{etcd_client, watch_until, Etcd};

@@ -1,6 +1,6 @@
 //! Store semantics (c10d-style) against a real etcd.
 
-mod common;
+use crate::common;
 
 use common::{on_threads, Etcd};
 use rdzv::{BlockingRendezvous, BlockingStore, ErrorKind, Params};

@@ -1,7 +1,7 @@
 //! Compiles the C test program and the C example against include/rdzv.h, links them with the
 //! built library and runs them against a real etcd.
 
-mod common;
+use crate::common;
 
 use common::{Etcd, SpawnTied};
 use std::path::{Path, PathBuf};
@@ -98,6 +98,10 @@ fn c_program_is_clean_under_valgrind() {
         .args([etcd.endpoint(), "c-valgrind".into()])
         // The forked child deliberately leaks the parent's runtime; the fork case runs above.
         .env("RDZV_TEST_NO_FORK", "1")
+        // Valgrind runs the program's threads one at a time, tens of times slower: on a busy
+        // machine three nodes' connect, lease grant and registration took more than the
+        // default 10 s (each node failed with "did not answer register alive in time").
+        .env("RDZV_TEST_URL_OPTIONS", "&connect_timeout=120")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -3,7 +3,7 @@
 //! its own `next` ends with a graceful exit; a drained joiner is never sealed in; bad drains
 //! fail clearly; an operator needs write access to drain.
 
-mod common;
+use crate::common;
 
 use common::Etcd;
 use rdzv::{BlockingAdmin, BlockingRendezvous, ErrorKind, Params};

@@ -1,7 +1,7 @@
 //! The operator module (`rdzv::admin`) against a real etcd: status of absent, forming, running
 //! and broken runs, the watch, close and purge.
 
-mod common;
+use crate::common;
 
 use common::Etcd;
 use rdzv::admin::{Admin, Purge};

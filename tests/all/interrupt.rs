@@ -3,11 +3,11 @@
 //! (SIGKILL), frozen (SIGSTOP) or restarting, before the call or while it waits. Each case
 //! prints how long the call took to return after its trigger.
 
-mod common;
+use crate::common;
 
 use common::Etcd;
 use rdzv::{BlockingAdmin, BlockingRendezvous, BlockingStore, CancelToken, ErrorKind, Params};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -90,66 +90,6 @@ impl Server {
     }
 }
 
-/// rdzv's log records in this test binary (a global subscriber, installed once): a test waits
-/// for the record of what a call does (its wait watching, its read retrying).
-struct Records {
-    lines: Mutex<Vec<String>>,
-    added: Condvar,
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for &'static Records {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Fields<'a>(&'a mut String);
-        impl tracing::field::Visit for Fields<'_> {
-            fn record_debug(&mut self, field: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!(" {}={v:?}", field.name()));
-            }
-        }
-        let mut line = String::new();
-        event.record(&mut Fields(&mut line));
-        self.lines.lock().unwrap().push(line);
-        self.added.notify_all();
-    }
-}
-
-fn records() -> &'static Records {
-    static RECORDS: OnceLock<&'static Records> = OnceLock::new();
-    RECORDS.get_or_init(|| {
-        use tracing_subscriber::layer::SubscriberExt;
-        let records: &'static Records = Box::leak(Box::new(Records {
-            lines: Mutex::new(Vec::new()),
-            added: Condvar::new(),
-        }));
-        let subscriber = tracing_subscriber::registry().with(records);
-        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
-        records
-    })
-}
-
-impl Records {
-    /// How many records there are: `await_line` looks only at later ones.
-    fn mark(&self) -> usize {
-        self.lines.lock().unwrap().len()
-    }
-
-    /// Waits (at most 20 s) for a record after `since` that names `run` and contains `what`.
-    fn await_line(&self, since: usize, run: &str, what: &str) {
-        let give_up = Instant::now() + Duration::from_secs(20);
-        let mut lines = self.lines.lock().unwrap();
-        loop {
-            if lines[since..]
-                .iter()
-                .any(|l| l.contains(run) && l.contains(what))
-            {
-                return;
-            }
-            let left = give_up.saturating_duration_since(Instant::now());
-            assert!(!left.is_zero(), "no record {what:?} of run {run}");
-            lines = self.added.wait_timeout(lines, left).unwrap().0;
-        }
-    }
-}
-
 /// A member of a round of one, with its store; `close_timeout` bounds its shutdown while
 /// etcd is down.
 fn member(etcd: &Etcd, name: &str) -> (Arc<BlockingRendezvous>, Arc<BlockingStore>, String) {
@@ -210,7 +150,7 @@ fn store_wait(fault: Fault, when: When, trigger: Trigger) -> Ended {
     } else {
         LONG
     };
-    let log = records();
+    let log = crate::records::records();
     let since = log.mark();
     if when == When::Before {
         server.break_it(fault);

@@ -6,12 +6,9 @@
 //! (`checker.rs` lists them). The checker's own tests feed it hand-made histories with each
 //! kind of violation.
 //!
-//! `cargo test --test chaos` runs the short run (about two minutes). The long run is opt-in:
+//! `cargo test --test all chaos::` runs the short run (about two minutes). The long run is opt-in:
 //! `scripts/chaos.sh --duration 30m [--nodes 12] [--seed N]`. A failing run prints its seed;
 //! `RDZV_CHAOS_SEED=N` replays the same fault schedule.
-
-#[path = "../common/mod.rs"]
-mod common;
 
 mod checker;
 mod checker_tests;
@@ -41,7 +38,7 @@ fn long_chaos_run() {
 }
 
 /// Judges a kept run again (after a change to the checker):
-/// `RDZV_CHAOS_RECHECK=DIR cargo test --test chaos -- --ignored recheck --nocapture`.
+/// `RDZV_CHAOS_RECHECK=DIR cargo test --test all -- --ignored chaos::recheck --nocapture`.
 #[test]
 #[ignore = "needs RDZV_CHAOS_RECHECK=DIR of a kept run"]
 fn recheck() {

@@ -3,7 +3,7 @@
 //! leaves nothing in etcd, a refused connection is reported at once, and the handles of one
 //! process share one connection, even when created at once. Real etcd.
 
-mod common;
+use crate::common;
 
 use common::node::{run_of, Node};
 use common::Etcd;

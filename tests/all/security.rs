@@ -2,8 +2,8 @@
 //! (and what happens with the wrong CA, no client certificate or a missing file), and etcd
 //! users whose roles confine them to one run's prefix.
 
-mod common;
-#[path = "common/tls.rs"]
+use crate::common;
+#[path = "../common/tls.rs"]
 mod tls;
 
 use common::{on_threads, Etcd};

@@ -3,7 +3,7 @@
 //! node is cut off from etcd by a network partition (a network namespace whose veth link is
 //! taken down). And a member being added (a learner) among the endpoints nodes are given.
 
-mod common;
+use crate::common;
 
 use common::node::{joiners_of_round, run_of, Node, NODE_BIN};
 use common::{on_threads, Etcd, EtcdCluster, NetNs};
@@ -11,7 +11,7 @@ use rdzv::{BlockingRendezvous, Params};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Asserts the lines are one round: ranks exactly 0..n, and everyone agrees on round, world
@@ -92,50 +92,13 @@ fn round_forms_when_the_etcd_leader_dies_with_two_nodes_joined() {
     round_survives_the_death_of_the_etcd_leader(2);
 }
 
-/// Keeps rdzv's records (every level) as text, each field as `name=value`.
-struct KeepRecords(Arc<Mutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for KeepRecords {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if !event.metadata().target().starts_with("rdzv") {
-            return;
-        }
-        struct Fields<'a>(&'a mut String);
-        impl tracing::field::Visit for Fields<'_> {
-            fn record_debug(&mut self, field: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!(" {}={v:?}", field.name()));
-            }
-        }
-        let mut record = String::new();
-        event.record(&mut Fields(&mut record));
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(record);
-    }
-}
-
-/// rdzv's records in this test binary (a global subscriber, installed once); each test looks
-/// for those of its own run.
-fn kept_records() -> Arc<Mutex<Vec<String>>> {
-    static KEPT: OnceLock<Arc<Mutex<Vec<String>>>> = OnceLock::new();
-    KEPT.get_or_init(|| {
-        use tracing_subscriber::layer::SubscriberExt;
-        let kept = Arc::new(Mutex::new(Vec::new()));
-        let subscriber = tracing_subscriber::registry().with(KeepRecords(kept.clone()));
-        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
-        kept
-    })
-    .clone()
-}
-
 /// A join sent to a follower just after the raft leader died is forwarded to the dead leader
 /// and lost: etcd answers it only after its own request timeout (7 s with the default
 /// election timeout). The node sees the cluster's new leader (a higher raft term) and sends
 /// the join again; the round forms under the new leader.
 #[test]
 fn a_join_lost_with_the_etcd_leader_is_sent_again_to_the_new_one() {
-    let kept = kept_records();
+    let records = crate::records::records();
 
     let mut cluster = EtcdCluster::start(3);
     let victim = cluster.raft_leader();
@@ -150,7 +113,7 @@ fn a_join_lost_with_the_etcd_leader_is_sent_again_to_the_new_one() {
         .expect("the round forms under the new etcd leader");
     assert_eq!((info.rank, info.world_size), (0, 1));
     node.shutdown().unwrap();
-    let messages = kept.lock().unwrap().clone();
+    let messages = records.lines();
     assert!(
         messages
             .iter()
@@ -164,7 +127,7 @@ fn a_join_lost_with_the_etcd_leader_is_sent_again_to_the_new_one() {
 /// leader change. The node's requests wait for etcd's answer; none is sent again.
 #[test]
 fn a_frozen_etcd_without_a_new_leader_gets_no_repeated_request() {
-    let kept = kept_records();
+    let records = crate::records::records();
     let etcd = Etcd::start();
     let params =
         Params::from_url(&etcd.url("frozen", "min_nodes=1&max_nodes=1&join_timeout=60")).unwrap();
@@ -192,9 +155,8 @@ fn a_frozen_etcd_without_a_new_leader_gets_no_repeated_request() {
         "next cannot have finished while etcd was frozen"
     );
     node.shutdown().unwrap();
-    let repeated: Vec<String> = kept
-        .lock()
-        .unwrap()
+    let repeated: Vec<String> = records
+        .lines()
         .iter()
         .filter(|r| r.contains(&run) && r.contains("changed leader while"))
         .cloned()

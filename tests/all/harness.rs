@@ -3,7 +3,7 @@
 //! were once found orphaned after such runs; network namespaces left by such runs once made a
 //! later chaos run fail (their /30s were given out again).
 
-mod common;
+use crate::common;
 
 use common::netns::block_network;
 use common::{Etcd, NetNs, SpawnTied};
@@ -38,8 +38,12 @@ fn wait_for_exit(pid: u32, timeout: Duration) -> bool {
 /// Starts a copy of this test binary that runs only `test` in the role of the test process to
 /// be killed; returns it with the first line it prints that starts with one of `prefixes`.
 fn start_the_killed_copy(test: &str, prefixes: &[&str]) -> (std::process::Child, String) {
+    // libtest names a test by its path below the crate: this module's, then the function.
+    let module = module_path!()
+        .split_once("::")
+        .map_or("", |(_crate, path)| path);
     let mut copy = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture"])
+        .args(["--exact", &format!("{module}::{test}"), "--nocapture"])
         .env(ROLE, "killed")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

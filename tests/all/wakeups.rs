@@ -7,7 +7,7 @@
 //! end the wait in time. The close and drain tests run with one lane (`max_nodes=3`) and with
 //! 16 (`max_nodes=1000`), where a wake-up in the wrong lane wakes nobody either.
 
-mod common;
+use crate::common;
 
 use common::node::{joiners_of_round, run_of, Node};
 use common::{wait_for_leader, watch_until, Etcd};

@@ -1,7 +1,7 @@
 //! Scale: many nodes in one process against one local etcd. Prints the time and etcd's write
 //! count (speed is reported, not asserted: machines are shared); asserts correctness.
 
-mod common;
+use crate::common;
 
 use common::Etcd;
 use rdzv::{Params, Rendezvous};

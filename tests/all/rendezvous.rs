@@ -1,6 +1,6 @@
 //! Rendezvous scenarios with several nodes as threads of one process, against a real etcd.
 
-mod common;
+use crate::common;
 
 use common::{etcd_client, on_threads, Etcd};
 use rdzv::{BlockingRendezvous, ErrorKind, Params};

@@ -1,7 +1,7 @@
 //! Faults and churn against a real etcd: etcd restarts under a blocked store read, history
 //! compaction under waiting nodes, and many rounds in a row.
 
-mod common;
+use crate::common;
 
 use common::{on_threads, Etcd};
 use rdzv::{BlockingRendezvous, Params};
