@@ -28,8 +28,8 @@ trap 'rm -rf "$work"' EXIT
 # source lines) reduced to what the exported functions reach (scripts/lib/abi_public.py).
 public_abi() {
   abidw --no-show-locs --no-comp-dir-path --no-corpus-path --type-id-style hash \
-    --out-file "$work/dump.abi" "$1"
-  python3 "$root/scripts/lib/abi_public.py" "$root/include/rdzv.h" "${RDZV_ABI_CRATE:-rdzv}" <"$work/dump.abi" >"$2"
+    --out-file "$work/dump.abi" "$1" &&
+    python3 "$root/scripts/lib/abi_public.py" "$root/include/rdzv.h" "${RDZV_ABI_CRATE:-rdzv}" <"$work/dump.abi" >"$2"
 }
 
 baselines=(abi/librdzv-*.abi)
@@ -37,12 +37,13 @@ baselines=(abi/librdzv-*.abi)
   || { echo "expected exactly one baseline abi/librdzv-VERSION.abi, found: ${baselines[*]}" >&2; exit 1; }
 baseline=${baselines[0]}
 
-# Compares a library with the baseline; prints abidiff's report, returns its status. Added
+# Compares a library with the baseline; prints abidiff's report, returns its status (bit 1:
+# abidiff failed, 4: the ABI changed, 8: incompatibly; 1 as well when the dump failed). Added
 # functions are left out of the report and the status (--no-added-syms); new enumerators are
 # harmless to abidiff by default. Anything else reported is a break: a removed function, a
 # changed parameter or return, a struct's size, fields or offsets, an enumerator's value.
 compare() {
-  public_abi "$1" "$work/current.abi"
+  public_abi "$1" "$work/current.abi" || return 1
   abidiff --no-added-syms "$baseline" "$work/current.abi"
 }
 
@@ -93,6 +94,9 @@ PY
   if report=$(compare "$lib"); then
     echo "FAIL: the check passed a library that breaks the ABI:" >&2
     failures=$((failures + 1))
+  elif status=$? && [ $((status & 3)) -ne 0 ]; then
+    echo "FAIL: could not compare (status $status)" >&2
+    failures=$((failures + 1))
   else
     # Each change must be named in the report, not only one of them.
     for want in "1 Removed function" "rdzv_num_lost" "rdzv_error_status" "parameter 2 of type 'u32' was added" \
@@ -125,6 +129,9 @@ RS
   [ "$failures" -eq 0 ] && echo "self-test: the check fails on each break and passes an addition"
   [ "$failures" -eq 0 ]
   ;;
+-h | --help)
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  ;;
 -*)
   sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
   exit 2
@@ -136,8 +143,12 @@ RS
   else
     status=$?
     echo "$report"
-    echo "$lib breaks the ABI of $baseline (abidiff status $status): the C ABI may only grow" >&2
-    echo "(README, ABI policy); a deliberate break moves the SONAME and, at its release, the baseline" >&2
+    if [ $((status & 3)) -ne 0 ]; then
+      echo "could not compare $lib with $baseline (status $status)" >&2
+    else
+      echo "$lib breaks the ABI of $baseline (abidiff status $status): the C ABI may only grow" >&2
+      echo "(README, ABI policy); a deliberate break moves the SONAME and, at its release, the baseline" >&2
+    fi
     exit 1
   fi
   ;;
