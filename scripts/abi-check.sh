@@ -32,10 +32,11 @@ public_abi() {
     python3 "$root/scripts/lib/abi_public.py" "$root/include/rdzv.h" "${RDZV_ABI_CRATE:-rdzv}" <"$work/dump.abi" >"$2"
 }
 
+shopt -s nullglob
 baselines=(abi/librdzv-*.abi)
-[ ${#baselines[@]} -eq 1 ] && [ -f "${baselines[0]}" ] \
-  || { echo "expected exactly one baseline abi/librdzv-VERSION.abi, found: ${baselines[*]}" >&2; exit 1; }
-baseline=${baselines[0]}
+baseline=${baselines[0]:-}
+[ ${#baselines[@]} -eq 1 ] || [ "${1:-}" = --update ] \
+  || { echo "expected exactly one baseline abi/librdzv-VERSION.abi, found: ${baselines[*]:-none}" >&2; exit 1; }
 
 # Compares a library with the baseline; prints abidiff's report, returns its status (bit 1:
 # abidiff failed, 4: the ABI changed, 8: incompatibly; 1 as well when the dump failed). Added
@@ -57,7 +58,7 @@ case "${1:-}" in
   lib=$(build)
   version=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "rdzv"))')
   public_abi "$lib" "$work/new.abi"
-  rm -f "$baseline"
+  rm -f "${baselines[@]}"
   cp "$work/new.abi" "abi/librdzv-$version.abi"
   echo "wrote abi/librdzv-$version.abi from $lib"
   ;;
