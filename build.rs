@@ -32,8 +32,9 @@ fn main() {
         }
     }
     let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
+    let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
         .expect("cbindgen.toml is readable");
+    config.after_includes = Some(version_macros());
     let bindings = match cbindgen::generate_with_config(&crate_dir, config) {
         Ok(b) => b,
         Err(e) => {
@@ -47,4 +48,27 @@ fn main() {
     if std::env::var("RDZV_WRITE_HEADER").as_deref() == Ok("1") {
         bindings.write_to_file(crate_dir.join("include/rdzv.h"));
     }
+}
+
+/// The header's version macros, from the crate's version as Cargo gives it, so the header and the
+/// library built with it (`rdzv_version()`) cannot disagree.
+fn version_macros() -> String {
+    let var = |name: &str| std::env::var(name).expect("set by cargo");
+    format!(
+        "
+/**
+ * The version of the library this header belongs to. rdzv_version() says which library a
+ * program loaded; with the ABI policy (README.md) a program built against MAJOR.MINOR runs
+ * with any library of the same SONAME whose version is at least this.
+ */
+#define RDZV_VERSION_MAJOR {major}
+#define RDZV_VERSION_MINOR {minor}
+#define RDZV_VERSION_PATCH {patch}
+#define RDZV_VERSION \"{version}\"
+",
+        major = var("CARGO_PKG_VERSION_MAJOR"),
+        minor = var("CARGO_PKG_VERSION_MINOR"),
+        patch = var("CARGO_PKG_VERSION_PATCH"),
+        version = var("CARGO_PKG_VERSION"),
+    )
 }

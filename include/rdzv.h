@@ -47,6 +47,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/**
+ * The version of the library this header belongs to. rdzv_version() says which library a
+ * program loaded; with the ABI policy (README.md) a program built against MAJOR.MINOR runs
+ * with any library of the same SONAME whose version is at least this.
+ */
+#define RDZV_VERSION_MAJOR 0
+#define RDZV_VERSION_MINOR 1
+#define RDZV_VERSION_PATCH 0
+#define RDZV_VERSION "0.1.0"
+
 
 /**
  * etcd's default `--max-request-bytes` is 1.5 MiB; keep headroom for keys and framing.
@@ -898,7 +908,9 @@ void rdzv_store_free(rdzv_store_t *store);
 
 /**
  * The library's version, `MAJOR.MINOR.PATCH` (for example `"0.1.0"`): a static NUL-terminated
- * string owned by the library, never freed. Safe from any thread; never fails.
+ * string owned by the library, never freed. Safe from any thread; never fails. It equals
+ * `RDZV_VERSION` of the header the library was built with; a program can compare the two to
+ * see which library it loaded against which header it was compiled with.
  */
 const char *rdzv_version(void);
 

@@ -2,8 +2,9 @@
 # Checks the workspace's shape: the library crate (rdzv: the Rust API, the C ABI and its header)
 # builds nothing it does not use, in particular no command-line parser, which belongs to the
 # `rdzv` command's crate (rdzv-cli); and each published crate ships what it should and nothing
-# of the repository around it (`cargo package --list`). The tests' and the benchmarks' crates
-# are not published.
+# of the repository around it (`cargo package --list`), and both build from their packages as
+# `cargo publish` would upload them (`--dry-run`). The tests' and the benchmarks' crates are
+# not published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +19,7 @@ echo "rdzv: $(sort -u <<<"$deps" | wc -l) crates in its normal dependency tree, 
 # The file lists, matched against what each crate must and must not ship.
 list() { cargo package --list --allow-dirty --quiet -p "$1"; }
 lib=$(list rdzv)
-for must in src/lib.rs build.rs cbindgen.toml include/rdzv.h src/ffi/rendezvous.rs LICENSE README.md Cargo.toml; do
+for must in src/lib.rs build.rs cbindgen.toml include/rdzv.h src/ffi/rendezvous.rs LICENSE README.md CHANGELOG.md Cargo.toml; do
   grep -qx "$must" <<<"$lib" || { echo "rdzv's package lacks $must" >&2; exit 1; }
 done
 if grep -E '^(tests|bindings|scripts|examples|benches|docs|cli)/' <<<"$lib" >&2; then
@@ -56,3 +57,11 @@ for file in tests/all/*.rs tests/all/*/mod.rs; do
   grep -qx "mod $name;" tests/all/main.rs || { echo "tests/all/main.rs does not declare mod $name ($file)" >&2; exit 1; }
 done
 echo "rdzv-tests: every tests/*.rs is a test target, every tests/all/ area a module of it"
+
+# What `cargo publish` would upload, each built alone from its package (nothing is uploaded).
+# One call for both: rdzv-cli depends on rdzv 0.1.0, which the registry does not have until it
+# is published; published together, cargo resolves it to the package made here (a registry of
+# its own under target/package). --allow-dirty: the check runs on work in progress too.
+start=$SECONDS
+cargo publish --dry-run --allow-dirty --quiet -p rdzv -p rdzv-cli 2>&1 | { grep -vE '^warning: (ignoring (example|test) |aborting upload due to dry run)' || true; }
+echo "rdzv, rdzv-cli: cargo publish --dry-run builds both from their packages ($((SECONDS - start)) s)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of rdzv: installs what is missing, checks formatting and lints, then, against
-# the newest etcd (built from its Go module, cached), the Rust unit and integration tests (real
+# the newest etcd (built from its Go module, cached), the C ABI against the last release's
+# (scripts/abi-check.sh, and its self-test), the Rust unit and integration tests (real
 # etcd, real processes, the C program and header drift, and two minutes of random faults
 # against a running job: tests/all/chaos), the C++, Go and Python bindings' suites, the demo, the
 # README's quick start, the installed library used from outside the repository and the Go
@@ -53,6 +54,8 @@ export RDZV_ETCD_TEST_SERVER="$lib/etcd-test-server"
 suite "rustfmt" cargo fmt --all --check
 suite "clippy" cargo clippy --workspace --all-targets --quiet -- -D warnings
 suite "crates: the library alone depends on no command-line parser; what each published crate ships" scripts/crates-check.sh
+suite "C ABI: the library keeps 0.1.0's ABI (abidiff against abi/)" scripts/abi-check.sh "$lib/librdzv.so"
+suite "C ABI check's self-test: a removed function, changed signature, struct and status fail; additions pass" scripts/abi-check.sh --self-test
 suite "rust tests (unit, etcd integration, processes, C ABI, header, chaos) on etcd $(etcd_version "$newest")" cargo test --no-fail-fast
 if [ -d bindings/cpp ]; then
   suite "c++ binding (ctest)" bash -c 'cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug -DRDZV_LIBRARY="$1" >/dev/null &&

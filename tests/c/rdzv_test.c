@@ -1,6 +1,6 @@
 /* End-to-end test of the C ABI, compiled against include/rdzv.h and linked with the built
- * library: bad input at the boundary, then three nodes on threads forming a round and
- * exchanging values through the store.   Usage: rdzv_test ETCD_HOST:PORT RUN_ID */
+ * library: the header's and the library's versions, bad input at the boundary, then three
+ * nodes on threads forming a round and exchanging values through the store.   Usage: rdzv_test ETCD_HOST:PORT RUN_ID */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <pthread.h>
@@ -70,6 +70,14 @@ static void bad_input(void) {
     EXPECT(rdzv_cancel_token_cancel(NULL, &err), RDZV_ERR_INVALID_ARGUMENT, "token");
     EXPECT(rdzv_cancel_token_is_cancelled(NULL, &cancelled, &err), RDZV_ERR_INVALID_ARGUMENT, "token");
     rdzv_cancel_token_free(NULL);
+}
+
+/* The header this program was compiled with and the library it loaded are the same version. */
+static void header_and_library_agree(void) {
+    CHECK(strcmp(rdzv_version(), RDZV_VERSION) == 0, "library %s, header %s", rdzv_version(), RDZV_VERSION);
+    char numbers[64];
+    snprintf(numbers, sizeof numbers, "%d.%d.%d", RDZV_VERSION_MAJOR, RDZV_VERSION_MINOR, RDZV_VERSION_PATCH);
+    CHECK(strncmp(RDZV_VERSION, numbers, strlen(numbers)) == 0, "RDZV_VERSION %s, the numbers %s", RDZV_VERSION, numbers);
 }
 
 static double seconds_since(const struct timespec *t0) {
@@ -281,6 +289,7 @@ int main(int argc, char **argv) {
     if (getenv("RDZV_TEST_URL_OPTIONS")) extra = getenv("RDZV_TEST_URL_OPTIONS");
     snprintf(url, sizeof url, "etcd://%s/%s?min_nodes=%d&max_nodes=%d%s", argv[1], argv[2], NODES, NODES,
              extra);
+    header_and_library_agree();
     bad_input();
 
     pthread_t threads[NODES];

@@ -933,6 +933,11 @@ TEST(Library, VersionIsMajorMinorPatch) {
   EXPECT_EQ(std::count(v.begin(), v.end(), '.'), 2) << v;
 }
 
+TEST(Library, VersionIsTheHeaders) {
+  // The library loaded and the rdzv.h this test was compiled with come from the same build.
+  EXPECT_EQ(rdzv::version(), RDZV_VERSION);
+}
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   ::testing::AddGlobalTestEnvironment(new EtcdEnvironment);

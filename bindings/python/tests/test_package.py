@@ -60,3 +60,5 @@ def test_py_typed_is_shipped():
         return
     pyproject = tomllib.loads((PKG_ROOT / "pyproject.toml").read_text())
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["rdzv"]
+    # Type checkers and the index read it from the metadata too.
+    assert "Typing :: Typed" in pyproject["project"]["classifiers"]
