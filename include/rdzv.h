@@ -877,7 +877,9 @@ rdzv_status_t rdzv_store_multi_get_with_cancel(const rdzv_store_t *store,
 
 /**
  * Sets `num_keys` keys at once (all or nothing): `keys[i]` to the `value_lens[i]` bytes at
- * `values[i]`.
+ * `values[i]`. etcd takes at most 128 writes per transaction: beyond 128 keys, each 128 in
+ * turn are set all or nothing, and an error leaves the earlier ones set (setting again is
+ * safe).
  */
 rdzv_status_t rdzv_store_multi_set(const rdzv_store_t *store,
                                    const char *const *keys,

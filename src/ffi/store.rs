@@ -294,7 +294,9 @@ pub extern "C" fn rdzv_store_multi_get_with_cancel(
 }
 
 /// Sets `num_keys` keys at once (all or nothing): `keys[i]` to the `value_lens[i]` bytes at
-/// `values[i]`.
+/// `values[i]`. etcd takes at most 128 writes per transaction: beyond 128 keys, each 128 in
+/// turn are set all or nothing, and an error leaves the earlier ones set (setting again is
+/// safe).
 #[no_mangle]
 pub extern "C" fn rdzv_store_multi_set(
     store: *const rdzv_store_t,

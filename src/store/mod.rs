@@ -34,6 +34,12 @@ pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// An etcd that does not answer ends the wait this long after its deadline.
 const READ_GRACE: Duration = Duration::from_secs(1);
 
+/// Keys a store read asks for in its first transaction, beside the run's state (two reads):
+/// etcd refuses a transaction of more than 128 operations by default (`--max-txn-ops`).
+const READ_KEYS_PER_TXN: usize = 126;
+/// Keys a `multi_set` writes per transaction (its guard's reads are in the other branch).
+const WRITE_KEYS_PER_TXN: usize = 128;
+
 /// A store wait as it was called: see `Store::waiting`.
 struct Waiting {
     deadline: Instant,
@@ -412,7 +418,8 @@ impl Store {
         self.wait_for(keys, waiting)
     }
 
-    /// Sets every key in one transaction: all or nothing.
+    /// Sets every key in one transaction, all or nothing; beyond 128 keys, in one transaction
+    /// per 128, in order.
     pub async fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
         if keys.len() != values.len() {
             return Err(Error::invalid(format!(
@@ -433,19 +440,34 @@ impl Store {
                 "multi_set: {total} bytes in one call exceeds etcd's request limit of {RDZV_MAX_VALUE_BYTES} bytes"
             )));
         }
-        self.guarded("store set", vec![], ops, vec![])
-            .await?
-            .map_err(|_| Error::internal("store set: guard failed with the round present"))?;
+        // etcd takes at most 128 operations per transaction (`--max-txn-ops`): more keys go
+        // in several, in order, each all or nothing.
+        let mut ops = ops.into_iter().peekable();
+        while ops.peek().is_some() {
+            let chunk: Vec<TxnOp> = ops.by_ref().take(WRITE_KEYS_PER_TXN).collect();
+            self.guarded("store set", vec![], chunk, vec![])
+                .await?
+                .map_err(|_| Error::internal("store set: guard failed with the round present"))?;
+        }
         Ok(())
     }
 
     /// Reads keys in one snapshot (each value, None where absent) with the run's state.
+    ///
+    /// etcd refuses a transaction of more than 128 operations (`--max-txn-ops`), so a read of
+    /// more keys is several transactions: the first reads the run's state and the first keys,
+    /// the others read theirs at the first one's revision, so every value is of one snapshot.
     async fn read(&self, keys: &[&str], deadline: Instant) -> Result<Read> {
         self.usable()?;
-        let mut ops = keys
+        let full = keys
             .iter()
-            .map(|k| Ok(TxnOp::get(self.key(k)?, None)))
+            .map(|k| self.key(k))
             .collect::<Result<Vec<_>>>()?;
+        let first = full.len().min(READ_KEYS_PER_TXN);
+        let mut ops: Vec<TxnOp> = full[..first]
+            .iter()
+            .map(|k| TxnOp::get(k.clone(), None))
+            .collect();
         let count = GetOptions::new().with_count_only();
         ops.push(TxnOp::get(self.sealed.clone(), Some(count.clone())));
         ops.push(TxnOp::get(self.closed.clone(), Some(count)));
@@ -454,14 +476,25 @@ impl Store {
             .txn(deadline, "store get", Txn::new().and_then(ops))
             .await?;
         let got = ranges(&resp);
-        let (sealed, closed) = (&got[keys.len()], got[keys.len() + 1].count() > 0);
+        let (sealed, closed) = (&got[first], got[first + 1].count() > 0);
         if sealed.count() == 0 {
             return Err(self.gone(closed));
         }
-        let values = got[..keys.len()]
-            .iter()
-            .map(|g| g.kvs().first().map(|kv| kv.value().to_vec()))
-            .collect();
+        let value = |g: &etcd_client::GetResponse| g.kvs().first().map(|kv| kv.value().to_vec());
+        let mut values: Vec<Option<Vec<u8>>> = got[..first].iter().map(value).collect();
+        let revision = resp.header().map_or(0, |h| h.revision());
+        for chunk in full[first..].chunks(READ_KEYS_PER_TXN + 2) {
+            let at = GetOptions::new().with_revision(revision);
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|k| TxnOp::get(k.clone(), Some(at.clone())))
+                .collect();
+            let resp = self
+                .etcd
+                .txn(deadline, "store get", Txn::new().and_then(ops))
+                .await?;
+            values.extend(ranges(&resp).iter().map(value));
+        }
         Ok(Read { values, closed })
     }
 

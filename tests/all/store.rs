@@ -164,3 +164,41 @@ fn stores_are_scoped_to_their_round() {
     s1.set("k", b"round1").unwrap();
     assert_eq!(s0.get("k", None).unwrap(), b"round0");
 }
+
+/// etcd refuses a transaction of more than 128 operations (`--max-txn-ops`): a torch agent's
+/// `multi_get` and `multi_set` over a world of 300 nodes, and a wait for 300 keys, take
+/// several. Every key is read and written, in order, and the wait ends when the last key it
+/// waits for is set by another node.
+#[test]
+fn calls_over_more_keys_than_etcd_takes_in_one_transaction() {
+    const N: usize = 300;
+    let etcd = Etcd::start();
+    let mut stores = round_stores(&etcd, 2);
+    let (a, b) = (stores.pop().unwrap(), stores.pop().unwrap());
+    let keys: Vec<String> = (0..N).map(|i| format!("role_info/{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let values: Vec<Vec<u8>> = (0..N).map(|i| format!("v{i}").into_bytes()).collect();
+    let value_refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+
+    // All but the last key; the wait for every key must still be waiting for it.
+    a.multi_set(&keys[..N - 1], &value_refs[..N - 1]).unwrap();
+    assert!(!b.check(&keys).unwrap(), "the last key is not set yet");
+    let (tx, rx) = mpsc::channel();
+    let waiter = {
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        std::thread::spawn(move || {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            tx.send(()).unwrap();
+            b.multi_get(&keys, Some(Duration::from_secs(30)))
+        })
+    };
+    rx.recv().unwrap();
+    a.set(keys[N - 1], &values[N - 1]).unwrap();
+    let got = waiter
+        .join()
+        .unwrap()
+        .expect("every key, once the last is set");
+    assert_eq!(got, values);
+    assert!(a.check(&keys).unwrap());
+    assert_eq!(a.num_keys().unwrap(), N as i64);
+}
