@@ -597,11 +597,13 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
             );
             Rendezvous::Static(StaticRound::standalone())
         }
-        (None, None, false) => return Err(usage(format!(
+        (None, None, false) => {
+            return Err(usage(format!(
             "--rdzv-endpoint: required for --nnodes={} (or give --rdzv URL, --standalone for one \
                  node, or --node-rank/--master-addr/--master-port for a static job)",
             a.nnodes
-        ))),
+        )))
+        }
         (url, endpoint, false) => {
             let backend = match a.rdzv_backend.as_str() {
                 "etcd-v3" | "c10d" => "etcd-v3",

@@ -762,9 +762,14 @@ fn bad_input_fails_fast_with_one_line() {
         ),
         (vec!["run", "--nnodes=2", &w], 2, "--rdzv-endpoint"),
         (
-            vec!["run", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", &w],
+            vec!["run", "--rdzv-backend=zookeeper", "--rdzv-endpoint=h:1", &w],
             2,
             "--rdzv-backend",
+        ),
+        (
+            vec!["run", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1,g:2", &w],
+            2,
+            "c10d: expected one HOST:PORT",
         ),
         (
             vec!["run", "--rdzv-endpoint=h:1", "--rdzv-conf=bogus=1", &w],
@@ -779,25 +784,13 @@ fn bad_input_fails_fast_with_one_line() {
         (
             vec![
                 "run",
-                "--rdzv-endpoint=127.0.0.1:1",
+                "--rdzv-endpoint=no-such-host.invalid:2379",
                 "--rdzv-id=x",
                 &w,
                 "ok",
             ],
             1,
-            "connection refused",
-        ),
-        (
-            // Nothing answers there: bounded by connect_timeout, not a hang.
-            vec![
-                "run",
-                "--rdzv-endpoint=10.255.255.1:2379",
-                "--rdzv-conf=connect_timeout=1",
-                &w,
-                "ok",
-            ],
-            1,
-            "10.255.255.1",
+            "cannot resolve the host name",
         ),
         (
             vec!["run", "--rdzv=etcd://h:1/x", "--rdzv-id=y", &w],
@@ -1237,7 +1230,7 @@ fn the_failure_report_names_the_root_cause_and_copies_its_error_file() {
     );
     l.exits_with(1, 60);
     for line in [
-        "errfile1 FAILED",
+        "worker.sh FAILED",
         "<NO_OTHER_FAILURES>",
         "Root Cause (first observed failure):",
         "  rank      : 1 (local_rank: 1)",
@@ -1284,6 +1277,27 @@ fn a_refused_etcd_is_waited_for_and_a_typo_fails_fast() {
     l.start(60);
     l.exits_with(0, 60);
     assert!(l.said("connected to etcd at"), "{}", l.output());
+
+    // Still refused at join_timeout: the launcher gives up, naming what refused.
+    let mut given_up = s.node("etcd://127.0.0.1:1/x?join_timeout=1", &[], "ok");
+    given_up.exits_with(1, 30);
+    let error = given_up.line_with("rdzv: error:");
+    assert!(
+        error.contains("connection refused at 127.0.0.1:1"),
+        "{error}"
+    );
+    // Nothing answers there at all: waited for the same way, bounded by join_timeout.
+    let mut silent = s.node(
+        "etcd://10.255.255.1:2379/x?connect_timeout=1&join_timeout=2",
+        &[],
+        "ok",
+    );
+    silent.exits_with(1, 30);
+    assert!(
+        silent.said("waiting for etcd at 10.255.255.1:2379"),
+        "{}",
+        silent.output()
+    );
 
     // A host name that does not resolve is a typo: an error at once, not a wait.
     let w = s.worker();
