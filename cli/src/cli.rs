@@ -636,7 +636,12 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
                     p
                 }
                 (None, Some(endpoint)) => {
-                    Params::new(backend, endpoint, &a.rdzv_id, min_nodes, max_nodes)
+                    // torchrun's c10d endpoint defaults to port 29400.
+                    let endpoint = match a.rdzv_backend == "c10d" && !endpoint.contains(':') {
+                        true => format!("{endpoint}:29400"),
+                        false => endpoint.clone(),
+                    };
+                    Params::new(backend, &endpoint, &a.rdzv_id, min_nodes, max_nodes)
                         .map_err(|e| usage(format!("--rdzv-endpoint/--rdzv-id: {}", e.message())))?
                 }
                 (None, None) => unreachable!("handled above"),
@@ -1261,6 +1266,8 @@ mod tests {
             (s.node_rank, s.nnodes, s.master_addr.as_str(), s.master_port),
             (1, 2, "10.0.0.1", Some(1234))
         );
+        let c10d = cfg(&["--rdzv-backend=c10d", "--nnodes=2", "--rdzv-endpoint=node0"]).unwrap();
+        assert_eq!(c10d.c10d.as_deref(), Some("node0:29400"));
         let by_endpoint = cfg(&[
             "--rdzv-backend=static",
             "--nnodes=2",
