@@ -223,12 +223,13 @@ pub struct RunArgs {
         value_parser = FalseyValueParser::new()
     )]
     pub virtual_local_rank: bool,
-    /// Prefix of teed console lines; ${role_name}, ${rank}, ${local_rank} are replaced
-    /// (default `[${role_name}${local_rank}]:`, as torchrun).
+    /// Prefix of teed console lines; ${role_name}, ${rank}, ${local_rank}, ${hostname} are
+    /// replaced (default `[${role_name}${local_rank}]:`, as torchrun; also read from
+    /// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, which the flag overrides).
     #[arg(
         long,
         alias = "log_line_prefix_template",
-        env = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+        env = "PET_LOG_LINE_PREFIX_TEMPLATE",
         value_name = "TEMPLATE"
     )]
     pub log_line_prefix_template: Option<String>,
@@ -321,9 +322,17 @@ pub struct RunArgs {
         value_name = "SECONDS"
     )]
     pub exit_barrier_timeout: String,
+    /// Print a shell completion script for the rdzv command and exit (bash, zsh, tcsh).
+    #[arg(
+        long,
+        alias = "print_completion",
+        value_parser = ["bash", "zsh", "tcsh"],
+        value_name = "SHELL"
+    )]
+    pub print_completion: Option<String>,
     /// The program to start (a .py file runs under python3).
-    #[arg(value_name = "PROGRAM")]
-    pub program: String,
+    #[arg(value_name = "PROGRAM", required_unless_present = "print_completion")]
+    pub program: Option<String>,
     /// Its arguments, passed as they are.
     #[arg(
         value_name = "ARGS",
@@ -569,8 +578,9 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
         return Err(usage("--role: expected a non-empty name"));
     }
     let command = worker_command(&a)?;
-    let script = (a.run_path || (!a.no_python && !a.module && a.program.ends_with(".py")))
-        .then(|| PathBuf::from(&a.program));
+    let program = a.program.clone().unwrap_or_default();
+    let script = (a.run_path || (!a.no_python && !a.module && program.ends_with(".py")))
+        .then(|| PathBuf::from(&program));
     let nnodes_given = a.nnodes != "1:1";
     let mut c10d = None;
 
@@ -724,7 +734,12 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
         signals,
         signals_to_handle: a.signals_to_handle,
         virtual_local_rank: a.virtual_local_rank,
-        log_line_prefix_template: a.log_line_prefix_template.filter(|t| !t.is_empty()),
+        // torchrun: the flag (or PET_LOG_LINE_PREFIX_TEMPLATE), else this variable.
+        log_line_prefix_template: a
+            .log_line_prefix_template
+            .filter(|t| !t.is_empty())
+            .or_else(|| std::env::var("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE").ok())
+            .filter(|t| !t.is_empty()),
         duplicate_stdout_filters: comma_list(a.duplicate_stdout_filters.as_deref()),
         duplicate_stderr_filters: comma_list(a.duplicate_stderr_filters.as_deref()),
         notes,
@@ -1001,17 +1016,18 @@ fn worker_command(a: &RunArgs) -> Result<Vec<String>, Usage> {
     if a.no_python && a.module {
         return Err(usage("--no-python and --module cannot be used together"));
     }
-    if a.program.is_empty() {
+    let program = a.program.as_deref().unwrap_or_default();
+    if program.is_empty() {
         return Err(usage("PROGRAM: expected a program to run"));
     }
     let python = python();
     let mut command = Vec::new();
     if a.module {
         command.extend([python, "-u".into(), "-m".into()]);
-    } else if a.run_path || (!a.no_python && a.program.ends_with(".py")) {
+    } else if a.run_path || (!a.no_python && program.ends_with(".py")) {
         command.extend([python, "-u".into()]);
     }
-    command.push(a.program.clone());
+    command.push(program.to_string());
     command.extend(a.args.iter().cloned());
     Ok(command)
 }
@@ -1062,6 +1078,40 @@ fn find_executable(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(name))
         .find(|p| runnable(p))
+}
+
+/// `rdzv run --print-completion SHELL`: a completion script for the whole command (torchrun
+/// 2.15 prints one for itself).
+pub fn print_completion(shell: &str) {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout();
+    match shell {
+        "bash" => clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "rdzv", &mut out),
+        "zsh" => clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, "rdzv", &mut out),
+        _ => {
+            // tcsh: subcommands first, then the long flags of any of them.
+            let subcommands: Vec<String> = cmd
+                .get_subcommands()
+                .map(|c| c.get_name().to_string())
+                .collect();
+            let mut flags: Vec<String> = cmd
+                .get_subcommands()
+                .flat_map(|c| {
+                    c.get_arguments()
+                        .filter_map(|a| a.get_long())
+                        .map(str::to_string)
+                })
+                .collect();
+            flags.sort();
+            flags.dedup();
+            println!(
+                "complete rdzv 'p/1/({})/' 'c/--/({})/'",
+                subcommands.join(" "),
+                flags.join(" ")
+            );
+        }
+    }
 }
 
 /// The program a worker command runs, for the failure report (`train.py`, not python3).
@@ -1246,9 +1296,17 @@ mod tests {
     }
 
     #[test]
-    fn print_completion_is_not_a_torchrun_flag() {
-        // argparse in torchrun 2.15 has no such flag either: a usage error under both.
-        assert!(parse_run(&["--print-completion"]).is_err());
+    fn print_completion_needs_no_program_and_knows_torchruns_shells() {
+        let argv = ["rdzv", "run", "--print_completion", "zsh"];
+        let Command::Run(a) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        assert_eq!(a.print_completion.as_deref(), Some("zsh"));
+        assert!(Cli::try_parse_from(["rdzv", "run", "--print-completion", "fish"]).is_err());
+        assert!(
+            Cli::try_parse_from(["rdzv", "run"]).is_err(),
+            "PROGRAM stays required"
+        );
     }
 
     #[test]

@@ -37,6 +37,10 @@ fn main() {
 }
 
 fn run(args: Box<cli::RunArgs>) -> i32 {
+    if let Some(shell) = &args.print_completion {
+        cli::print_completion(shell);
+        return 0;
+    }
     let cfg = match cli::run_config(args).and_then(|cfg| cli::check_program(&cfg).map(|()| cfg)) {
         Ok(cfg) => cfg,
         Err(cli::Usage(message)) => {

@@ -58,6 +58,8 @@ impl LogPlan {
     /// The console prefix of a teed line of worker `r` (torchrun's template variables).
     pub fn prefix(&self, role: &str, r: &WorkerRanks) -> String {
         self.prefix_template
+            .replace("${hostname}", &hostname())
+            .replace("$hostname", &hostname())
             .replace("${role_name}", role)
             .replace("${local_rank}", &r.local_rank.to_string())
             .replace("${rank}", &r.global_rank.to_string())

@@ -1180,6 +1180,24 @@ fn accepted_only_flags_start_the_job_and_say_why_they_do_nothing() {
 }
 
 #[test]
+fn print_completion_prints_a_script_for_each_shell() {
+    for (shell, says) in [
+        ("bash", "rdzv"),
+        ("zsh", "#compdef rdzv"),
+        ("tcsh", "complete rdzv"),
+    ] {
+        let (code, out, err) = op(&["run", "--print-completion", shell]);
+        assert_eq!(code, 0, "{shell}: {err}");
+        assert!(
+            out.contains(says) && out.contains("nproc-per-node"),
+            "{shell}: {out}"
+        );
+    }
+    let (code, _, err) = op(&["run", "--print-completion", "fish"]);
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
 fn static_rendezvous_with_node_rank_and_master_address_forms_one_world() {
     let s = Scratch::new();
     let port = common::free_port().to_string();
