@@ -391,11 +391,7 @@ fn side(
         .envs(env.iter().copied());
     let (code, output) =
         Launcher::spawn(launcher).finish(Instant::now() + Duration::from_secs(180));
-    let mut console: Vec<String> = output
-        .lines()
-        .filter(|l| l.contains("out rank=") || l.contains("err rank="))
-        .map(str::to_string)
-        .collect();
+    let mut console = worker_lines(&output);
     console.sort();
     let run_dir = std::fs::read_dir(logs)
         .unwrap()
@@ -421,6 +417,29 @@ fn side(
         files,
         output,
     }
+}
+
+/// The parity worker's lines in a console's text, each with the prefix written before it.
+/// Split at the worker's own words, not at line ends: two of torchrun's workers that share its
+/// console (untee'd streams) can write their lines into one (`err rank=1err rank=0`).
+fn worker_lines(output: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in output.lines() {
+        let mut rest = line;
+        loop {
+            let at = [rest.find("out rank="), rest.find("err rank=")]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(at) = at else { break };
+            let digits = rest[at + 9..]
+                .find(|c: char| !c.is_ascii_digit())
+                .map_or(rest.len(), |d| at + 9 + d);
+            found.push(rest[..digits].to_string());
+            rest = &rest[digits..];
+        }
+    }
+    found
 }
 
 fn torchrun(python: &Path) -> Command {
