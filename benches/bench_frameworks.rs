@@ -223,7 +223,7 @@ fn launch(commands: Vec<Command>, tx: &mpsc::Sender<(usize, u32)>, stderr: &str)
             let tx = tx.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    // rdzv run prefixes worker lines with "[rankN]:", torchrun does not.
+                    // A teed line would carry a "[default0]:" prefix: match anywhere in it.
                     if let Some(world) = line.split("FIRST_COLLECTIVE ").nth(1) {
                         let _ = tx.send((i, world.trim().parse().unwrap_or(0)));
                     }

@@ -28,6 +28,7 @@ dynamic=$(readelf -d "$lib")
 grep -q 'SONAME.*\[librdzv.so.0\]' <<<"$dynamic"
 [ -f "$prefix/lib/librdzv.a" ] && [ -f "$prefix/include/rdzv.h" ] && [ -f "$prefix/include/rdzv/rdzv.hpp" ] && [ -f "$prefix/include/rdzv/gloo.hpp" ]
 cmp LICENSE "$prefix/share/doc/rdzv/LICENSE"
+[ -x "$prefix/bin/rdzv" ] && [ "$("$prefix/bin/rdzv" --version)" = "rdzv $(sed -n '/^version = "/{s/^version = "\(.*\)"/\1/p;q;}' Cargo.toml)" ]
 pc=$(cat "$prefix/lib/pkgconfig/rdzv.pc")
 grep -qx "License: Apache-2.0" <<<"$pc"
 
@@ -147,8 +148,8 @@ grep -q '^Usage: rdzv <COMMAND>' <<<"$help"
 # A real job against the throwaway etcd: one node, two workers, each printing its rank.
 worker=(--no-python sh -c 'echo "rank=$RANK of $WORLD_SIZE"')
 both_ranks() {  # in separate commands: set -e ignores a failure on the left of &&
-  grep -q '^\[rank0\]:rank=0 of 2$' <<<"$1" || { echo "rank 0 missing from: $1" >&2; return 1; }
-  grep -q '^\[rank1\]:rank=1 of 2$' <<<"$1" || { echo "rank 1 missing from: $1" >&2; return 1; }
+  grep -q '^rank=0 of 2$' <<<"$1" || { echo "rank 0 missing from: $1" >&2; return 1; }
+  grep -q '^rank=1 of 2$' <<<"$1" || { echo "rank 1 missing from: $1" >&2; return 1; }
 }
 job=$(rdzv run --nnodes=1 --nproc-per-node=2 --rdzv-endpoint="$endpoint" --rdzv-id="install-cmd-$$" \
   --local-addr=127.0.0.1 "${worker[@]}" 2>&1)
@@ -164,7 +165,7 @@ both_ranks "$job"
 # the environment not activated (PATH without its bin/).
 printf 'import sys\nprint("prefix=" + sys.prefix)\n' >"$work/prefix.py"
 job=$(env PATH="${PATH#"$work/venv/bin:"}" "$work/venv/bin/rdzv" run --standalone "$work/prefix.py" 2>&1)
-grep -q "^\[rank0\]:prefix=$work/venv\$" <<<"$job" || { echo "a .py worker did not run under the venv's Python: $job" >&2; exit 1; }
+grep -q "^prefix=$work/venv\$" <<<"$job" || { echo "a .py worker did not run under the venv's Python: $job" >&2; exit 1; }
 echo "rdzv command ok: rdzv and python -m rdzv from $work/venv/bin/rdzv"
 cd "$repo"
 echo "install test ok"

@@ -26,16 +26,16 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
-/// The signals torchrun handles and forwards.
+/// The signals the launcher handles and forwards (torchrun's `--signals-to-handle`).
 pub struct Signals {
     streams: Vec<(i32, Signal)>,
 }
 
 impl Signals {
     /// Must be called inside the runtime, before anything that should be interruptible.
-    pub fn install() -> std::io::Result<Signals> {
+    pub fn install(which: &[i32]) -> std::io::Result<Signals> {
         let mut streams = Vec::new();
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        for &sig in which {
             streams.push((sig, signal(SignalKind::from_raw(sig))?));
         }
         Ok(Signals { streams })
@@ -141,13 +141,11 @@ impl Agent {
             say("setting OMP_NUM_THREADS=1 for each worker so they do not overload the machine; set it to tune");
             extra_env.push(("OMP_NUM_THREADS".to_string(), "1".to_string()));
         }
-        let logs = LogPlan {
-            run_dir,
-            keep_files: cfg.keeps_files(),
-            redirects: cfg.redirects.clone(),
-            tee: cfg.tee.clone(),
-            filter: cfg.local_ranks_filter.clone(),
-        };
+        extra_env.push((
+            "TORCHELASTIC_SIGNALS_TO_HANDLE".to_string(),
+            cfg.signals_to_handle.clone(),
+        ));
+        let logs = LogPlan::new(&cfg, run_dir);
         Ok(Agent {
             cfg,
             rdzv: None,
@@ -173,21 +171,9 @@ impl Agent {
 
     async fn connect_and_run(&mut self, signals: &mut Signals) -> i32 {
         if let Mode::Etcd(params) = &self.cfg.rendezvous {
-            let params = (**params).clone();
-            let connected = tokio::select! {
-                r = Rendezvous::new(params.clone()) => r,
-                sig = signals.recv() => return 128 + sig,
-            };
-            match connected {
+            match connect((**params).clone(), signals).await {
                 Ok(r) => self.rdzv = Some(r),
-                Err(e) => {
-                    crate::output::error(format_args!(
-                        "rendezvous on {}: {}",
-                        params.endpoints.join(","),
-                        e.message()
-                    ));
-                    return 1;
-                }
+                Err(status) => return status,
             }
         }
         let status = self.agent_loop(signals).await;
@@ -245,6 +231,7 @@ impl Agent {
                 max_restarts: self.cfg.max_restarts,
                 extra_env: &self.extra_env,
                 framework: self.cfg.framework,
+                virtual_local_rank: self.cfg.virtual_local_rank,
             };
             let mut group = match Group::start(&spec, &workers, &self.logs) {
                 Ok(group) => group,
@@ -289,7 +276,7 @@ impl Agent {
                             say(format_args!("could not close the run: {}", e.message()));
                         }
                     }
-                    self.reported_error_file = report(&failures);
+                    self.reported_error_file = report(&self.cfg.command, &failures);
                     return 1;
                 }
                 Outcome::Stop(Stop::Changed(why)) => {
@@ -361,7 +348,7 @@ impl Agent {
             Stop::Closed => match failed {
                 Some(failures) => {
                     say("the run was closed before the workers could be restarted");
-                    self.reported_error_file = report(failures);
+                    self.reported_error_file = report(&self.cfg.command, failures);
                     1
                 }
                 None => {
@@ -386,15 +373,16 @@ impl Agent {
 
     async fn rendezvous(&mut self, signals: &mut Signals) -> Result<Round, Stop> {
         let Some(rdzv) = &self.rdzv else {
-            // Standalone: this node is the whole world.
+            // No rendezvous (standalone or static): the layout is fixed.
             let number = self.standalone_round;
             self.standalone_round += 1;
+            let fixed = self.cfg.static_round();
             return Ok(Round {
                 number,
-                group_rank: 0,
-                group_world_size: 1,
-                master_addr: "localhost".into(),
-                master_port: rdzv::free_master_port(),
+                group_rank: fixed.node_rank,
+                group_world_size: fixed.nnodes,
+                master_addr: fixed.master_addr.clone(),
+                master_port: fixed.master_port.unwrap_or_else(rdzv::free_master_port),
                 store: None,
             });
         };
@@ -473,7 +461,14 @@ impl Agent {
             ),
         };
         let Some(store) = &round.store else {
-            return Ok(ranks::assign(&[me], 0));
+            // Static: every node runs as many workers as this one.
+            let nodes: Vec<NodeInfo> = (0..round.group_world_size)
+                .map(|group_rank| NodeInfo {
+                    group_rank,
+                    ..me.clone()
+                })
+                .collect();
+            return Ok(ranks::assign(&nodes, round.group_rank));
         };
         let store_error = |e: rdzv::Error| match e.kind() {
             ErrorKind::Closed => Stop::Closed,
@@ -620,35 +615,88 @@ impl Agent {
     }
 }
 
-/// The report of a failed job: the first failure (by the time it happened), its exit code or
-/// signal, and what it wrote to its error file. True if it named an error file.
-fn report(failures: &[Failure]) -> bool {
-    let Some(first) = failures.first() else {
-        return false;
+/// How often a launcher waiting for etcd to come up says so.
+const CONNECT_NOTICE: Duration = Duration::from_secs(5);
+
+/// Connects to the rendezvous. etcd often starts after the nodes (Kubernetes, Slurm), so a
+/// refused or unanswered connection is retried until `join_timeout`, with a line every few
+/// seconds naming the endpoint; a host name that does not resolve is a typo until proven
+/// otherwise and fails at once. Err is the launcher's exit status.
+async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rendezvous, i32> {
+    let endpoints = params.endpoints.join(",");
+    let fail = |message: &str| {
+        crate::output::error(format_args!("rendezvous on {endpoints}: {message}"));
+        1
     };
-    say(format_args!(
-        "first failure: rank {} (local rank {}, pid {}) ended with {}",
-        first.global_rank, first.local_rank, first.pid, first.ended
-    ));
-    match &first.error_file {
-        Some((path, message)) => say(format_args!(
-            "rank {} error file {}: {}",
-            first.global_rank,
-            path.display(),
-            message.lines().next().unwrap_or("")
-        )),
-        None => say(format_args!(
-            "rank {} wrote no error file (TORCHELASTIC_ERROR_FILE; torch's @record writes one)",
-            first.global_rank
-        )),
+    for endpoint in &params.endpoints {
+        let host_port = endpoint
+            .split_once("://")
+            .map_or(endpoint.as_str(), |(_, rest)| rest)
+            .trim_end_matches('/');
+        let lookup = async {
+            tokio::net::lookup_host(host_port)
+                .await
+                .map(|addrs| addrs.count())
+        };
+        let resolved = tokio::select! {
+            r = tokio::time::timeout(params.connect_timeout, lookup) => r,
+            sig = signals.recv() => return Err(128 + sig),
+        };
+        match resolved {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(Ok(_)) | Ok(Err(_)) => {
+                let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+                return Err(fail(&format!(
+                    "cannot resolve the host name {host:?} of endpoint {host_port} (a typo?)"
+                )));
+            }
+            // A name server that does not answer is not a typo: the retries below wait for it.
+            Err(_) => {}
+        }
     }
-    for other in &failures[1..] {
-        say(format_args!(
-            "also failed: rank {} ended with {}",
-            other.global_rank, other.ended
-        ));
+    let started = Instant::now();
+    let deadline = started + params.join_timeout;
+    let mut next_notice = started;
+    loop {
+        let connected = tokio::select! {
+            r = Rendezvous::new(params.clone()) => r,
+            sig = signals.recv() => return Err(128 + sig),
+        };
+        let e = match connected {
+            Ok(r) => {
+                if next_notice > started {
+                    say(format_args!(
+                        "connected to etcd at {endpoints} after {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    ));
+                }
+                return Ok(r);
+            }
+            Err(e) if e.kind() == ErrorKind::Connection && Instant::now() < deadline => e,
+            Err(e) => return Err(fail(e.message())),
+        };
+        if Instant::now() >= next_notice {
+            say(format_args!(
+                "waiting for etcd at {endpoints} ({}); retrying until join_timeout, {:.0} s left",
+                e.message(),
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_secs_f64()
+            ));
+            next_notice = Instant::now() + CONNECT_NOTICE;
+        }
+        // A retry interval, not a wait for an event: nothing tells us when etcd comes up.
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline.min(Instant::now() + Duration::from_millis(250))) => {}
+            sig = signals.recv() => return Err(128 + sig),
+        }
     }
-    first.error_file.is_some()
+}
+
+/// The failure report (workers.rs), named by the program the workers ran. True if it named
+/// an error file.
+fn report(command: &[String], failures: &[Failure]) -> bool {
+    crate::workers::report(crate::cli::program_name(command), failures)
 }
 
 /// A run id as a directory name.

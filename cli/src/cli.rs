@@ -36,10 +36,14 @@ pub enum Command {
             Examples:\n  \
             rdzv run --nnodes=2 --nproc-per-node=4 --rdzv-endpoint=etcd:2379 --rdzv-id=job42 train.py --lr 0.1\n  \
             rdzv run --rdzv 'etcd://etcd:2379/job42?min_nodes=1&max_nodes=4' ./worker\n  \
-            rdzv run --standalone --nproc-per-node=cpu ./worker"
+            rdzv run --standalone --nproc-per-node=cpu ./worker\n  \
+            rdzv run --nnodes=2 --node-rank=0 --master-addr=node0 --master-port=29500 train.py\n\n\
+            A flag given twice takes its last value, as in torchrun.",
+        args_override_self = true
     )]
     Run(Box<RunArgs>),
     /// Show a run: open or closed, its rounds, members in rank order, waiting and lost nodes.
+    #[command(args_override_self = true)]
     Status(StatusArgs),
     /// Close a run: every launcher ends its workers gracefully and exits.
     Close(UrlArg),
@@ -71,7 +75,9 @@ pub struct RunArgs {
         value_name = "N|cpu|gpu|auto"
     )]
     pub nproc_per_node: String,
-    /// Rendezvous backend: etcd-v3 (etcd and etcd-v2 are accepted: rdzv speaks etcd's v3 API).
+    /// Rendezvous backend: etcd-v3 (etcd and etcd-v2 are accepted: rdzv speaks etcd's v3 API);
+    /// c10d (the endpoint's node serves an embedded etcd); static (fixed --nnodes, --node-rank,
+    /// --master-addr, --master-port, no rendezvous).
     #[arg(
         long,
         alias = "rdzv_backend",
@@ -185,6 +191,107 @@ pub struct RunArgs {
     /// Run PROGRAM as a Python module (python3 -m PROGRAM).
     #[arg(short = 'm', long, env = "PET_MODULE", value_parser = FalseyValueParser::new())]
     pub module: bool,
+    /// Run a .py PROGRAM under python3 even with --no-python (torchrun runs it with runpy in
+    /// its own interpreter; here each worker is a python3 process, which is the same program).
+    #[arg(long, alias = "run_path", env = "PET_RUN_PATH", value_parser = FalseyValueParser::new())]
+    pub run_path: bool,
+    /// Accepted for torchrun's command lines; every worker is a new process here (`spawn`).
+    #[arg(
+        long,
+        alias = "start_method",
+        env = "PET_START_METHOD",
+        default_value = "spawn",
+        value_parser = ["spawn", "fork", "forkserver"]
+    )]
+    pub start_method: String,
+    /// Signals forwarded to the workers (the launcher then exits 128+N): a comma-separated
+    /// list of names; add SIGUSR1,SIGUSR2 under Slurm.
+    #[arg(
+        long,
+        alias = "signals_to_handle",
+        env = "PET_SIGNALS_TO_HANDLE",
+        default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        value_name = "SIG,..."
+    )]
+    pub signals_to_handle: String,
+    /// LOCAL_RANK=0 for every worker, and CUDA_VISIBLE_DEVICES narrowed to the worker's own
+    /// GPU (the local rank's entry of the launcher's CUDA_VISIBLE_DEVICES, else the local rank).
+    #[arg(
+        long,
+        alias = "virtual_local_rank",
+        env = "PET_VIRTUAL_LOCAL_RANK",
+        value_parser = FalseyValueParser::new()
+    )]
+    pub virtual_local_rank: bool,
+    /// Prefix of teed console lines; ${role_name}, ${rank}, ${local_rank}, ${hostname} are
+    /// replaced (default `[${role_name}${local_rank}]:`, as torchrun; also read from
+    /// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, which the flag overrides).
+    #[arg(
+        long,
+        alias = "log_line_prefix_template",
+        env = "PET_LOG_LINE_PREFIX_TEMPLATE",
+        value_name = "TEMPLATE"
+    )]
+    pub log_line_prefix_template: Option<String>,
+    /// Also copy teed stdout lines containing any of these strings (`,,` is a literal comma)
+    /// to attempt_N/filtered_stdout.log.
+    #[arg(
+        long,
+        alias = "duplicate_stdout_filters",
+        env = "PET_DUPLICATE_STDOUT_FILTERS",
+        value_name = "TEXT,..."
+    )]
+    pub duplicate_stdout_filters: Option<String>,
+    /// The same for stderr, to attempt_N/filtered_stderr.log.
+    #[arg(
+        long,
+        alias = "duplicate_stderr_filters",
+        env = "PET_DUPLICATE_STDERR_FILTERS",
+        value_name = "TEXT,..."
+    )]
+    pub duplicate_stderr_filters: Option<String>,
+    /// Accepted for torchrun's command lines and not applied (see docs/LAUNCHER.md): bind in the
+    /// program, or start it under numactl.
+    #[arg(
+        long,
+        alias = "numa_binding",
+        value_parser = ["node", "socket", "exclusive", "core-complex"]
+    )]
+    pub numa_binding: Option<String>,
+    /// torchrun's LogsSpecs plugin name: accepted; rdzv has no plugins and keeps torchrun's
+    /// default layout (a note says so).
+    #[arg(long, alias = "logs_specs", value_name = "NAME")]
+    pub logs_specs: Option<String>,
+    /// torchrun's event handler name: accepted; rdzv's events are its `[rdzv]` lines (a note
+    /// says so for anything but `null`).
+    #[arg(
+        long,
+        alias = "event_log_handler",
+        env = "PET_EVENT_LOG_HANDLER",
+        default_value = "null",
+        value_name = "NAME"
+    )]
+    pub event_log_handler: String,
+    /// Static rendezvous: this node's rank, 0..N-1 for a fixed --nnodes=N.
+    #[arg(long, alias = "node_rank", env = "PET_NODE_RANK", value_name = "RANK")]
+    pub node_rank: Option<u32>,
+    /// Static rendezvous: node rank 0's address (MASTER_ADDR); default 127.0.0.1.
+    #[arg(
+        long,
+        alias = "master_addr",
+        env = "PET_MASTER_ADDR",
+        value_name = "ADDR"
+    )]
+    pub master_addr: Option<String>,
+    /// Static rendezvous: the port rank 0's worker serves the c10d store on (MASTER_PORT);
+    /// default 29500.
+    #[arg(
+        long,
+        alias = "master_port",
+        env = "PET_MASTER_PORT",
+        value_name = "PORT"
+    )]
+    pub master_port: Option<u16>,
     /// What the workers are written for, beyond torchrun's environment: `torch` (that
     /// environment alone) or `jax` (also what an argument-less `jax.distributed.initialize()`
     /// reads: a coordinator on a free port of node rank 0, process count and id; see
@@ -209,14 +316,23 @@ pub struct RunArgs {
     /// Seconds a node whose workers all succeeded waits for the other nodes' workers.
     #[arg(
         long,
+        alias = "exit_barrier_timeout",
         env = "PET_EXIT_BARRIER_TIMEOUT",
         default_value = "300",
         value_name = "SECONDS"
     )]
     pub exit_barrier_timeout: String,
+    /// Print a shell completion script for the rdzv command and exit (bash, zsh, tcsh).
+    #[arg(
+        long,
+        alias = "print_completion",
+        value_parser = ["bash", "zsh", "tcsh"],
+        value_name = "SHELL"
+    )]
+    pub print_completion: Option<String>,
     /// The program to start (a .py file runs under python3).
-    #[arg(value_name = "PROGRAM")]
-    pub program: String,
+    #[arg(value_name = "PROGRAM", required_unless_present = "print_completion")]
+    pub program: Option<String>,
     /// Its arguments, passed as they are.
     #[arg(
         value_name = "ARGS",
@@ -240,8 +356,67 @@ pub struct StatusArgs {
     /// Keep watching: one line per change as it happens, until interrupted.
     #[arg(long)]
     pub watch: bool,
-    #[command(flatten)]
-    pub run: UrlArg,
+    /// The run as `rdzv run` names it (instead of URL): etcd endpoints HOST:PORT[,...].
+    #[arg(
+        long,
+        alias = "rdzv_endpoint",
+        env = "PET_RDZV_ENDPOINT",
+        value_name = "HOST:PORT"
+    )]
+    pub rdzv_endpoint: Option<String>,
+    /// With --rdzv-endpoint: the job's id.
+    #[arg(
+        long,
+        alias = "rdzv_id",
+        env = "PET_RDZV_ID",
+        default_value = "none",
+        value_name = "ID"
+    )]
+    pub rdzv_id: String,
+    /// With --rdzv-endpoint: rendezvous options as `rdzv run` takes them (key_prefix, ...).
+    #[arg(
+        long,
+        alias = "rdzv_conf",
+        env = "PET_RDZV_CONF",
+        hide_env_values = true,
+        value_name = "K=V,..."
+    )]
+    pub rdzv_conf: Option<String>,
+    /// The run: etcd://HOST:PORT[,HOST:PORT...]/RUN_ID[?key_prefix=...&...]
+    #[arg(
+        required_unless_present = "rdzv_endpoint",
+        conflicts_with = "rdzv_endpoint"
+    )]
+    pub url: Option<String>,
+}
+
+impl StatusArgs {
+    /// The run's URL, from URL or from `rdzv run`'s flags.
+    pub fn url(&self) -> Result<String, Usage> {
+        if let Some(url) = &self.url {
+            return Ok(url.clone());
+        }
+        let endpoint = self.rdzv_endpoint.as_deref().unwrap_or_default();
+        if endpoint.is_empty() || endpoint.contains('/') || endpoint.contains('?') {
+            return Err(usage(format!(
+                "--rdzv-endpoint: expected HOST:PORT[,HOST:PORT...], got {endpoint:?}"
+            )));
+        }
+        if self.rdzv_id.is_empty() || self.rdzv_id.contains(['/', '?', '&', '#']) {
+            return Err(usage(format!(
+                "--rdzv-id: expected a run id, got {:?}",
+                self.rdzv_id
+            )));
+        }
+        let query: Vec<String> = parse_conf(self.rdzv_conf.as_deref().unwrap_or(""))?
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        Ok(match query.is_empty() {
+            true => format!("etcd://{endpoint}/{}", self.rdzv_id),
+            false => format!("etcd://{endpoint}/{}?{}", self.rdzv_id, query.join("&")),
+        })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -312,8 +487,32 @@ impl StreamSpec {
 pub enum Rendezvous {
     /// On etcd, with these parameters.
     Etcd(Box<Params>),
-    /// No etcd: this node alone.
-    Standalone,
+    /// No etcd: a fixed layout (`--standalone`, or torchrun's static backend).
+    Static(StaticRound),
+}
+
+/// The one round of a job without a rendezvous: this node's place and rank 0's address.
+#[derive(Debug, Clone)]
+pub struct StaticRound {
+    pub node_rank: u32,
+    pub nnodes: u32,
+    pub master_addr: String,
+    /// `None`: a free port of this machine, picked anew for each group.
+    pub master_port: Option<u16>,
+    /// One node on this machine (`--standalone`, or no rendezvous flags at all).
+    pub standalone: bool,
+}
+
+impl StaticRound {
+    fn standalone() -> StaticRound {
+        StaticRound {
+            node_rank: 0,
+            nnodes: 1,
+            master_addr: "localhost".into(),
+            master_port: None,
+            standalone: true,
+        }
+    }
 }
 
 /// A checked `rdzv run` invocation.
@@ -337,6 +536,16 @@ pub struct RunConfig {
     pub local_ranks_filter: Option<Vec<u32>>,
     pub shutdown_timeout: Duration,
     pub exit_barrier_timeout: Duration,
+    /// `--rdzv-backend=c10d`: the endpoint (HOST:PORT) an embedded etcd serves, when this node
+    /// is the one it names.
+    pub c10d: Option<String>,
+    /// The signals forwarded to the workers, and the flag's text (the workers see it).
+    pub signals: Vec<i32>,
+    pub signals_to_handle: String,
+    pub virtual_local_rank: bool,
+    pub log_line_prefix_template: Option<String>,
+    pub duplicate_stdout_filters: Vec<String>,
+    pub duplicate_stderr_filters: Vec<String>,
     /// Lines to tell the user before starting (notes on accepted aliases, defaults taken).
     pub notes: Vec<String>,
 }
@@ -369,10 +578,13 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
         return Err(usage("--role: expected a non-empty name"));
     }
     let command = worker_command(&a)?;
-    let script = (!a.no_python && !a.module && a.program.ends_with(".py"))
-        .then(|| PathBuf::from(&a.program));
+    let program = a.program.clone().unwrap_or_default();
+    let script = (a.run_path || (!a.no_python && !a.module && program.ends_with(".py")))
+        .then(|| PathBuf::from(&program));
     let nnodes_given = a.nnodes != "1:1";
+    let mut c10d = None;
 
+    let static_flags = a.node_rank.is_some() || a.master_addr.is_some() || a.master_port.is_some();
     let rendezvous = match (&a.rdzv, &a.rdzv_endpoint, a.standalone) {
         (_, _, true) => {
             if max_nodes > 1 {
@@ -381,22 +593,30 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
                     a.nnodes
                 )));
             }
-            Rendezvous::Standalone
+            Rendezvous::Static(StaticRound::standalone())
+        }
+        (None, endpoint, false)
+            if a.rdzv_backend == "static" || (endpoint.is_none() && static_flags) =>
+        {
+            static_round(&a, min_nodes, max_nodes, endpoint.as_deref())?
         }
         (None, None, false) if max_nodes == 1 => {
             // torchrun without rendezvous flags runs a single node too.
-            notes.push("no --rdzv-endpoint: running one node on this machine (as --standalone)".into());
-            Rendezvous::Standalone
+            notes.push(
+                "no --rdzv-endpoint: running one node on this machine (as --standalone)".into(),
+            );
+            Rendezvous::Static(StaticRound::standalone())
         }
         (None, None, false) => {
             return Err(usage(format!(
-                "--rdzv-endpoint: required for --nnodes={} (or give --rdzv URL, or --standalone for one node)",
-                a.nnodes
-            )))
+            "--rdzv-endpoint: required for --nnodes={} (or give --rdzv URL, --standalone for one \
+                 node, or --node-rank/--master-addr/--master-port for a static job)",
+            a.nnodes
+        )))
         }
         (url, endpoint, false) => {
             let backend = match a.rdzv_backend.as_str() {
-                "etcd-v3" => "etcd-v3",
+                "etcd-v3" | "c10d" => "etcd-v3",
                 "etcd" | "etcd-v2" => {
                     notes.push(format!(
                         "--rdzv-backend={}: rdzv speaks etcd's v3 API (etcd 3.4 and later); using etcd-v3",
@@ -406,14 +626,19 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
                 }
                 other => {
                     return Err(usage(format!(
-                        "--rdzv-backend: expected etcd-v3 (or etcd, etcd-v2), got {other:?}; \
-                         use --standalone for one node without etcd"
+                        "--rdzv-backend: expected etcd-v3, c10d, static (or etcd, etcd-v2), got {other:?}"
                     )))
                 }
             };
+            if a.rdzv_backend == "c10d" && url.is_some() {
+                return Err(usage(
+                    "--rdzv-backend=c10d: give --rdzv-endpoint=HOST:PORT, not --rdzv",
+                ));
+            }
             let mut params = match (url, endpoint) {
                 (Some(url), _) => {
-                    let mut p = Params::from_url(url).map_err(|e| usage(format!("--rdzv: {}", e.message())))?;
+                    let mut p = Params::from_url(url)
+                        .map_err(|e| usage(format!("--rdzv: {}", e.message())))?;
                     if nnodes_given {
                         p.set("nnodes", &format!("{min_nodes}:{max_nodes}"))
                             .map_err(|e| usage(format!("--nnodes: {}", e.message())))?;
@@ -421,7 +646,12 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
                     p
                 }
                 (None, Some(endpoint)) => {
-                    Params::new(backend, endpoint, &a.rdzv_id, min_nodes, max_nodes)
+                    // torchrun's c10d endpoint defaults to port 29400.
+                    let endpoint = match a.rdzv_backend == "c10d" && !endpoint.contains(':') {
+                        true => format!("{endpoint}:29400"),
+                        false => endpoint.clone(),
+                    };
+                    Params::new(backend, &endpoint, &a.rdzv_id, min_nodes, max_nodes)
                         .map_err(|e| usage(format!("--rdzv-endpoint/--rdzv-id: {}", e.message())))?
                 }
                 (None, None) => unreachable!("handled above"),
@@ -436,13 +666,53 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
                     .set("local_addr", addr)
                     .map_err(|e| usage(format!("--local-addr: {}", e.message())))?;
             }
+            if a.rdzv_backend == "c10d" {
+                if params.endpoints.len() != 1 {
+                    return Err(usage(
+                        "--rdzv-backend=c10d: expected one HOST:PORT, the node that serves the rendezvous",
+                    ));
+                }
+                c10d = Some(params.endpoints[0].clone());
+            }
+            if static_flags {
+                notes.push(
+                    "--node-rank/--master-addr/--master-port apply to the static backend only: ignored"
+                        .into(),
+                );
+            }
             Rendezvous::Etcd(Box::new(params))
         }
     };
+    if a.numa_binding.is_some() {
+        notes.push(
+            "--numa-binding: not applied by rdzv (bind in the program, or start it under numactl)"
+                .into(),
+        );
+    }
+    if let Some(name) = &a.logs_specs {
+        notes.push(format!(
+            "--logs-specs={name}: rdzv has no LogsSpecs plugins; using torchrun's default layout"
+        ));
+    }
+    if a.event_log_handler != "null" {
+        notes.push(format!(
+            "--event-log-handler={}: rdzv has no event handlers; its events are its [rdzv] lines",
+            a.event_log_handler
+        ));
+    }
+    if let (Framework::Jax, Rendezvous::Static(s)) = (a.framework, &rendezvous) {
+        if s.nnodes > 1 {
+            return Err(usage(
+                "--framework=jax: needs a rendezvous (--rdzv-endpoint) for more than one node",
+            ));
+        }
+    }
+    let signals = parse_signals(&a.signals_to_handle)?;
     let run_id = match &rendezvous {
         Rendezvous::Etcd(p) => p.run_id.clone(),
         // torchrun's standalone mode makes up a run id too.
-        Rendezvous::Standalone => format!("standalone-{:016x}", random_u64()),
+        Rendezvous::Static(s) if s.standalone => format!("standalone-{:016x}", random_u64()),
+        Rendezvous::Static(_) => a.rdzv_id.clone(),
     };
     Ok(RunConfig {
         rendezvous,
@@ -460,15 +730,129 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
         local_ranks_filter,
         shutdown_timeout,
         exit_barrier_timeout,
+        c10d,
+        signals,
+        signals_to_handle: a.signals_to_handle,
+        virtual_local_rank: a.virtual_local_rank,
+        // torchrun: the flag (or PET_LOG_LINE_PREFIX_TEMPLATE), else this variable.
+        log_line_prefix_template: a
+            .log_line_prefix_template
+            .filter(|t| !t.is_empty())
+            .or_else(|| std::env::var("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE").ok())
+            .filter(|t| !t.is_empty()),
+        duplicate_stdout_filters: comma_list(a.duplicate_stdout_filters.as_deref()),
+        duplicate_stderr_filters: comma_list(a.duplicate_stderr_filters.as_deref()),
         notes,
     })
 }
 
 impl RunConfig {
+    /// The fixed layout of a job without a rendezvous (standalone when it has one).
+    pub fn static_round(&self) -> StaticRound {
+        match &self.rendezvous {
+            Rendezvous::Static(s) => s.clone(),
+            Rendezvous::Etcd(_) => StaticRound::standalone(),
+        }
+    }
+
     /// Whether worker output goes to files: a log directory was asked for, or a spec needs one.
     pub fn keeps_files(&self) -> bool {
         self.log_dir.is_some() || self.redirects.any() || self.tee.any()
     }
+}
+
+/// torchrun's static backend: a fixed --nnodes, this node's --node-rank, and rank 0's address
+/// from --master-addr/--master-port (or --rdzv-endpoint, which torchrun prefers).
+fn static_round(
+    a: &RunArgs,
+    min_nodes: u32,
+    max_nodes: u32,
+    endpoint: Option<&str>,
+) -> Result<Rendezvous, Usage> {
+    if min_nodes != max_nodes {
+        return Err(usage(format!(
+            "--nnodes={}: the static backend needs a fixed number of nodes",
+            a.nnodes
+        )));
+    }
+    let node_rank = a.node_rank.unwrap_or(0);
+    if node_rank >= max_nodes {
+        return Err(usage(format!(
+            "--node-rank={node_rank}: expected 0..{} for --nnodes={max_nodes}",
+            max_nodes - 1
+        )));
+    }
+    let (master_addr, master_port) = match endpoint {
+        Some(e) => {
+            let (host, port) = e
+                .rsplit_once(':')
+                .and_then(|(h, p)| {
+                    Some((
+                        h.trim_matches(['[', ']']).to_string(),
+                        p.parse::<u16>().ok()?,
+                    ))
+                })
+                .ok_or_else(|| usage(format!("--rdzv-endpoint: expected HOST:PORT, got {e:?}")))?;
+            (host, port)
+        }
+        None => (
+            a.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
+            a.master_port.unwrap_or(29500),
+        ),
+    };
+    if master_addr.is_empty() {
+        return Err(usage("--master-addr: expected a host name or address"));
+    }
+    Ok(Rendezvous::Static(StaticRound {
+        node_rank,
+        nnodes: max_nodes,
+        master_addr,
+        master_port: Some(master_port),
+        standalone: false,
+    }))
+}
+
+/// `--signals-to-handle`: signal names (SIGUSR1, or USR1), comma-separated.
+pub fn parse_signals(s: &str) -> Result<Vec<i32>, Usage> {
+    let mut signals = Vec::new();
+    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let bare = name.trim_start_matches("SIG");
+        let sig = match bare {
+            "TERM" => libc::SIGTERM,
+            "INT" => libc::SIGINT,
+            "HUP" => libc::SIGHUP,
+            "QUIT" => libc::SIGQUIT,
+            "USR1" => libc::SIGUSR1,
+            "USR2" => libc::SIGUSR2,
+            "ALRM" => libc::SIGALRM,
+            "XCPU" => libc::SIGXCPU,
+            "PWR" => libc::SIGPWR,
+            _ => {
+                return Err(usage(format!(
+                    "--signals-to-handle: expected signal names like SIGTERM,SIGUSR1 \
+                     (TERM INT HUP QUIT USR1 USR2 ALRM XCPU PWR), got {name:?}"
+                )))
+            }
+        };
+        if !signals.contains(&sig) {
+            signals.push(sig);
+        }
+    }
+    if signals.is_empty() {
+        return Err(usage("--signals-to-handle: expected at least one signal"));
+    }
+    Ok(signals)
+}
+
+/// torchrun's comma-separated list, where `,,` stands for a comma; empty items dropped.
+pub fn comma_list(s: Option<&str>) -> Vec<String> {
+    let Some(s) = s else { return Vec::new() };
+    let placeholder = "\u{0}";
+    s.replace(",,", placeholder)
+        .split(',')
+        .map(|item| item.replace(placeholder, ","))
+        .filter(|item| !item.is_empty())
+        .collect()
 }
 
 /// `N` or `MIN:MAX`, with 1 <= MIN <= MAX.
@@ -626,20 +1010,24 @@ pub fn parse_conf(s: &str) -> Result<Vec<(String, String)>, Usage> {
 /// What each worker executes: a `.py` program (or `--module`) under python3 with `-u`, as
 /// torchrun does, anything else as it is.
 fn worker_command(a: &RunArgs) -> Result<Vec<String>, Usage> {
+    if a.run_path && a.module {
+        return Err(usage("--run-path and --module cannot be used together"));
+    }
     if a.no_python && a.module {
         return Err(usage("--no-python and --module cannot be used together"));
     }
-    if a.program.is_empty() {
+    let program = a.program.as_deref().unwrap_or_default();
+    if program.is_empty() {
         return Err(usage("PROGRAM: expected a program to run"));
     }
     let python = python();
     let mut command = Vec::new();
     if a.module {
         command.extend([python, "-u".into(), "-m".into()]);
-    } else if !a.no_python && a.program.ends_with(".py") {
+    } else if a.run_path || (!a.no_python && program.ends_with(".py")) {
         command.extend([python, "-u".into()]);
     }
-    command.push(a.program.clone());
+    command.push(program.to_string());
     command.extend(a.args.iter().cloned());
     Ok(command)
 }
@@ -692,6 +1080,51 @@ fn find_executable(name: &str) -> Option<PathBuf> {
         .find(|p| runnable(p))
 }
 
+/// `rdzv run --print-completion SHELL`: a completion script for the whole command (torchrun
+/// 2.15 prints one for itself).
+pub fn print_completion(shell: &str) {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout();
+    match shell {
+        "bash" => clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "rdzv", &mut out),
+        "zsh" => clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, "rdzv", &mut out),
+        _ => {
+            // tcsh: subcommands first, then the long flags of any of them.
+            let subcommands: Vec<String> = cmd
+                .get_subcommands()
+                .map(|c| c.get_name().to_string())
+                .collect();
+            let mut flags: Vec<String> = cmd
+                .get_subcommands()
+                .flat_map(|c| {
+                    c.get_arguments()
+                        .filter_map(|a| a.get_long())
+                        .map(str::to_string)
+                })
+                .collect();
+            flags.sort();
+            flags.dedup();
+            println!(
+                "complete rdzv 'p/1/({})/' 'c/--/({})/'",
+                subcommands.join(" "),
+                flags.join(" ")
+            );
+        }
+    }
+}
+
+/// The program a worker command runs, for the failure report (`train.py`, not python3).
+pub fn program_name(command: &[String]) -> &str {
+    let skip = command
+        .iter()
+        .position(|c| c == "-m")
+        .map(|i| i + 1)
+        .or_else(|| (command.len() > 2 && command[1] == "-u").then_some(2))
+        .unwrap_or(0);
+    command.get(skip).map_or("", String::as_str)
+}
+
 /// A random number for ids and directory names.
 pub fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -728,6 +1161,192 @@ mod tests {
         assert!(per.for_rank(1).stderr && !per.for_rank(1).stdout);
         assert_eq!(per.for_rank(2), Streams::default());
         assert!(parse_streams("-r", "4").is_err());
+    }
+
+    /// `rdzv run ARGS prog`, parsed by clap.
+    fn parse_run(args: &[&str]) -> Result<Box<RunArgs>, clap::Error> {
+        let argv = [&["rdzv", "run"], args, &["prog"]].concat();
+        match Cli::try_parse_from(argv)?.command {
+            Command::Run(a) => Ok(a),
+            _ => unreachable!(),
+        }
+    }
+
+    /// The rows of docs/LAUNCHER.md's parity table: (spellings, example value, test name).
+    fn parity_table() -> Vec<(Vec<String>, String, String)> {
+        let doc = include_str!("../../docs/LAUNCHER.md");
+        let ticked = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        doc.lines()
+            .skip_while(|l| !l.starts_with("| torchrun flag |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|row| {
+                let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+                assert_eq!(cells.len(), 6, "a row of four cells: {row}");
+                let example = ticked(cells[2]).concat();
+                let test = ticked(cells[4]).concat();
+                (ticked(cells[1]), example, test)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_torchrun_flag_of_the_parity_table_parses_in_both_spellings() {
+        let rows = parity_table();
+        // torchrun 2.15's parser, flag by flag (torch/distributed/run.py).
+        let torchrun = [
+            "--nnodes",
+            "--nproc-per-node",
+            "--rdzv-backend",
+            "--rdzv-endpoint",
+            "--rdzv-id",
+            "--rdzv-conf",
+            "--standalone",
+            "--max-restarts",
+            "--monitor-interval",
+            "--start-method",
+            "--event-log-handler",
+            "--role",
+            "--module",
+            "--no-python",
+            "--run-path",
+            "--log-dir",
+            "--redirects",
+            "--tee",
+            "--local-ranks-filter",
+            "--duplicate-stdout-filters",
+            "--duplicate-stderr-filters",
+            "--node-rank",
+            "--master-addr",
+            "--master-port",
+            "--local-addr",
+            "--logs-specs",
+            "--numa-binding",
+            "--signals-to-handle",
+            "--shutdown-timeout",
+            "--virtual-local-rank",
+            "--log-line-prefix-template",
+        ];
+        for flag in torchrun {
+            assert!(
+                rows.iter()
+                    .any(|(spellings, _, _)| spellings.iter().any(|s| s == flag)),
+                "{flag} has no row in the parity table"
+            );
+        }
+        let tests = concat!(
+            include_str!("../tests/launcher.rs"),
+            include_str!("cli.rs"),
+            include_str!("workers.rs")
+        );
+        for (spellings, example, test) in &rows {
+            assert!(!spellings.is_empty() && !test.is_empty(), "{spellings:?}");
+            assert!(
+                tests.contains(&format!("fn {test}(")),
+                "the table names a test that does not exist: {test}"
+            );
+            let long = spellings.iter().find(|s| s.starts_with("--")).unwrap();
+            if long[2..].contains('-') {
+                let underscore = format!("--{}", long[2..].replace('-', "_"));
+                assert!(
+                    spellings.contains(&underscore),
+                    "{long}: the table lists no {underscore}"
+                );
+            }
+            for spelling in spellings {
+                let arg = match (example.is_empty(), spelling.starts_with("--")) {
+                    (true, _) => spelling.clone(),
+                    (false, true) => format!("{spelling}{example}"),
+                    (false, false) => format!("{spelling}{}", &example[1..]),
+                };
+                if let Err(e) = parse_run(&[&arg]) {
+                    panic!("{arg}: {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_flag_given_twice_takes_the_last_value() {
+        let a = parse_run(&[
+            "--nproc-per-node=2",
+            "--nproc_per_node=3",
+            "--tee=1",
+            "-t",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(a.nproc_per_node, "3");
+        assert_eq!(a.tee, "3");
+        let a = parse_run(&[
+            "--no-python",
+            "--no_python",
+            "--max-restarts=1",
+            "--max-restarts=4",
+        ])
+        .unwrap();
+        assert!(a.no_python);
+        assert_eq!(a.max_restarts, 4);
+    }
+
+    #[test]
+    fn print_completion_needs_no_program_and_knows_torchruns_shells() {
+        let argv = ["rdzv", "run", "--print_completion", "zsh"];
+        let Command::Run(a) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        assert_eq!(a.print_completion.as_deref(), Some("zsh"));
+        assert!(Cli::try_parse_from(["rdzv", "run", "--print-completion", "fish"]).is_err());
+        assert!(
+            Cli::try_parse_from(["rdzv", "run"]).is_err(),
+            "PROGRAM stays required"
+        );
+    }
+
+    #[test]
+    fn static_backend_needs_a_fixed_node_count_and_a_rank_inside_it() {
+        let cfg = |args: &[&str]| run_config(parse_run(args).unwrap());
+        let ok = cfg(&[
+            "--nnodes=2",
+            "--node-rank=1",
+            "--master-addr=10.0.0.1",
+            "--master-port=1234",
+        ])
+        .unwrap();
+        let s = ok.static_round();
+        assert_eq!(
+            (s.node_rank, s.nnodes, s.master_addr.as_str(), s.master_port),
+            (1, 2, "10.0.0.1", Some(1234))
+        );
+        let c10d = cfg(&["--rdzv-backend=c10d", "--nnodes=2", "--rdzv-endpoint=node0"]).unwrap();
+        assert_eq!(c10d.c10d.as_deref(), Some("node0:29400"));
+        let by_endpoint = cfg(&[
+            "--rdzv-backend=static",
+            "--nnodes=2",
+            "--rdzv-endpoint=h:99",
+        ])
+        .unwrap();
+        assert_eq!(by_endpoint.static_round().master_port, Some(99));
+        assert!(cfg(&["--nnodes=1:2", "--node-rank=0"]).is_err());
+        assert!(cfg(&["--nnodes=2", "--node-rank=2"]).is_err());
+    }
+
+    #[test]
+    fn signals_and_comma_lists() {
+        assert_eq!(
+            parse_signals("SIGTERM,USR1, SIGUSR2").unwrap(),
+            vec![libc::SIGTERM, libc::SIGUSR1, libc::SIGUSR2]
+        );
+        assert!(parse_signals("SIGKILL").is_err());
+        assert!(parse_signals("").is_err());
+        assert_eq!(comma_list(Some("a,,b,c")), vec!["a,b", "c"]);
+        assert!(comma_list(Some("")).is_empty());
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //!
 //! Modules, each depending only on those listed before it: `output` (every line the command
 //! writes), `cli` (flags into a checked configuration), `ranks` (worker ranks from a round),
-//! `workers` (one node's worker processes), `agent` (the elastic agent's state machine),
-//! `ops` (the operator commands).
+//! `workers` (one node's worker processes), `c10d` (the embedded etcd of
+//! `--rdzv-backend=c10d`), `agent` (the elastic agent's state machine), `ops` (the operator
+//! commands).
 
 mod output;
 
+mod c10d;
 mod cli;
 mod ranks;
 mod workers;
@@ -35,6 +37,10 @@ fn main() {
 }
 
 fn run(args: Box<cli::RunArgs>) -> i32 {
+    if let Some(shell) = &args.print_completion {
+        cli::print_completion(shell);
+        return 0;
+    }
     let cfg = match cli::run_config(args).and_then(|cfg| cli::check_program(&cfg).map(|()| cfg)) {
         Ok(cfg) => cfg,
         Err(cli::Usage(message)) => {
@@ -45,6 +51,16 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
     for note in &cfg.notes {
         output::say(note);
     }
+    // Started here, on the main thread: its PR_SET_PDEATHSIG follows this thread. Stopped when
+    // this function returns, after the agent is through.
+    let _served = match cfg.c10d.as_deref().map(c10d::serve_if_here).transpose() {
+        Ok(served) => served.flatten(),
+        Err(message) => {
+            output::error(message);
+            return 1;
+        }
+    };
+    let handled = cfg.signals.clone();
     let agent = match agent::Agent::new(cfg) {
         Ok(agent) => agent,
         Err(e) => {
@@ -55,7 +71,7 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
     // Workers are spawned from this thread (block_on runs the agent here): their
     // PR_SET_PDEATHSIG follows the thread that forked them, and this one lives to the end.
     block_on(async move {
-        let mut signals = match agent::Signals::install() {
+        let mut signals = match agent::Signals::install(&handled) {
             Ok(s) => s,
             Err(e) => {
                 output::error(format_args!("cannot handle signals: {e}"));

@@ -22,7 +22,14 @@ async fn connect(url: &str) -> Result<Admin, Code> {
 }
 
 pub async fn status(a: StatusArgs) -> Code {
-    let admin = match connect(&a.run.url).await {
+    let url = match a.url() {
+        Ok(url) => url,
+        Err(crate::cli::Usage(message)) => {
+            error(format_args!("{message} (see rdzv status --help)"));
+            return 2;
+        }
+    };
+    let admin = match connect(&url).await {
         Ok(admin) => admin,
         Err(code) => return code,
     };
@@ -150,10 +157,26 @@ fn table(s: &RunStatus) -> Vec<String> {
         "state    {}",
         if s.closed { "closed" } else { "open" }
     ));
-    lines.push(format!(
-        "round    {} open for joining; {} live node(s)",
-        s.open_round, s.alive
-    ));
+    // The open round is the next one; while a sealed round runs and nobody waits, nothing is
+    // being joined: say what is running.
+    lines.push(match (&s.sealed, s.waiting.len()) {
+        (Some(sealed), 0) if !s.closed => format!(
+            "round    {} running; {} live node(s); round {} opens when a node joins or leaves",
+            sealed.round, s.alive, s.open_round
+        ),
+        (Some(sealed), 0) => format!(
+            "round    {} was the last; {} live node(s)",
+            sealed.round, s.alive
+        ),
+        (_, 0) => format!(
+            "round    {} open for joining; {} live node(s)",
+            s.open_round, s.alive
+        ),
+        (_, n) => format!(
+            "round    {} forming: {n} node(s) joined; {} live node(s)",
+            s.open_round, s.alive
+        ),
+    });
     match &s.sealed {
         None => lines.push("sealed   none yet".into()),
         Some(sealed) => {

@@ -1,7 +1,7 @@
 //! Everything the `rdzv` command writes goes through here: its own lines (`[rdzv] ...` on
 //! stderr, one event per line), the library's log records (same place, same shape), worker
-//! output copied line by line with a `[rankN]:` prefix, and the product of the operator
-//! commands on stdout.
+//! output copied line by line (as the worker wrote it, or with torchrun's `[default0]:` prefix
+//! when teed), and the product of the operator commands on stdout.
 //!
 //! Each line is written with one `write_all` under the stream's lock, so lines from the
 //! launcher and from many workers never interleave mid-line. Worker output is pumped by plain
@@ -55,12 +55,23 @@ pub enum Console {
     Stderr,
 }
 
+/// A file that receives the lines (of any worker of a node) containing one of `filters`:
+/// torchrun's `--duplicate-stdout-filters`.
+#[derive(Clone)]
+pub struct Duplicate {
+    pub filters: Vec<String>,
+    pub file: std::sync::Arc<std::sync::Mutex<File>>,
+}
+
 /// Where one worker stream goes.
 pub struct Destination {
-    /// `[rank3]:` prefix and console stream, or `None` when the console does not show it.
+    /// Prefix (empty unless teed: `[default3]:`) and console stream, or `None` when the
+    /// console does not show it.
     pub console: Option<(String, Console)>,
     /// A log file receiving the lines unprefixed.
     pub file: Option<File>,
+    /// Matching lines also go there, unprefixed.
+    pub duplicate: Option<Duplicate>,
 }
 
 /// Copies `stream` line by line to its destination until the worker closes it. Runs on a
@@ -84,6 +95,14 @@ pub fn pump(
             }
             if let Some(file) = to.file.as_mut() {
                 let _ = file.write_all(&line);
+            }
+            if let Some(dup) = &to.duplicate {
+                let text = String::from_utf8_lossy(&line);
+                if dup.filters.iter().any(|f| text.contains(f.as_str())) {
+                    if let Ok(mut file) = dup.file.lock() {
+                        let _ = file.write_all(&line);
+                    }
+                }
             }
             if let Some((prefix, console)) = &to.console {
                 let mut out = Vec::with_capacity(prefix.len() + line.len());

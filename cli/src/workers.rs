@@ -14,7 +14,7 @@
 //! agent reacts to a failure at once instead of at its next monitor tick.
 
 use crate::cli::{Framework, StreamSpec};
-use crate::output::{self, Console, Destination};
+use crate::output::{self, say, Console, Destination};
 use crate::ranks::WorkerRanks;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -22,15 +22,51 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 
-/// Where worker output and error files go.
+/// Where worker output and error files go, as torchrun's default `LogsSpecs` lays them out:
+/// `RUN_DIR/attempt_N/LOCAL_RANK/` for every worker (its `error.json`, written by the worker
+/// when it fails), `stdout.log`/`stderr.log` only for the streams `--redirects`/`--tee` select
+/// (tee implies redirect), and `attempt_N/filtered_{stdout,stderr}.log` when duplicate filters
+/// are given.
 pub struct LogPlan {
-    /// The run's log directory (`DIR/RUNID_XXXX`): error files always, stream logs when
-    /// `keep_files`.
+    /// The run's log directory (`DIR/RUNID_XXXX`).
     pub run_dir: PathBuf,
-    pub keep_files: bool,
     pub redirects: StreamSpec,
     pub tee: StreamSpec,
     pub filter: Option<Vec<u32>>,
+    /// The prefix of teed console lines (torchrun's `[${role_name}${local_rank}]:`).
+    pub prefix_template: String,
+    pub duplicate_stdout: Vec<String>,
+    pub duplicate_stderr: Vec<String>,
+}
+
+impl LogPlan {
+    pub fn new(cfg: &crate::cli::RunConfig, run_dir: PathBuf) -> LogPlan {
+        LogPlan {
+            run_dir,
+            redirects: cfg.redirects.clone(),
+            tee: cfg.tee.clone(),
+            filter: cfg.local_ranks_filter.clone(),
+            prefix_template: cfg
+                .log_line_prefix_template
+                .clone()
+                .unwrap_or_else(|| "[${role_name}${local_rank}]:".into()),
+            duplicate_stdout: cfg.duplicate_stdout_filters.clone(),
+            duplicate_stderr: cfg.duplicate_stderr_filters.clone(),
+        }
+    }
+
+    /// The console prefix of a teed line of worker `r` (torchrun's template variables).
+    pub fn prefix(&self, role: &str, r: &WorkerRanks) -> String {
+        self.prefix_template
+            .replace("${hostname}", &hostname())
+            .replace("$hostname", &hostname())
+            .replace("${role_name}", role)
+            .replace("${local_rank}", &r.local_rank.to_string())
+            .replace("${rank}", &r.global_rank.to_string())
+            .replace("$role_name", role)
+            .replace("$local_rank", &r.local_rank.to_string())
+            .replace("$rank", &r.global_rank.to_string())
+    }
 }
 
 /// What is the same for every worker of one group.
@@ -49,6 +85,8 @@ pub struct GroupSpec<'a> {
     pub extra_env: &'a [(String, String)],
     /// What the workers need beyond torchrun's environment.
     pub framework: Framework,
+    /// `--virtual-local-rank`: LOCAL_RANK 0, CUDA_VISIBLE_DEVICES the worker's own device.
+    pub virtual_local_rank: bool,
 }
 
 /// How a worker ended.
@@ -89,7 +127,8 @@ pub struct Worker {
     pub stopped: bool,
 }
 
-/// A worker's failure, as reported when the restart budget is spent.
+/// A worker's failure, as reported when the restart budget is spent; also the workers the
+/// launcher stopped because of it (`stopped`).
 pub struct Failure {
     pub global_rank: u32,
     pub local_rank: u32,
@@ -98,6 +137,10 @@ pub struct Failure {
     /// When it failed: the error file's timestamp if it wrote one, else when it exited.
     pub at: SystemTime,
     pub error_file: Option<(PathBuf, String)>,
+    /// The traceback its error file holds (torch's `py_callstack`).
+    pub traceback: Option<String>,
+    /// Stopped by the launcher after another worker failed: not a failure of its own.
+    pub stopped: bool,
 }
 
 pub struct Group {
@@ -126,6 +169,22 @@ impl Group {
             stop_sent: false,
         };
         let attempt_dir = logs.run_dir.join(format!("attempt_{}", spec.restart_count));
+        std::fs::create_dir_all(&attempt_dir)?;
+        let duplicates = [
+            (&logs.duplicate_stdout, "filtered_stdout.log"),
+            (&logs.duplicate_stderr, "filtered_stderr.log"),
+        ]
+        .map(|(filters, name)| match filters.is_empty() {
+            true => Ok(None),
+            false => output::log_file(&attempt_dir.join(name)).map(|f| {
+                Some(output::Duplicate {
+                    filters: filters.clone(),
+                    file: std::sync::Arc::new(std::sync::Mutex::new(f)),
+                })
+            }),
+        });
+        let [dup_out, dup_err] = duplicates;
+        let (dup_out, dup_err) = (dup_out?, dup_err?);
         for (index, r) in ranks.iter().enumerate() {
             let dir = attempt_dir.join(r.local_rank.to_string());
             std::fs::create_dir_all(&dir)?;
@@ -162,7 +221,18 @@ impl Group {
                 ),
             ] {
                 let Some(stream) = stream else { continue };
-                let to = destination(logs, r, console, &dir.join(format!("{name}.log")))?;
+                let duplicate = match console {
+                    Console::Stdout => dup_out.clone(),
+                    Console::Stderr => dup_err.clone(),
+                };
+                let to = destination(
+                    logs,
+                    spec.role,
+                    r,
+                    console,
+                    &dir.join(format!("{name}.log")),
+                    duplicate,
+                )?;
                 let done = pump_tx.clone();
                 group.pumps += 1;
                 let pump = output::pump(stream, to);
@@ -207,17 +277,18 @@ impl Group {
         Some(index)
     }
 
-    /// The failures of this group (workers that ended non-zero on their own), earliest first.
+    /// The failures of this group (workers that ended non-zero on their own), earliest first,
+    /// then the workers the launcher stopped (`stopped`).
     pub fn failures(&self) -> Vec<Failure> {
         let mut failures: Vec<Failure> = self
             .workers
             .iter()
-            // A worker that ended after the agent asked it to stop failed on its own only if
-            // it says so in its error file.
-            .filter(|w| !w.stopped || w.error_file.exists())
             .filter_map(|w| {
                 let (ended, exited_at) = w.ended?;
-                if ended.success() {
+                // A worker that ended after the agent asked it to stop failed on its own only
+                // if it says so in its error file.
+                let stopped = w.stopped && !w.error_file.exists();
+                if ended.success() && !stopped {
                     return None;
                 }
                 let error = read_error_file(&w.error_file);
@@ -226,12 +297,14 @@ impl Group {
                     local_rank: w.ranks.local_rank,
                     pid: w.pid,
                     ended,
-                    at: error.as_ref().and_then(|e| e.1).unwrap_or(exited_at),
-                    error_file: error.map(|(message, _)| (w.error_file.clone(), message)),
+                    at: error.as_ref().and_then(|e| e.at).unwrap_or(exited_at),
+                    traceback: error.as_ref().and_then(|e| e.traceback.clone()),
+                    error_file: error.map(|e| (w.error_file.clone(), e.message)),
+                    stopped,
                 })
             })
             .collect();
-        failures.sort_by_key(|f| (f.at, f.global_rank));
+        failures.sort_by_key(|f| (f.stopped, f.at, f.global_rank));
         failures
     }
 
@@ -355,8 +428,12 @@ pub fn worker_env(
     r: &WorkerRanks,
     error_file: &Path,
 ) -> Vec<(String, String)> {
+    let local_rank = match spec.virtual_local_rank {
+        true => 0,
+        false => r.local_rank,
+    };
     let mut env: Vec<(String, String)> = [
-        ("LOCAL_RANK", r.local_rank.to_string()),
+        ("LOCAL_RANK", local_rank.to_string()),
         ("RANK", r.global_rank.to_string()),
         ("GROUP_RANK", spec.group_rank.to_string()),
         ("ROLE_RANK", r.role_rank.to_string()),
@@ -387,6 +464,20 @@ pub fn worker_env(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    if spec.virtual_local_rank {
+        // The worker's device is the local rank's: its entry of the launcher's own list when
+        // there is one, else that index; it then sees it as device 0.
+        let device = std::env::var("CUDA_VISIBLE_DEVICES")
+            .ok()
+            .and_then(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .nth(r.local_rank as usize)
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| r.local_rank.to_string());
+        env.push(("CUDA_VISIBLE_DEVICES".into(), device));
+    }
     if let (Framework::Jax, Some(port)) = (spec.framework, r.coordinator_port) {
         env.extend(jax_env(spec.master_addr, port, r));
     }
@@ -447,9 +538,11 @@ pub fn coordinator_port(framework: Framework, group_rank: u32, master_port: u16)
 
 fn destination(
     logs: &LogPlan,
+    role: &str,
     r: &WorkerRanks,
     console: Console,
     file: &Path,
+    duplicate: Option<output::Duplicate>,
 ) -> std::io::Result<Destination> {
     let pick = |s: crate::cli::Streams| match console {
         Console::Stdout => s.stdout,
@@ -462,44 +555,248 @@ fn destination(
         .as_ref()
         .is_some_and(|ranks| !ranks.contains(&r.local_rank));
     let shown = (!redirected || teed) && !filtered_out;
+    // As torchrun: console lines are the worker's own, prefixed only when teed.
+    let prefix = match teed {
+        true => logs.prefix(role, r),
+        false => String::new(),
+    };
     Ok(Destination {
-        console: shown.then(|| (format!("[rank{}]:", r.global_rank), console)),
-        file: match logs.keep_files || redirected || teed {
+        console: shown.then_some((prefix, console)),
+        file: match redirected || teed {
             true => Some(output::log_file(file)?),
             false => None,
         },
+        duplicate: duplicate.filter(|_| teed),
     })
 }
 
-/// The message and timestamp in a torchelastic error file, if the worker wrote one:
-/// `{"message": {"message": "...", "extraInfo": {"timestamp": "..."}}}` or the flat form
-/// `{"message": "...", "timestamp": N}`.
-fn read_error_file(path: &Path) -> Option<(String, Option<SystemTime>)> {
+/// What a torchelastic error file says.
+struct ErrorFile {
+    message: String,
+    at: Option<SystemTime>,
+    traceback: Option<String>,
+}
+
+/// The message, timestamp and traceback in a torchelastic error file, if the worker wrote one:
+/// `{"message": {"message": "...", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}`
+/// or the flat form `{"message": "...", "timestamp": N}`.
+fn read_error_file(path: &Path) -> Option<ErrorFile> {
     let bytes = std::fs::read(path).ok()?;
     let v: serde_json::Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
-        Err(_) => return Some((String::from_utf8_lossy(&bytes).trim().to_string(), None)),
+        Err(_) => {
+            return Some(ErrorFile {
+                message: String::from_utf8_lossy(&bytes).trim().to_string(),
+                at: None,
+                traceback: None,
+            })
+        }
     };
-    let (message, timestamp) = match v.get("message") {
-        Some(serde_json::Value::Object(m)) => (
-            m.get("message")
-                .and_then(|s| s.as_str())
-                .map(str::to_string),
-            m.get("extraInfo").and_then(|e| e.get("timestamp")).cloned(),
-        ),
-        Some(serde_json::Value::String(s)) => (Some(s.clone()), v.get("timestamp").cloned()),
-        _ => (None, None),
+    let (message, timestamp, traceback) = match v.get("message") {
+        Some(serde_json::Value::Object(m)) => {
+            let extra = m.get("extraInfo");
+            (
+                m.get("message")
+                    .and_then(|s| s.as_str())
+                    .map(str::to_string),
+                extra.and_then(|e| e.get("timestamp")).cloned(),
+                extra
+                    .and_then(|e| e.get("py_callstack"))
+                    .and_then(|t| t.as_str())
+                    .map(str::to_string),
+            )
+        }
+        Some(serde_json::Value::String(s)) => (Some(s.clone()), v.get("timestamp").cloned(), None),
+        _ => (None, None, None),
     };
     let seconds = timestamp.and_then(|t| match t {
         serde_json::Value::String(s) => s.parse::<u64>().ok(),
         serde_json::Value::Number(n) => n.as_u64(),
         _ => None,
     });
-    let message = message.unwrap_or_else(|| v.to_string());
-    Some((
-        message,
-        seconds.map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s)),
-    ))
+    Some(ErrorFile {
+        message: message.unwrap_or_else(|| v.to_string()),
+        at: seconds.map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s)),
+        traceback,
+    })
+}
+
+/// The report of a failed job, as torchrun's `ChildFailedError` lays it out: the root cause
+/// (the first failure by the time it happened) with its host, time, rank, exit code or signal,
+/// error file and traceback; the other failures; and the ranks the launcher stopped. When the
+/// launcher has a `TORCHELASTIC_ERROR_FILE` of its own (a scheduler set it), the root cause's
+/// error file is copied there, as torchrun does. True if the report named an error file.
+pub fn report(program: &str, failures: &[Failure]) -> bool {
+    let Some(root) = failures.first().filter(|f| !f.stopped) else {
+        return false;
+    };
+    say(format_args!(
+        "first failure: rank {} (local rank {}, pid {}) ended with {}",
+        root.global_rank, root.local_rank, root.pid, root.ended
+    ));
+    match &root.error_file {
+        Some((path, message)) => say(format_args!(
+            "rank {} error file {}: {}",
+            root.global_rank,
+            path.display(),
+            message.lines().next().unwrap_or("")
+        )),
+        None => say(format_args!(
+            "rank {} wrote no error file (TORCHELASTIC_ERROR_FILE; torch's @record writes one)",
+            root.global_rank
+        )),
+    }
+    let host = hostname();
+    let rule = "=".repeat(60);
+    let thin = "-".repeat(60);
+    say(&rule);
+    say(format_args!("{program} FAILED"));
+    say(&thin);
+    say("Failures:");
+    let others: Vec<&Failure> = failures[1..].iter().filter(|f| !f.stopped).collect();
+    if others.is_empty() {
+        say("  <NO_OTHER_FAILURES>");
+    }
+    for (i, f) in others.iter().enumerate() {
+        describe(i + 1, f, &host);
+    }
+    say(&thin);
+    say("Root Cause (first observed failure):");
+    describe(0, root, &host);
+    let stopped: Vec<String> = failures
+        .iter()
+        .filter(|f| f.stopped)
+        .map(|f| format!("{} ({})", f.global_rank, f.ended))
+        .collect();
+    if !stopped.is_empty() {
+        say(&thin);
+        say(format_args!(
+            "Stopped by the launcher after the failure: rank {}",
+            stopped.join(", rank ")
+        ));
+    }
+    say(&rule);
+    if let Some(own) = std::env::var_os("TORCHELASTIC_ERROR_FILE").filter(|v| !v.is_empty()) {
+        let own = PathBuf::from(own);
+        match copy_error_file(root, &own) {
+            Ok(()) => say(format_args!(
+                "root cause's error copied to {}",
+                own.display()
+            )),
+            Err(e) => say(format_args!("could not write {}: {e}", own.display())),
+        }
+    }
+    root.error_file.is_some()
+}
+
+/// One failure of the report, as torchrun prints it.
+fn describe(index: usize, f: &Failure, host: &str) {
+    say(format_args!("[{index}]:"));
+    say(format_args!("  time      : {}", utc(f.at)));
+    say(format_args!("  host      : {host}"));
+    say(format_args!(
+        "  rank      : {} (local_rank: {})",
+        f.global_rank, f.local_rank
+    ));
+    let code = match f.ended {
+        Ended::Code(c) => c,
+        Ended::Signal(s) => -s,
+    };
+    say(format_args!("  exitcode  : {code} (pid: {})", f.pid));
+    match &f.error_file {
+        Some((path, _)) => say(format_args!("  error_file: {}", path.display())),
+        None => say("  error_file: <N/A>"),
+    }
+    let traceback = match (&f.traceback, &f.error_file, f.ended) {
+        (Some(tb), _, _) => tb.clone(),
+        (None, Some((_, message)), _) => message.clone(),
+        (None, None, Ended::Signal(s)) => {
+            format!("Signal {s} ({}) received by PID {}", signal_name(s), f.pid)
+        }
+        (None, None, Ended::Code(_)) => {
+            "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html".into()
+        }
+    };
+    let mut lines = traceback.lines();
+    say(format_args!("  traceback : {}", lines.next().unwrap_or("")));
+    for line in lines {
+        say(format_args!("    {line}"));
+    }
+}
+
+/// torchrun's copy of the root cause's error file into its own: the worker's file with its
+/// exit code added (`errorCode`), or, when it wrote none, an error of the launcher's own.
+fn copy_error_file(root: &Failure, own: &Path) -> std::io::Result<()> {
+    let code = match root.ended {
+        Ended::Code(c) => c,
+        Ended::Signal(s) => -s,
+    };
+    let written = root
+        .error_file
+        .as_ref()
+        .and_then(|(path, _)| std::fs::read(path).ok())
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok());
+    let json = match written {
+        Some(mut v) => {
+            if let Some(m) = v.get_mut("message").and_then(|m| m.as_object_mut()) {
+                m.entry("errorCode").or_insert(serde_json::json!(code));
+            }
+            v
+        }
+        None => {
+            let seconds = root
+                .at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            serde_json::json!({"message": {
+                "message": format!(
+                    "ChildFailedError: rank {} (local rank {}, pid {}) ended with {}",
+                    root.global_rank, root.local_rank, root.pid, root.ended
+                ),
+                "errorCode": code,
+                "extraInfo": {"py_callstack": "", "timestamp": seconds.to_string()},
+            }})
+        }
+    };
+    if let Some(dir) = own.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(own, json.to_string())
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match rc {
+        0 => String::from_utf8_lossy(&buf[..len]).into_owned(),
+        _ => "localhost".into(),
+    }
+}
+
+/// `YYYY-MM-DD_HH:MM:SS` in UTC, torchrun's format for failure times.
+fn utc(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    // Howard Hinnant's civil-from-days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}_{:02}:{:02}:{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
 }
 
 pub fn signal_name(signal: i32) -> String {
@@ -542,6 +839,7 @@ mod tests {
             max_restarts: 0,
             extra_env: &[],
             framework,
+            virtual_local_rank: false,
         }
     }
 
@@ -559,6 +857,13 @@ mod tests {
 
     fn env(spec: &GroupSpec<'_>, r: &WorkerRanks) -> std::collections::BTreeMap<String, String> {
         worker_env(spec, r, Path::new("/e")).into_iter().collect()
+    }
+
+    #[test]
+    fn failure_times_read_as_torchrun_prints_them() {
+        assert_eq!(utc(SystemTime::UNIX_EPOCH), "1970-01-01_00:00:00");
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_709_251_199);
+        assert_eq!(utc(t), "2024-02-29_23:59:59");
     }
 
     #[test]

@@ -343,3 +343,231 @@ fn same_environment(
     }
     assert_eq!(rdzv[1]["RANK"], "1");
 }
+
+/// A worker program for the side-by-side runs: prints one line on each stream, and fails on
+/// local rank `FAIL_RANK` (if set) through torch's `@record`, which writes its error file.
+const PARITY_WORKER: &str = r#"
+import os, sys
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    rank = os.environ["RANK"]
+    print(f"out rank={rank}", flush=True)
+    print(f"err rank={rank}", file=sys.stderr, flush=True)
+    if os.environ.get("FAIL_RANK") == os.environ["LOCAL_RANK"]:
+        raise ValueError(f"boom on rank {rank}")
+
+main()
+"#;
+
+/// One side of a comparison: its exit code, the worker lines its console showed (sorted), and
+/// the files under its single run directory in `logs` (relative, sorted).
+struct Side {
+    code: Option<i32>,
+    console: Vec<String>,
+    files: Vec<String>,
+    output: String,
+}
+
+/// Runs `launcher` (torchrun or rdzv run, standalone, two workers) with `flags` on the
+/// parity worker, with its logs in a fresh directory.
+fn side(
+    mut launcher: Command,
+    python: &Path,
+    script: &Path,
+    flags: &[&str],
+    logs: &Path,
+    env: &[(&str, &str)],
+) -> Side {
+    let _ = std::fs::remove_dir_all(logs);
+    std::fs::create_dir_all(logs).unwrap();
+    launcher
+        .args(["--standalone", "--nproc-per-node=2"])
+        .arg(format!("--log-dir={}", logs.display()))
+        .args(flags)
+        .arg(script)
+        .env("PYTHON_EXEC", python)
+        .envs(env.iter().copied());
+    let (code, output) =
+        Launcher::spawn(launcher).finish(Instant::now() + Duration::from_secs(180));
+    let mut console = worker_lines(&output);
+    console.sort();
+    let run_dir = std::fs::read_dir(logs)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut files = Vec::new();
+    let mut dirs = vec![run_dir.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            match path.is_dir() {
+                true => dirs.push(path),
+                false => files.push(path.strip_prefix(&run_dir).unwrap().display().to_string()),
+            }
+        }
+    }
+    files.sort();
+    Side {
+        code,
+        console,
+        files,
+        output,
+    }
+}
+
+/// The parity worker's lines in a console's text, each with the prefix written before it.
+/// Split at the worker's own words, not at line ends: two of torchrun's workers that share its
+/// console (untee'd streams) can write their lines into one (`err rank=1err rank=0`).
+fn worker_lines(output: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in output.lines() {
+        let mut rest = line;
+        loop {
+            let at = [rest.find("out rank="), rest.find("err rank=")]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(at) = at else { break };
+            let digits = rest[at + 9..]
+                .find(|c: char| !c.is_ascii_digit())
+                .map_or(rest.len(), |d| at + 9 + d);
+            found.push(rest[..digits].to_string());
+            rest = &rest[digits..];
+        }
+    }
+    found
+}
+
+fn torchrun(python: &Path) -> Command {
+    let mut c = Command::new(python);
+    c.args(["-m", "torch.distributed.run"]);
+    c
+}
+
+fn rdzv_run() -> Command {
+    let mut c = Command::new(RDZV);
+    c.arg("run");
+    c
+}
+
+/// The same program and flags under torchrun and `rdzv run`: the same exit code, the same
+/// worker lines on the console (unprefixed by default, `[default0]:` when teed, a template's
+/// prefix), and the same files in the log directory.
+#[test]
+fn console_and_log_files_are_torchruns() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let dir = fresh_dir("parity-console");
+    let script = dir.join("worker.py");
+    std::fs::write(&script, PARITY_WORKER).unwrap();
+    let cases: [&[&str]; 5] = [
+        &[],
+        &["--tee=3"],
+        &["-r", "0:1,1:2"],
+        &["--tee=3", "--role=trainer", "--local-ranks-filter=1"],
+        &["--tee=1", "--duplicate-stdout-filters=rank=1"],
+    ];
+    for flags in cases {
+        let t = side(
+            torchrun(&python),
+            &python,
+            &script,
+            flags,
+            &dir.join("t"),
+            &[],
+        );
+        let r = side(rdzv_run(), &python, &script, flags, &dir.join("r"), &[]);
+        assert_eq!(t.code, Some(0), "torchrun {flags:?}:\n{}", t.output);
+        assert_eq!(r.code, t.code, "{flags:?}:\n{}", r.output);
+        assert_eq!(r.console, t.console, "console lines, {flags:?}");
+        assert_eq!(r.files, t.files, "log files, {flags:?}");
+    }
+    // The template, through torchrun's variable.
+    let env = [(
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+        "<${role_name}|${rank}|${local_rank}> ",
+    )];
+    let t = side(
+        torchrun(&python),
+        &python,
+        &script,
+        &["--tee=3"],
+        &dir.join("t"),
+        &env,
+    );
+    let r = side(
+        rdzv_run(),
+        &python,
+        &script,
+        &["--tee=3"],
+        &dir.join("r"),
+        &env,
+    );
+    assert_eq!(r.console, t.console, "console lines with a prefix template");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A worker that fails under `@record`: both launchers exit 1, name the same root cause in
+/// the same report layout, keep the same files, and copy the root cause's error file into
+/// their own TORCHELASTIC_ERROR_FILE with its message and error code.
+#[test]
+fn a_failure_is_reported_as_torchrun_reports_it() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let dir = fresh_dir("parity-failure");
+    let script = dir.join("worker.py");
+    std::fs::write(&script, PARITY_WORKER).unwrap();
+    let mut copies = Vec::new();
+    let mut sides = Vec::new();
+    for (name, launcher) in [("t", torchrun(&python)), ("r", rdzv_run())] {
+        let own = dir.join(format!("{name}-error.json"));
+        let own_arg = own.display().to_string();
+        let env = [
+            ("FAIL_RANK", "1"),
+            ("TORCHELASTIC_ERROR_FILE", own_arg.as_str()),
+        ];
+        sides.push(side(launcher, &python, &script, &[], &dir.join(name), &env));
+        let copied: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&own).unwrap()).unwrap();
+        copies.push(copied);
+    }
+    let (t, r) = (&sides[0], &sides[1]);
+    assert_eq!(t.code, Some(1), "{}", t.output);
+    assert_eq!(r.code, t.code, "{}", r.output);
+    assert_eq!(r.files, t.files, "log files");
+    for line in [
+        "FAILED",
+        "Root Cause (first observed failure):",
+        "rank      : 1 (local_rank: 1)",
+        "exitcode  : 1 (pid: ",
+        "ValueError: boom on rank 1",
+    ] {
+        assert!(
+            t.output.contains(line),
+            "torchrun says no {line:?}:\n{}",
+            t.output
+        );
+        assert!(
+            r.output.contains(line),
+            "rdzv run says no {line:?}:\n{}",
+            r.output
+        );
+    }
+    for (copy, who) in copies.iter().zip(["torchrun", "rdzv run"]) {
+        let message = copy["message"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("boom on rank 1"), "{who}: {copy}");
+    }
+    assert_eq!(
+        copies[1]["message"]["errorCode"], copies[0]["message"]["errorCode"],
+        "{copies:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

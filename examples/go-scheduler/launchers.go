@@ -20,7 +20,7 @@ import (
 var (
 	joiningLine = regexp.MustCompile(`joining run .* as node ([0-9a-zA-Z]+) `)
 	formedLine  = regexp.MustCompile(`round (\d+) formed: node rank (\d+) of (\d+),`)
-	startLine   = regexp.MustCompile(`\]:START restart=(\d+) `)
+	startLine   = regexp.MustCompile(`^START restart=(\d+) `)
 )
 
 const drainedLine = "this node was drained"

@@ -1,0 +1,175 @@
+//! `--rdzv-backend=c10d` without a store service: as torchrun's c10d backend makes the node
+//! its endpoint names host a TCPStore, the launcher on that node serves the rendezvous itself
+//! from an embedded single-member etcd (the `etcd` binary found on PATH), and every node,
+//! that one too, runs the ordinary etcd-v3 rendezvous against it.
+//!
+//! Invariants:
+//! - the etcd is a child of the launcher, started from the main thread with
+//!   PR_SET_PDEATHSIG=SIGKILL, so it never outlives the launcher, even a SIGKILLed one; its
+//!   data lives in a temporary directory removed when it stops;
+//! - "this node" means: the endpoint's host resolves to an address this machine can bind;
+//! - when the port is already served on this machine (another launcher of the job on the same
+//!   host got there first), this launcher is a client like any other node. Two launchers that
+//!   start at the same moment may both try: the loser's etcd exits on the taken port, and it
+//!   is a client too.
+//!
+//! The trade, as with torchrun's c10d: the serving node is a single point of failure (when it
+//! goes, the rendezvous goes), where an etcd cluster of three members survives any one.
+
+use crate::output::say;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// An etcd this launcher serves; stopped (SIGTERM, then SIGKILL) and its data removed on drop.
+pub struct EmbeddedEtcd {
+    child: Child,
+    dir: PathBuf,
+}
+
+/// Starts the embedded etcd if `endpoint` (HOST:PORT) names this machine and nothing serves
+/// the port yet. `Ok(None)`: another node (or launcher) serves it. `Err`: one line saying what
+/// to do instead.
+pub fn serve_if_here(endpoint: &str) -> Result<Option<EmbeddedEtcd>, String> {
+    let host_port = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest)
+        .trim_end_matches('/');
+    let Some((host, port)) = host_port
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
+    else {
+        return Err(format!(
+            "--rdzv-endpoint={endpoint}: expected HOST:PORT for --rdzv-backend=c10d"
+        ));
+    };
+    let addrs: Vec<SocketAddr> = match (host, port).to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => {
+            return Err(format!(
+                "--rdzv-endpoint={endpoint}: cannot resolve {host:?}: {e}"
+            ))
+        }
+    };
+    // The endpoint names this machine when one of its addresses can be bound here.
+    let local = addrs
+        .iter()
+        .any(|a| TcpListener::bind(SocketAddr::new(a.ip(), 0)).is_ok());
+    if !local {
+        return Ok(None);
+    }
+    // Served already on this machine: be a client.
+    let any = SocketAddr::from(([0, 0, 0, 0], port));
+    match TcpListener::bind(any) {
+        Ok(probe) => drop(probe),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            say(format_args!(
+                "--rdzv-backend=c10d: port {port} is served on this machine already; joining it"
+            ));
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(format!(
+                "--rdzv-backend=c10d: cannot listen on port {port}: {e}"
+            ))
+        }
+    }
+    let Some(etcd) = find_on_path("etcd") else {
+        return Err(format!(
+            "--rdzv-backend=c10d: this node ({host}) would serve the rendezvous, but no `etcd` \
+             is on PATH: install etcd (3.4 or later), or run `etcd --listen-client-urls \
+             http://0.0.0.0:{port} --advertise-client-urls http://{host}:{port}` and use \
+             --rdzv-backend=etcd-v3 --rdzv-endpoint={host}:{port}"
+        ));
+    };
+    let dir = std::env::temp_dir().join(format!(
+        "rdzv-c10d-etcd-{}-{:08x}",
+        std::process::id(),
+        crate::cli::random_u64() as u32
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let peer_port = TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("cannot find a free port for etcd's peer URL: {e}"))?;
+    let log = std::fs::File::create(dir.join("etcd.log"))
+        .map_err(|e| format!("cannot create etcd's log: {e}"))?;
+    let advertise = match host.contains(':') {
+        true => format!("http://[{host}]:{port}"),
+        false => format!("http://{host}:{port}"),
+    };
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let mut cmd = Command::new(&etcd);
+    cmd.arg("--name=rdzv-c10d")
+        .arg(format!("--data-dir={}", dir.join("data").display()))
+        .arg(format!("--listen-client-urls=http://0.0.0.0:{port}"))
+        .arg(format!("--advertise-client-urls={advertise}"))
+        .arg(format!("--listen-peer-urls={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"))
+        .arg(format!("--initial-cluster=rdzv-c10d={peer}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .process_group(0);
+    let launcher = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != launcher {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| {
+        let _ = std::fs::remove_dir_all(&dir);
+        format!("--rdzv-backend=c10d: cannot start {}: {e}", etcd.display())
+    })?;
+    say(format_args!(
+        "--rdzv-backend=c10d: serving the rendezvous on port {port} from an embedded etcd \
+         ({}, pid {}); it stops with this launcher",
+        etcd.display(),
+        child.id()
+    ));
+    Ok(Some(EmbeddedEtcd { child, dir }))
+}
+
+impl Drop for EmbeddedEtcd {
+    fn drop(&mut self) {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: plain syscall on a child this launcher has not reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        // Waits for its exit by pidfd, 5 s at most, then SIGKILL.
+        // SAFETY: plain syscalls on a child this launcher has not reaped.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+        if fd >= 0 {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            unsafe { libc::poll(&mut p, 1, 5000) };
+            unsafe { libc::close(fd) };
+        }
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
