@@ -214,6 +214,11 @@ pub struct RunArgs {
         value_name = "SECONDS"
     )]
     pub exit_barrier_timeout: String,
+    /// Start no watchdog. By default a small helper process releases this node the moment
+    /// the launcher dies without leaving (SIGKILL, the OOM killer), so the other nodes re-form
+    /// at once; without it they notice when this node's lease expires (lease_ttl).
+    #[arg(long, env = "RDZV_NO_WATCHDOG", value_parser = FalseyValueParser::new())]
+    pub no_watchdog: bool,
     /// The program to start (a .py file runs under python3).
     #[arg(value_name = "PROGRAM")]
     pub program: String,
@@ -337,6 +342,8 @@ pub struct RunConfig {
     pub local_ranks_filter: Option<Vec<u32>>,
     pub shutdown_timeout: Duration,
     pub exit_barrier_timeout: Duration,
+    /// Start the watchdog that releases this node if the launcher is killed (`watchdog.rs`).
+    pub watchdog: bool,
     /// Lines to tell the user before starting (notes on accepted aliases, defaults taken).
     pub notes: Vec<String>,
 }
@@ -460,6 +467,7 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
         local_ranks_filter,
         shutdown_timeout,
         exit_barrier_timeout,
+        watchdog: !a.no_watchdog,
         notes,
     })
 }
