@@ -8,8 +8,9 @@
 //!   - *launcher killed*: SIGKILL to one launcher process alone (not its group), as the OOM
 //!     killer or `kill -9 PID` does;
 //!   - *worker killed*: SIGKILL to one node's worker;
-//!   - *drained*: `rdzv drain` of one node (a planned departure; rdzv's rendezvous only);
-//!   and for each, the time from the event to every remaining node's new worker running
+//!   - *drained*: `rdzv drain` of one node (a planned departure; rdzv's rendezvous only).
+//!
+//!   For each: the time from the event to every remaining node's new worker running
 //!   ("round": the round formed and the process started) and to its first step with all its
 //!   peers ("step"), and the restarts the other nodes spent (the killed worker's own node
 //!   spends one, as it must).
@@ -26,7 +27,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -179,8 +180,8 @@ fn rdzv_binary() -> PathBuf {
 
 /// What a node's output says.
 enum Event {
-    /// A worker runs: world, restart count, pid.
-    Started(u32, u32, i32),
+    /// A worker runs: world, pid.
+    Started(u32, i32),
     /// A worker took its first step: world, restart count.
     Step(u32, u32),
     /// rdzv run's node id.
@@ -200,7 +201,7 @@ fn parse(line: &str) -> Option<Event> {
     let world = field(line, "world")? as u32;
     let restart = field(line, "restart")? as u32;
     if line.contains("STARTED ") {
-        return Some(Event::Started(world, restart, field(line, "pid")? as i32));
+        return Some(Event::Started(world, field(line, "pid")? as i32));
     }
     line.contains("STEP ")
         .then_some(Event::Step(world, restart))
@@ -242,11 +243,11 @@ fn launch(
 }
 
 /// What the nodes in `nodes` reported after an event: when each one's new worker started and
-/// stepped in a world of `world`, and the largest restart count among them.
+/// stepped in a world of `world`, and each one's restart count.
 struct Progress {
     started: Vec<Option<Instant>>,
     stepped: Vec<Option<Instant>>,
-    restarts: u32,
+    restarts: Vec<u32>,
 }
 
 /// Reads events until every node in `nodes` stepped in a world of `world` (at most `limit`);
@@ -263,7 +264,7 @@ fn wait_for(
     let mut p = Progress {
         started: vec![None; n],
         stepped: vec![None; n],
-        restarts: 0,
+        restarts: vec![0; n],
     };
     let deadline = Instant::now() + limit;
     while !nodes.iter().all(|&i| p.stepped[i].is_some()) {
@@ -271,15 +272,13 @@ fn wait_for(
         let (i, at, ev) = rx.recv_timeout(left).ok()?;
         match ev {
             Event::NodeId(id) => ids[i] = id,
-            Event::Started(w, _, pid) if w == world => {
+            Event::Started(w, pid) if w == world => {
                 pids[i] = pid;
                 p.started[i].get_or_insert(at);
             }
             Event::Step(w, restart) if w == world => {
                 p.stepped[i].get_or_insert(at);
-                if nodes.contains(&i) {
-                    p.restarts = p.restarts.max(restart);
-                }
+                p.restarts[i] = restart;
             }
             _ => {}
         }
@@ -336,18 +335,12 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> (Duration, Opti
                 .map_or(Duration::ZERO, |t| t - event)
         };
         // The killed worker's own node spends a restart by design; count the others'.
-        let spent = match case {
-            Case::WorkerKilled => {
-                let mut p2 = 0;
-                for &i in &others {
-                    if i != victim {
-                        p2 = p2.max(p.restarts);
-                    }
-                }
-                p2
-            }
-            _ => p.restarts,
-        };
+        let spent = others
+            .iter()
+            .filter(|&&i| i != victim)
+            .map(|&i| p.restarts[i])
+            .max()
+            .unwrap_or(0);
         (last(&p.started), last(&p.stepped), spent)
     });
     let _ = std::fs::write(&target.done, b"");
@@ -459,5 +452,4 @@ fn main() {
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);
-    let _ = Path::new(&scratch);
 }

@@ -43,8 +43,8 @@ pub struct Watchdog {
 impl Watchdog {
     /// Starts the watchdog for a node of the run `params` names.
     pub fn spawn(params: &Params) -> std::io::Result<Watchdog> {
-        let exe = std::env::current_exe()?;
-        let mut command = Command::new(exe);
+        // This very binary, even if its file was replaced or deleted since it started.
+        let mut command = Command::new("/proc/self/exe");
         command
             .arg(MODE)
             .stdin(Stdio::piped())
@@ -93,11 +93,12 @@ impl Watchdog {
     }
 
     /// The launcher leaves normally (its node released by its own shutdown): the watchdog
-    /// exits without doing anything.
+    /// exits without doing anything, at once (it reads the pipe while it connects).
     pub fn dismiss(mut self) {
         if let Some(mut p) = self.pipe.take() {
             let _ = writeln!(p, "done");
         }
+        drop(self.pipe.take());
         let _ = self.child.wait();
     }
 }
@@ -183,8 +184,9 @@ async fn watch() -> i32 {
         },
         _ => return 0,
     };
-    // Connected ahead of need; if etcd cannot be reached now, try again when it matters.
-    let mut admin = Admin::connect(params.clone()).await.ok();
+    // Connected ahead of need, while the pipe is read (a `done` does not wait for it); if etcd
+    // cannot be reached now, try again when it matters.
+    let connecting = tokio::spawn(Admin::connect(params.clone()));
     let mut ticket: Option<ReleaseTicket> = None;
     loop {
         match lines.recv().await {
@@ -201,6 +203,7 @@ async fn watch() -> i32 {
         }
     }
     let Some(ticket) = ticket else { return 0 };
+    let mut admin = connecting.await.ok().and_then(Result::ok);
     if admin.is_none() {
         admin = Admin::connect(params).await.ok();
     }
