@@ -10,10 +10,11 @@
 //!   - *worker killed*: SIGKILL to one node's worker;
 //!   - *drained*: `rdzv drain` of one node (a planned departure; rdzv's rendezvous only).
 //!
-//!   For each: the time from the event to every remaining node's new worker running
-//!   ("round": the round formed and the process started) and to its first step with all its
-//!   peers ("step"), and the restarts the other nodes spent (the killed worker's own node
-//!   spends one, as it must).
+//!   For each: the time from the event to every remaining node in the new round ("round":
+//!   `rdzv run`'s "round N formed" line; torchrun prints none, so there it is the next
+//!   column), to every remaining node's new worker running ("worker": the process started and
+//!   printed its first line) and to its first step with all its peers ("step"), and the
+//!   restarts the other nodes spent (the killed worker's own node spends one, as it must).
 //!
 //! Launchers measured in the same run: `rdzv run` with its watchdog (the default) and without
 //! it (`--no-watchdog`: a killed launcher is noticed when its lease expires), and, where a
@@ -186,6 +187,8 @@ enum Event {
     Step(u32, u32),
     /// rdzv run's node id.
     NodeId(String),
+    /// rdzv run formed a round of this world size.
+    Formed(u32),
 }
 
 fn field(line: &str, key: &str) -> Option<i64> {
@@ -195,6 +198,10 @@ fn field(line: &str, key: &str) -> Option<i64> {
 }
 
 fn parse(line: &str) -> Option<Event> {
+    if line.contains("[rdzv] round ") && line.contains(" formed: ") {
+        let world = line.split("world size ").nth(1)?.split(',').next()?;
+        return Some(Event::Formed(world.trim().parse().ok()?));
+    }
     if let Some(rest) = line.split(" as node ").nth(1) {
         return Some(Event::NodeId(rest.split_whitespace().next()?.to_string()));
     }
@@ -245,6 +252,7 @@ fn launch(
 /// What the nodes in `nodes` reported after an event: when each one's new worker started and
 /// stepped in a world of `world`, and each one's restart count.
 struct Progress {
+    formed: Vec<Option<Instant>>,
     started: Vec<Option<Instant>>,
     stepped: Vec<Option<Instant>>,
     restarts: Vec<u32>,
@@ -262,6 +270,7 @@ fn wait_for(
 ) -> Option<Progress> {
     let n = pids.len();
     let mut p = Progress {
+        formed: vec![None; n],
         started: vec![None; n],
         stepped: vec![None; n],
         restarts: vec![0; n],
@@ -272,6 +281,9 @@ fn wait_for(
         let (i, at, ev) = rx.recv_timeout(left).ok()?;
         match ev {
             Event::NodeId(id) => ids[i] = id,
+            Event::Formed(w) if w == world => {
+                p.formed[i].get_or_insert(at);
+            }
             Event::Started(w, pid) if w == world => {
                 pids[i] = pid;
                 p.started[i].get_or_insert(at);
@@ -289,8 +301,9 @@ fn wait_for(
 /// How long the remaining nodes get to take their first step after the event.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(40);
 
-/// One recovery: to the new round, to the first step, restarts spent by the other nodes.
-type Recovery = (Duration, Duration, u32);
+/// One recovery: to the new round (if the launcher says), to the new workers, to their first
+/// step, and the restarts spent by the other nodes.
+type Recovery = (Option<Duration>, Duration, Duration, u32);
 
 fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> (Duration, Option<Recovery>) {
     let (tx, rx) = mpsc::channel();
@@ -328,11 +341,8 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> (Duration, Opti
     let got = wait_for(&rx, &others, world, RECOVERY_LIMIT, &mut pids, &mut ids);
     let recovered = got.map(|p| {
         let last = |v: &[Option<Instant>]| {
-            others
-                .iter()
-                .filter_map(|&i| v[i])
-                .max()
-                .map_or(Duration::ZERO, |t| t - event)
+            let seen: Option<Vec<Instant>> = others.iter().map(|&i| v[i]).collect();
+            seen.and_then(|s| s.into_iter().max()).map(|t| t - event)
         };
         // The killed worker's own node spends a restart by design; count the others'.
         let spent = others
@@ -341,7 +351,8 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> (Duration, Opti
             .map(|&i| p.restarts[i])
             .max()
             .unwrap_or(0);
-        (last(&p.started), last(&p.stepped), spent)
+        let done = |v: &[Option<Instant>]| last(v).unwrap_or_default();
+        (last(&p.formed), done(&p.started), done(&p.stepped), spent)
     });
     let _ = std::fs::write(&target.done, b"");
     if kind.is_rdzv() {
@@ -393,12 +404,19 @@ fn main() {
     println!(
         "one peer-connected python worker per node, --nnodes=N-1:N, lease_ttl 10 s (default), \
          last call {LAST_CALL} s, monitor 0.1 s; median of {RUNS}; recovery: from the event to \
-         every remaining node's new worker running (round) and stepping with all its peers \
-         (step), and the restarts the other nodes spent"
+         every remaining node in the new round (round), its new worker running (worker) and \
+         stepping with all its peers (step), and the restarts the other nodes spent"
     );
     println!(
-        "{:>5}  {:<23} {:>11}  {:<17} {:>10}  {:>10}  {:>8}",
-        "nodes", "launcher", "launch (ms)", "case", "round (ms)", "step (ms)", "restarts"
+        "{:>5}  {:<23} {:>11}  {:<17} {:>10}  {:>11}  {:>9}  {:>8}",
+        "nodes",
+        "launcher",
+        "launch (ms)",
+        "case",
+        "round (ms)",
+        "worker (ms)",
+        "step (ms)",
+        "restarts"
     );
     for n in sizes {
         assert!(n >= 2, "N must be at least 2 (one node is lost)");
@@ -433,17 +451,19 @@ fn main() {
                     recovery.push(rec);
                 }
                 let got: Vec<Recovery> = recovery.iter().flatten().copied().collect();
-                let (round, step, restarts) = if got.len() == recovery.len() {
-                    let round = median(got.iter().map(|r| r.0).collect());
-                    let step = median(got.iter().map(|r| r.1).collect());
-                    let spent = got.iter().map(|r| r.2).max().unwrap_or(0);
-                    (ms(round), ms(step), spent.to_string())
+                let (round, started, step, restarts) = if got.len() == recovery.len() {
+                    let formed: Option<Vec<Duration>> = got.iter().map(|r| r.0).collect();
+                    let round = formed.map_or("-".into(), |f| ms(median(f)));
+                    let started = median(got.iter().map(|r| r.1).collect());
+                    let step = median(got.iter().map(|r| r.2).collect());
+                    let spent = got.iter().map(|r| r.3).max().unwrap_or(0);
+                    (round, ms(started), ms(step), spent.to_string())
                 } else {
                     let none = format!("none in {} s", RECOVERY_LIMIT.as_secs());
-                    (none, "-".into(), "-".into())
+                    (none, "-".into(), "-".into(), "-".into())
                 };
                 println!(
-                    "{n:>5}  {:<23} {:>11}  {:<17} {round:>10}  {step:>10}  {restarts:>8}",
+                    "{n:>5}  {:<23} {:>11}  {:<17} {round:>10}  {started:>11}  {step:>9}  {restarts:>8}",
                     kind.name(),
                     ms(median(launch)),
                     case.name()
