@@ -23,6 +23,10 @@ world = int(os.environ["WORLD_SIZE"])
 restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 addr = os.environ["MASTER_ADDR"]
 port = int(os.environ["MASTER_PORT"])
+# torchrun's c10d agent hosts its own store at MASTER_PORT (rdzv run and the etcd-v3 backend
+# leave it to the workers): take the next port then.
+if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    port += 1
 done = os.environ.get("PEER_WORKER_DONE")
 lifetime = float(os.environ.get("PEER_WORKER_LIFETIME", "600"))
 ends = time.monotonic() + lifetime
