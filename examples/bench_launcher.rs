@@ -305,15 +305,23 @@ const RECOVERY_LIMIT: Duration = Duration::from_secs(40);
 /// step, and the restarts spent by the other nodes.
 type Recovery = (Option<Duration>, Duration, Duration, u32);
 
-fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> (Duration, Option<Recovery>) {
+/// A run's launch time and recovery; `None` if the workers did not take their first step
+/// within `LAUNCH_LIMIT`.
+type Run = Option<(Duration, Option<Recovery>)>;
+
+const LAUNCH_LIMIT: Duration = Duration::from_secs(90);
+
+fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
     let (tx, rx) = mpsc::channel();
     let started = Instant::now();
     let mut launchers = launch(kind, target, n, &tx);
     let everyone: Vec<usize> = (0..n).collect();
     let (mut pids, mut ids) = (vec![0; n], vec![String::new(); n]);
-    let limit = Duration::from_secs(120);
-    wait_for(&rx, &everyone, n as u32, limit, &mut pids, &mut ids)
-        .unwrap_or_else(|| panic!("{}: workers did not step within 120 s", kind.name()));
+    if wait_for(&rx, &everyone, n as u32, LAUNCH_LIMIT, &mut pids, &mut ids).is_none() {
+        // Workers a launcher left behind end too.
+        let _ = std::fs::write(&target.done, b"");
+        return None;
+    }
     let launched = started.elapsed();
 
     // Not the first node: torchrun's c10d store lives on the node that started it.
@@ -364,7 +372,7 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> (Duration, Opti
     for l in launchers.iter_mut() {
         l.kill_group();
     }
-    (launched, recovered)
+    Some((launched, recovered))
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -446,9 +454,19 @@ fn main() {
                         c10d_port: free_port(),
                         python: python.clone(),
                     };
-                    let (l, rec) = one_run(kind, case, &target, n);
+                    let Some((l, rec)) = one_run(kind, case, &target, n) else {
+                        break;
+                    };
                     launch.push(l);
                     recovery.push(rec);
+                }
+                if launch.len() < RUNS {
+                    println!(
+                        "{n:>5}  {:<23} workers did not all take a first step within {} s",
+                        kind.name(),
+                        LAUNCH_LIMIT.as_secs()
+                    );
+                    continue;
                 }
                 let got: Vec<Recovery> = recovery.iter().flatten().copied().collect();
                 let (round, started, step, restarts) = if got.len() == recovery.len() {
