@@ -23,7 +23,7 @@ pub use blocking::{BlockingAdmin, BlockingRendezvous, BlockingStore};
 pub use cancel::CancelToken;
 pub use error::{Error, ErrorKind, Result};
 pub use params::Params;
-pub use rendezvous::{Rendezvous, RoundInfo};
+pub use rendezvous::{ReleaseTicket, Rendezvous, RoundInfo};
 pub use store::Store;
 /// What rdzv's own tests and benchmarks reach inside the library for (the records a round
 /// writes to etcd, to check them from outside). Not part of the API: it may change in any

@@ -12,7 +12,9 @@
 //!   └────────────────────────────────────────────────────────────────────────────────────────┘
 //! ```
 //!
-//! Only failures spend the restart budget; membership changes do not. The node keeps one
+//! Only failures spend the restart budget; membership changes do not, and neither does a
+//! worker failure that a member's loss explains (`Agent::failed`: a peer's death makes this
+//! node's workers fail on a broken connection, often before the loss is seen). The node keeps one
 //! rendezvous handle for its whole life, so its node rank (and so global rank 0) stays put
 //! across rounds. Leaving never closes the run for others; only a spent budget (or an
 //! operator's `rdzv close`) does.
@@ -20,8 +22,11 @@
 use crate::cli::{Rendezvous as Mode, RunConfig};
 use crate::output::say;
 use crate::ranks::{self, NodeInfo, WorkerRanks};
+use crate::watchdog::Watchdog;
 use crate::workers::{Failure, Group, GroupSpec, LogPlan};
 use rdzv::{ErrorKind, Rendezvous, Store};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
@@ -73,6 +78,11 @@ async fn futures_select_all<F: std::future::Future<Output = i32> + Unpin>(
 /// The closed flag is an etcd read: checked at most this often, whatever the monitor interval.
 const CLOSED_CHECK: Duration = Duration::from_secs(1);
 
+/// How much longer than `lease_ttl` a node whose restart budget is spent waits, after a
+/// worker failure, for a lost member to explain it: etcd expires leases on a 500 ms tick, and
+/// the expiry reaches the watch a moment later.
+const LOSS_GRACE_MARGIN: Duration = Duration::from_secs(1);
+
 /// The store keys of the exit barrier (torchelastic's terminal-state prefix).
 const BARRIER_COUNT: &str = "torchelastic/agent/terminal_state/count";
 const BARRIER_DONE: &str = "torchelastic/agent/terminal_state/done";
@@ -119,6 +129,19 @@ pub struct Agent {
     took_part: bool,
     /// The failure report named an error file (in the log directory, which is then kept).
     reported_error_file: bool,
+    /// Releases this node if the launcher is killed (`watchdog.rs`).
+    watchdog: Option<Watchdog>,
+}
+
+/// What the agent does with a worker failure.
+enum Verdict {
+    /// A member of the round was lost: a membership change, no restart spent.
+    Loss(String),
+    /// A restart was spent; refunded if the next round shows that a member of these was lost.
+    Charged(Option<Arc<[String]>>),
+    /// No restart left and no loss to explain the failure: the job failed.
+    Spent,
+    Stop(Stop),
 }
 
 impl Agent {
@@ -156,6 +179,7 @@ impl Agent {
             standalone_round: 0,
             took_part: false,
             reported_error_file: false,
+            watchdog: None,
         })
     }
 
@@ -171,19 +195,39 @@ impl Agent {
 
     async fn connect_and_run(&mut self, signals: &mut Signals) -> i32 {
         if let Mode::Etcd(params) = &self.cfg.rendezvous {
-            match connect((**params).clone(), signals).await {
-                Ok(r) => self.rdzv = Some(r),
+            let params = (**params).clone();
+            match connect(params.clone(), signals).await {
+                Ok(r) => {
+                    if self.cfg.watchdog {
+                        match Watchdog::spawn(&params) {
+                            Ok(mut w) => {
+                                w.arm(r.release_ticket().await);
+                                self.watchdog = Some(w);
+                            }
+                            Err(e) => say(format_args!(
+                                "cannot start the watchdog ({e}): if this launcher is killed, the others notice when its lease expires"
+                            )),
+                        }
+                    }
+                    self.rdzv = Some(r);
+                }
                 Err(status) => return status,
             }
         }
         let status = self.agent_loop(signals).await;
         if let Some(rdzv) = self.rdzv.take() {
             // Releases this node only: the run goes on for the others.
-            if let Err(e) = rdzv.shutdown().await {
-                say(format_args!(
+            match rdzv.shutdown().await {
+                Ok(()) => {
+                    if let Some(w) = self.watchdog.take() {
+                        w.dismiss();
+                    }
+                }
+                // The watchdog, left to see the pipe close, tries once more.
+                Err(e) => say(format_args!(
                     "could not release this node cleanly: {}",
                     e.message()
-                ));
+                )),
             }
         }
         status
@@ -192,11 +236,16 @@ impl Agent {
     async fn agent_loop(&mut self, signals: &mut Signals) -> i32 {
         // The last group's failures, reported if the job ends before a group succeeds.
         let mut failed: Option<Vec<Failure>> = None;
+        // The members of the round whose failure spent the last restart.
+        let mut charged: Option<Arc<[String]>> = None;
         loop {
             let round = match self.rendezvous(signals).await {
                 Ok(round) => round,
                 Err(stop) => return self.stopped(stop, failed.as_deref()),
             };
+            if let Some(before) = charged.take() {
+                self.refund_if_lost(&before).await;
+            }
             let workers = match self.exchange(&round, signals).await {
                 Ok(workers) => workers,
                 Err(Stop::Changed(why)) => {
@@ -252,14 +301,29 @@ impl Agent {
                         return 128 + sig;
                     }
                     let failures = group.failures();
-                    if self.restart_count < self.cfg.max_restarts {
-                        self.restart_count += 1;
-                        say(format_args!(
-                            "restarting the worker group (restart {} of {}) after rank {} failed",
-                            self.restart_count, self.cfg.max_restarts, failures[0].global_rank
-                        ));
-                        failed = Some(failures);
-                        continue;
+                    match self.failed(signals).await {
+                        Verdict::Loss(why) => {
+                            say(format_args!(
+                                "rank {} failed and {why}: a membership change, forming a new round (no restart spent)",
+                                failures[0].global_rank
+                            ));
+                            failed = None;
+                            continue;
+                        }
+                        Verdict::Charged(members) => {
+                            say(format_args!(
+                                "restarting the worker group (restart {} of {}) after rank {} failed",
+                                self.restart_count, self.cfg.max_restarts, failures[0].global_rank
+                            ));
+                            charged = members;
+                            failed = Some(failures);
+                            continue;
+                        }
+                        Verdict::Stop(Stop::Signal(sig)) => {
+                            return self.stopped(Stop::Signal(sig), None)
+                        }
+                        Verdict::Stop(Stop::Drained) => return self.stopped(Stop::Drained, None),
+                        Verdict::Stop(_) | Verdict::Spent => {}
                     }
                     say(format_args!(
                         "restart budget spent ({} of {} restarts used): the job failed{}",
@@ -317,6 +381,73 @@ impl Agent {
                     return self.stopped(stop, None);
                 }
             }
+        }
+    }
+
+    /// Decides what a worker failure costs (the group is stopped already). A member lost
+    /// within `lease_ttl` of the failure explains it: a peer's death breaks this node's
+    /// workers' connections, and that must not spend a restart. Which is seen first, the
+    /// broken connection or the loss, is a race (the loss comes within a round trip when the
+    /// peer's watchdog releases it, within `lease_ttl` when its machine vanished), so:
+    /// - a loss seen already: no restart spent;
+    /// - otherwise, with restarts left: one is spent at once (a real failure is not slowed)
+    ///   and refunded when the next round shows that a member of this one was lost
+    ///   (`refund_if_lost`);
+    /// - with none left: wait up to `lease_ttl` (and a margin) for a loss before declaring
+    ///   the job failed. Only a job that is failing anyway waits, at most that long.
+    async fn failed(&mut self, signals: &mut Signals) -> Verdict {
+        let Some(rdzv) = &self.rdzv else {
+            return self.charge(None);
+        };
+        if let Ok(lost) = rdzv.num_lost().await {
+            if lost > 0 {
+                return Verdict::Loss(format!("{lost} member(s) of the round were lost"));
+            }
+        }
+        if self.restart_count < self.cfg.max_restarts {
+            let members = rdzv.members().await.ok();
+            return self.charge(members);
+        }
+        let grace = rdzv.params().lease_ttl + LOSS_GRACE_MARGIN;
+        say(format_args!(
+            "no restart left: waiting up to {:.0} s (lease_ttl) for a lost member that would explain the failure",
+            grace.as_secs_f64()
+        ));
+        let mut tick = self.ticker();
+        tokio::select! {
+            change = self.membership_change(&mut tick, false) => match change {
+                Stop::Changed(why) => Verdict::Loss(why),
+                other => Verdict::Stop(other),
+            },
+            sig = signals.recv() => Verdict::Stop(Stop::Signal(sig)),
+            _ = tokio::time::sleep(grace) => Verdict::Spent,
+        }
+    }
+
+    fn charge(&mut self, members: Option<Arc<[String]>>) -> Verdict {
+        if self.restart_count < self.cfg.max_restarts {
+            self.restart_count += 1;
+            Verdict::Charged(members)
+        } else {
+            Verdict::Spent
+        }
+    }
+
+    /// Gives back the restart the last failure spent if the round just formed lacks a member
+    /// of the round that failed: that member's loss broke the workers.
+    async fn refund_if_lost(&mut self, before: &[String]) {
+        let Some(rdzv) = &self.rdzv else { return };
+        let Ok(now) = rdzv.members().await else {
+            return;
+        };
+        let now: HashSet<&str> = now.iter().map(String::as_str).collect();
+        let gone = before.iter().filter(|m| !now.contains(m.as_str())).count();
+        if gone > 0 && self.restart_count > 0 {
+            self.restart_count -= 1;
+            say(format_args!(
+                "{gone} member(s) of the last round were lost: the failure is put down to that, restart refunded ({} of {} used)",
+                self.restart_count, self.cfg.max_restarts
+            ));
         }
     }
 
@@ -415,6 +546,10 @@ impl Agent {
         match result {
             Ok((info, store)) => {
                 self.took_part = true;
+                // The lease changes when etcd dropped the old one: keep the watchdog current.
+                if let Some(w) = self.watchdog.as_mut() {
+                    w.arm(rdzv.release_ticket().await);
+                }
                 Ok(Round {
                     number: info.round,
                     group_rank: info.rank,

@@ -330,6 +330,11 @@ pub struct RunArgs {
         value_name = "SHELL"
     )]
     pub print_completion: Option<String>,
+    /// Start no watchdog. By default a small helper process releases this node the moment
+    /// the launcher dies without leaving (SIGKILL, the OOM killer), so the other nodes re-form
+    /// at once; without it they notice when this node's lease expires (lease_ttl).
+    #[arg(long, env = "RDZV_NO_WATCHDOG", value_parser = FalseyValueParser::new())]
+    pub no_watchdog: bool,
     /// The program to start (a .py file runs under python3).
     #[arg(value_name = "PROGRAM", required_unless_present = "print_completion")]
     pub program: Option<String>,
@@ -546,6 +551,8 @@ pub struct RunConfig {
     pub log_line_prefix_template: Option<String>,
     pub duplicate_stdout_filters: Vec<String>,
     pub duplicate_stderr_filters: Vec<String>,
+    /// Start the watchdog that releases this node if the launcher is killed (`watchdog.rs`).
+    pub watchdog: bool,
     /// Lines to tell the user before starting (notes on accepted aliases, defaults taken).
     pub notes: Vec<String>,
 }
@@ -742,6 +749,7 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
             .filter(|t| !t.is_empty()),
         duplicate_stdout_filters: comma_list(a.duplicate_stdout_filters.as_deref()),
         duplicate_stderr_filters: comma_list(a.duplicate_stderr_filters.as_deref()),
+        watchdog: !a.no_watchdog,
         notes,
     })
 }

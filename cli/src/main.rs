@@ -4,7 +4,8 @@
 //! Modules, each depending only on those listed before it: `output` (every line the command
 //! writes), `cli` (flags into a checked configuration), `ranks` (worker ranks from a round),
 //! `workers` (one node's worker processes), `c10d` (the embedded etcd of
-//! `--rdzv-backend=c10d`), `agent` (the elastic agent's state machine), `ops` (the operator
+//! `--rdzv-backend=c10d`), `watchdog` (the helper that releases the node if the launcher is
+//! killed), `agent` (the elastic agent's state machine), `ops` (the operator
 //! commands).
 
 mod output;
@@ -12,6 +13,7 @@ mod output;
 mod c10d;
 mod cli;
 mod ranks;
+mod watchdog;
 mod workers;
 
 mod agent;
@@ -21,6 +23,14 @@ use clap::Parser;
 use cli::{Cli, Command};
 
 fn main() {
+    // The watchdog is this binary in a hidden mode, started by `rdzv run` (watchdog.rs).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == watchdog::MODE)
+    {
+        output::route_library_logs();
+        std::process::exit(watchdog::main());
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => std::process::exit(usage_error(e)),

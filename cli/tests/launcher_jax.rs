@@ -98,7 +98,9 @@ fn jax_collectives_across_two_launchers() {
 ///
 /// - The coordinator's node lost: the survivor's JAX processes abort at once (XLA's
 ///   coordination agent loses the service: SIGABRT), before the lost lease shows; the launcher
-///   sees a worker failure, so the job needs a restart in its budget.
+///   sees a worker failure first, which the loss then explains (no restart is spent in the end:
+///   `cli/tests/recovery.rs` checks that with `--max-restarts=0`; this test keeps a restart in
+///   its budget either way).
 /// - The other node lost: the survivor's processes keep running (the service would notice the
 ///   missing heartbeats only after 100 s) until the launcher sees the lost lease and stops them,
 ///   spending no restart. JAX takes SIGTERM as a preemption notice and keeps running, so they

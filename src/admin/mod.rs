@@ -397,6 +397,38 @@ impl Admin {
         Ok(())
     }
 
+    /// Ends a node's membership at once, from another process: revokes the lease of `ticket`
+    /// (`Rendezvous::release_ticket`), which deletes the node's `alive` key, its join keys and
+    /// any leadership, so the others see it lost within a round trip instead of one
+    /// `lease_ttl` later. For a helper that outlives a launcher killed without a chance to
+    /// shut down (`rdzv run`'s watchdog). Only the lease that the node's `alive` key is bound
+    /// to is revoked: returns false, revoking nothing, when the node is gone already or has
+    /// taken another lease since the ticket was written.
+    pub async fn release(&self, ticket: &crate::ReleaseTicket) -> Result<bool> {
+        let deadline = self.deadline();
+        let alive = self
+            .etcd
+            .get(
+                deadline,
+                "release: the node's alive key",
+                self.keys.alive(&ticket.node),
+                GetOptions::new(),
+            )
+            .await?;
+        // Lease ids are never reused by etcd, so the id read here is still this node's when
+        // the revoke lands (or gone, which revoke takes as done).
+        let bound = alive.kvs().first().map(|kv| kv.lease());
+        if bound != Some(ticket.lease) {
+            tracing::info!(run = %self.params.run_id, node = %ticket.node, lease = ticket.lease,
+                bound, "release: the node no longer holds this lease; nothing revoked");
+            return Ok(false);
+        }
+        crate::backend::lease::revoke(&self.etcd, ticket.lease, deadline).await?;
+        tracing::info!(run = %self.params.run_id, node = %ticket.node, lease = ticket.lease,
+            "released a node: revoked its lease");
+        Ok(true)
+    }
+
     /// Closes the run for every node, as `Rendezvous::set_closed` does: blocked `next` calls
     /// return closed and later ones fail at once. The marker expires after `retention`.
     pub async fn close(&self) -> Result<()> {

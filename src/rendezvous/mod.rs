@@ -15,7 +15,10 @@ pub(crate) mod drain;
 mod lost;
 pub(crate) mod records;
 mod round;
+mod ticket;
 pub(crate) mod wake;
+
+pub use ticket::ReleaseTicket;
 
 pub(crate) use records::{chunk_count, FinalRecord, JoinRecord};
 
@@ -773,6 +776,29 @@ impl Rendezvous {
                 lease.mark_lost();
             }
         }
+    }
+
+    /// What another process needs to end this node's membership at once if this process
+    /// dies without shutting down (SIGKILL, the OOM killer): this node's id and its current
+    /// lease, for `Admin::release`. `None` after `shutdown`, or while the node holds no live
+    /// lease. The lease changes when etcd dropped the old one (the node was cut off longer
+    /// than `lease_ttl`; `next` then takes a new one), so a holder should ask again after
+    /// each `next`; an outdated ticket releases nothing.
+    pub async fn release_ticket(&self) -> Option<ReleaseTicket> {
+        if self.is_shut_down() {
+            return None;
+        }
+        let lease = self
+            .lease
+            .lock()
+            .await
+            .as_ref()
+            .filter(|l| !l.is_lost())?
+            .id;
+        Some(ReleaseTicket {
+            node: self.node.clone(),
+            lease,
+        })
     }
 
     /// The id of this node's current lease (0 if it has none).
