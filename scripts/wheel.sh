@@ -5,7 +5,7 @@
 # then given its manylinux platform tag by auditwheel.
 #
 #   scripts/wheel.sh [OUTDIR]                      this machine's architecture, its own toolchain
-#   scripts/wheel.sh --target ARCH [OUTDIR]        ARCH = x86_64 or aarch64, for glibc >= 2.17
+#   scripts/wheel.sh --target ARCH [OUTDIR]        ARCH = x86_64 or aarch64, for glibc >= 2.28
 #   scripts/wheel.sh --all [OUTDIR]                both of those (the wheels to publish)
 # (default OUTDIR: dist/ at the repository root; one wheel path printed per line)
 #
@@ -16,10 +16,11 @@
 # Built with this machine's toolchain, that follows the machine's glibc (2.36 on Debian 12:
 # manylinux_2_34). With --target the link goes through zig (cargo-zigbuild), which links
 # against the symbol set of the glibc named in the target (GLIBC below) whatever the build
-# machine runs, and cross-links aarch64: manylinux_2_17 (manylinux2014), where PyTorch's own
-# wheels go (they need 2.28), with no manylinux container. It is the same setuptools-rust
-# build, with cargo-zigbuild in cargo's place (setuptools-rust runs $CARGO) and the target in
-# CARGO_BUILD_TARGET; setuptools names the wheel's platform from _PYTHON_HOST_PLATFORM.
+# machine runs, and cross-links aarch64: manylinux_2_28, where PyTorch's own wheels go, with no
+# manylinux container (not 2.17: Rust's standard library calls getrandom, a glibc 2.25
+# symbol). It is the same setuptools-rust build, with cargo-zigbuild in cargo's place
+# (setuptools-rust runs $CARGO) and the target in CARGO_BUILD_TARGET; setuptools names the
+# wheel's platform from _PYTHON_HOST_PLATFORM.
 # Each wheel is then checked with `auditwheel show`: the tag it earned, and no library from
 # outside the manylinux set.
 #
@@ -30,7 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/cached-env.sh
 
-GLIBC=2.28 # PyTorch's wheels need it too; Rust's standard library needs getrandom (glibc 2.25)
+GLIBC=2.28
 targets=()
 case "${1:-}" in
   --target)
