@@ -13,15 +13,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/cached-env.sh
 suite=${1:?usage: rootfs.sh SUITE ARCH} arch=${2:?usage: rootfs.sh SUITE ARCH}
-command -v mmdebstrap >/dev/null || { echo "rootfs.sh: mmdebstrap is missing (apt-get install mmdebstrap)" >&2; exit 1; }
-mirror=${RDZV_DEBIAN_MIRROR:-}
-if [ -z "$mirror" ]; then
-  mirror=$(apt-get indextargets --format '$(REPO_URI)' 'Created-By: Packages' 2>/dev/null | grep -v -- '-security' | head -n1 || true)
-  [ -n "$mirror" ] || { echo "rootfs.sh: no Debian mirror in apt's configuration: set RDZV_DEBIAN_MIRROR" >&2; exit 1; }
-fi
 PACKAGES=python3,python3-venv,python3-pip
 dir="$(rdzv_cache)/rootfs-$suite-$arch"
 make_rootfs() {
+  command -v mmdebstrap >/dev/null || { echo "rootfs.sh: mmdebstrap is missing (apt-get install mmdebstrap)" >&2; exit 1; }
+  local mirror=${RDZV_DEBIAN_MIRROR:-}
+  if [ -z "$mirror" ]; then
+    mirror=$(apt-get indextargets --format '$(REPO_URI)' 'Created-By: Packages' 2>/dev/null | grep -v -- '-security' | head -n1 || true)
+    [ -n "$mirror" ] || { echo "rootfs.sh: no Debian mirror in apt's configuration: set RDZV_DEBIAN_MIRROR" >&2; exit 1; }
+  fi
   mmdebstrap --quiet --variant=extract --architectures="$arch" --include="$PACKAGES" "$suite" "$dir" "$mirror" >&2
 }
 cached_env "$dir" "$suite $arch $PACKAGES" make_rootfs
