@@ -64,7 +64,7 @@ fi
 
 # wheel_for [ARCH]: builds, repairs and checks one wheel, and prints its path.
 wheel_for() {
-  local arch=${1:-} dir="$build/${1:-native}" env=() wheel show
+  local arch=${1:-} dir="$build/${1:-native}" env=() wheel show tag
   mkdir -p "$dir"
   if [ -n "$arch" ]; then
     env=(PATH="$zig_env/bin:$PATH" CARGO=cargo-zigbuild CARGO_BUILD_TARGET="$arch-unknown-linux-gnu.$GLIBC"
@@ -78,9 +78,11 @@ wheel_for() {
   PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair -w "$dir/manylinux" "$dir"/linux/*.whl 2>"$dir/repair.log" \
     || { cat "$dir/repair.log" >&2; exit 1; }
   wheel=$(basename "$dir"/manylinux/*.whl)
-  show=$("$tools/bin/auditwheel" show "$dir/manylinux/$wheel")
+  # On one line: auditwheel wraps its sentences.
+  show=$("$tools/bin/auditwheel" show "$dir/manylinux/$wheel" | tr -s ' \n' '  ')
   # The tag it earned is the one in its name, and nothing was grafted: no library of its own.
-  grep -q "consistent with the following platform tag:" <<<"$show" || { echo "$show" >&2; exit 1; }
+  tag=${wheel##*-} && tag=${tag%.whl}
+  grep -q "consistent with the following platform tag: \"$tag\"" <<<"$show" || { echo "$show" >&2; exit 1; }
   if grep -q "\.libs/" <<<"$(unzip -Z1 "$dir/manylinux/$wheel")"; then
     echo "wheel.sh: auditwheel grafted libraries into $wheel: it needs one outside the manylinux set" >&2
     exit 1
