@@ -4,21 +4,33 @@
 # find_package consumer, a Go module that requires the binding), exactly the rdzv_* functions
 # of rdzv.h exported, and the Python wheel (scripts/wheel.sh) in a fresh virtual environment:
 # its tags and contents, the package, and the rdzv command it installs.
+#
+# `install-test.sh --prefix DIR` runs the prefix's checks (the layout, the exports, C, C++, Go,
+# and bin/rdzv if there is one) on a prefix made elsewhere (an unpacked release tarball of
+# scripts/release.sh) instead of installing one, and skips the wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
+given=
+if [ "${1:-}" = --prefix ]; then
+  given=$(cd "${2:?install-test.sh --prefix takes a directory}" && pwd)
+fi
 work=$(mktemp -d)
 read -r etcd_pid endpoint etcd_dir < <(scripts/etcd-local.sh)
-trap 'kill "$etcd_pid" 2>/dev/null || true; rm -rf "$work" "$etcd_dir" "${prefix:-}"' EXIT
+trap 'kill "$etcd_pid" 2>/dev/null || true; rm -rf "$work" "$etcd_dir"' EXIT
 # A prefix of this run's own, so that two runs at once do not collide. Go's build cache does
 # not key on what pkg-config answers, so a package built against another prefix would be
 # linked with that prefix's flags: the prefix goes into the cache key through CGO_CPPFLAGS.
-prefix="$work/prefix"
+prefix=${given:-"$work/prefix"}
 url() { echo "etcd://$endpoint/install-$1-$$?min_nodes=1"; }
 step() { echo "--- $*"; }
 
-step "install under a prefix"
-scripts/install.sh "$prefix"
+if [ -n "$given" ]; then
+  step "a prefix made elsewhere: $prefix"
+else
+  step "install under a prefix"
+  scripts/install.sh "$prefix"
+fi
 lib="$prefix/lib/librdzv.so.0.1.0"
 [ "$(readlink "$prefix/lib/librdzv.so.0")" = librdzv.so.0.1.0 ]
 [ "$(readlink "$prefix/lib/librdzv.so")" = librdzv.so.0 ]
@@ -96,6 +108,20 @@ CGO_CPPFLAGS="-DRDZV_PREFIX_ID=$(printf %s "$prefix" | md5sum | cut -c1-12)" go 
 ./go-node "$(url go)" | tee go.out
 grep -q "rank 0 of 1" go.out
 cd "$repo"
+
+if [ -n "$given" ]; then
+  if [ -e "$prefix/bin/rdzv" ]; then
+    step "the prefix's rdzv command: a job of two workers"
+    [ "$("$prefix/bin/rdzv" --version)" = "rdzv $(sed -n '/^version = "/{s/^version = "\(.*\)"/\1/p;q;}' Cargo.toml)" ]
+    job=$("$prefix/bin/rdzv" run --nnodes=1 --nproc-per-node=2 --rdzv-endpoint="$endpoint" --rdzv-id="install-bin-$$" \
+      --local-addr=127.0.0.1 --no-python sh -c 'echo "rank=$RANK of $WORLD_SIZE"' 2>&1)
+    echo "$job"
+    grep -q '^\[rank0\]:rank=0 of 2$' <<<"$job"
+    grep -q '^\[rank1\]:rank=1 of 2$' <<<"$job"
+  fi
+  echo "install test ok (prefix $prefix)"
+  exit 0
+fi
 
 step "Python wheel in a fresh virtual environment, used from outside the repository"
 unset LD_LIBRARY_PATH

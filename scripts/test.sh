@@ -11,6 +11,9 @@
 # and DeepSpeed programs under rdzv run in cached environments (scripts/jax-env.sh and, layered
 # on the PyTorch one, scripts/torch-frameworks-env.sh). RDZV_SKIP_TORCH=1 skips the PyTorch
 # suites (the first run downloads about 5 GB). Prints one "N passed, N failed" line at the end.
+# Not here, for their cost (cross and static release builds, root filesystems, qemu): the
+# checks of the wheels to publish and of the release files, scripts/wheel-check.sh and
+# scripts/release-check.sh (docs/INSTALL.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
