@@ -62,12 +62,29 @@ if [ ${#targets[@]} -gt 0 ]; then
   for arch in "${targets[@]}"; do scripts/zig-env.sh --rust-target "$arch-unknown-linux-gnu" >/dev/null; done
 fi
 
+# Installs a Debian package (as root, or through sudo).
+apt_install() {
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get install -y -q "$@" >&2 || { "${sudo[@]}" apt-get update -q >&2 && "${sudo[@]}" apt-get install -y -q "$@" >&2; }
+}
+
 # wheel_for [ARCH]: builds, repairs and checks one wheel, and prints its path.
 wheel_for() {
   local arch=${1:-} dir="$build/${1:-native}" env=() wheel show tag
   mkdir -p "$dir"
   if [ -n "$arch" ]; then
-    env=(PATH="$zig_env/bin:$PATH" CARGO=cargo-zigbuild CARGO_BUILD_TARGET="$arch-unknown-linux-gnu.$GLIBC"
+    # setuptools-rust strips the binaries with `strip` from PATH and ignores its failure: the
+    # machine's own cannot read another architecture's, which left the aarch64 wheel's library
+    # and command with their debug information (53 and 68 MB). That architecture's strip goes
+    # first on PATH (binutils-ARCH-linux-gnu).
+    local strip_dir="$build/strip-$arch"
+    mkdir -p "$strip_dir"
+    if [ "$arch" != "$(uname -m)" ]; then
+      command -v "$arch-linux-gnu-strip" >/dev/null || apt_install "binutils-${arch//_/-}-linux-gnu"
+      ln -sf "$(command -v "$arch-linux-gnu-strip")" "$strip_dir/strip"
+    fi
+    env=(PATH="$strip_dir:$zig_env/bin:$PATH" CARGO=cargo-zigbuild CARGO_BUILD_TARGET="$arch-unknown-linux-gnu.$GLIBC"
       _PYTHON_HOST_PLATFORM="linux-$arch")
   fi
   # setuptools builds in bindings/python/build and packs everything it finds in build/lib: files
