@@ -63,13 +63,17 @@ case "${1:-}" in
   echo "wrote abi/librdzv-$version.abi from $lib"
   ;;
 --self-test)
-  # Modified copies of the crate whose library is named rdzv_abi_mutant: built in the same target
-  # directory, they reuse its dependencies and never overwrite librdzv.so.
+  # Modified copies of the crate, a package named rdzv_abi_mutant in a workspace of its own:
+  # built in the same target directory, they reuse its dependencies. The name must differ:
+  # cargo keys a workspace member's build (its build script's output, the header among it) by
+  # name, version and path inside the workspace, which a copy named rdzv would share with the
+  # library, overwriting its generated header.
   export CARGO_TARGET_DIR="$target" RDZV_ABI_CRATE=rdzv_abi_mutant
   copy() {
     rm -rf "$work/src-copy" && mkdir "$work/src-copy"
     git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/src-copy"
-    edit Cargo.toml $'[lib]\n' $'[lib]\nname = "rdzv_abi_mutant"\n'
+    edit Cargo.toml $'[package]\nname = "rdzv"\n' $'[package]\nname = "rdzv_abi_mutant"\n'
+    edit Cargo.toml $'\nmembers = [".", "cli", "tests", "benches"]\ndefault-members = [".", "cli", "tests"]\n' $'\nmembers = ["."]\n'
   }
   # Edits a file of the copy: python replace, which must match exactly once.
   edit() {
@@ -81,7 +85,7 @@ assert text.count(old) == 1, f"{path}: {old!r} found {text.count(old)} times"
 open(path, "w").write(text.replace(old, new))
 PY
   }
-  build_copy() { (cd "$work/src-copy" && cargo build --quiet --offline -p rdzv --lib) && echo "$target/debug/librdzv_abi_mutant.so"; }
+  build_copy() { (cd "$work/src-copy" && cargo build --quiet --offline -p rdzv_abi_mutant --lib) && echo "$target/debug/librdzv_abi_mutant.so"; }
   failures=0
 
   echo "--- a function removed, a signature, a struct and a status value changed: must fail"
