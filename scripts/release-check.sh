@@ -25,8 +25,15 @@ else
   scripts/release.sh "$dir"
 fi
 
+checked=0
 for arch in x86_64 aarch64; do
   bin="$dir/rdzv-$version-linux-$arch"
+  # A directory given may hold one architecture's files (release.sh --target).
+  if [ ! -e "$bin" ] && [ -n "${1:-}" ]; then
+    step "static rdzv for $arch: not in $dir, skipped"
+    continue
+  fi
+  checked=$((checked + 1))
   run=("$bin")
   [ "$arch" = "$(uname -m)" ] || run=(qemu-"$arch" "$bin")
   step "static rdzv for $arch: ${run[*]}"
@@ -41,12 +48,15 @@ for arch in x86_64 aarch64; do
   job=$("${run[@]}" run --nnodes=1 --nproc-per-node=2 --rdzv-endpoint="$endpoint" --rdzv-id="$id" \
     --local-addr=127.0.0.1 --no-python sh -c 'echo "rank=$RANK of $WORLD_SIZE"' 2>&1)
   echo "$job"
-  grep -q '^\[rank0\]:rank=0 of 2$' <<<"$job"
-  grep -q '^\[rank1\]:rank=1 of 2$' <<<"$job"
+  # Worker lines come as the workers wrote them, unprefixed (torchrun's console).
+  grep -qx 'rank=0 of 2' <<<"$job"
+  grep -qx 'rank=1 of 2' <<<"$job"
   status=$("${run[@]}" status --json "etcd://$endpoint/$id")
   echo "status: $status"
   python3 -c 'import json, sys; json.loads(sys.argv[1])' "$status"
 done
+
+[ "$checked" -gt 0 ] || { echo "no static rdzv in $dir" >&2; exit 1; }
 
 step "the x86_64 tarball, unpacked, for C, C++ and Go users"
 tar -C "$work" -xzf "$dir/rdzv-$version-linux-x86_64.tar.gz"
