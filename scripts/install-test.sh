@@ -116,8 +116,8 @@ if [ -n "$given" ]; then
     job=$("$prefix/bin/rdzv" run --nnodes=1 --nproc-per-node=2 --rdzv-endpoint="$endpoint" --rdzv-id="install-bin-$$" \
       --local-addr=127.0.0.1 --no-python sh -c 'echo "rank=$RANK of $WORLD_SIZE"' 2>&1)
     echo "$job"
-    grep -q '^\[rank0\]:rank=0 of 2$' <<<"$job"
-    grep -q '^\[rank1\]:rank=1 of 2$' <<<"$job"
+    grep -qx 'rank=0 of 2' <<<"$job"
+    grep -qx 'rank=1 of 2' <<<"$job"
   fi
   echo "install test ok (prefix $prefix)"
   exit 0

@@ -107,8 +107,9 @@ printf 'import os\nprint("rank=%%s of %%s" %% (os.environ["RANK"], os.environ["W
 job=$(in_old "$work/venv-x86/bin/rdzv" run --nnodes=1 --nproc-per-node=2 --rdzv-endpoint="$endpoint" \
   --rdzv-id="wheel-check-job-$$" --local-addr=127.0.0.1 "$work/rank.py" 2>&1)
 echo "$job"
-grep -q '^\[rank0\]:rank=0 of 2$' <<<"$job"
-grep -q '^\[rank1\]:rank=1 of 2$' <<<"$job"
+# Worker lines come as the workers wrote them, unprefixed (torchrun's console).
+grep -qx 'rank=0 of 2' <<<"$job"
+grep -qx 'rank=1 of 2' <<<"$job"
 
 step "glibc: the newest symbol version each wheel's binaries import"
 for wheel in "$x86" "$a64"; do
