@@ -59,7 +59,9 @@ suite "clippy" cargo clippy --workspace --all-targets --quiet -- -D warnings
 suite "crates: the library alone depends on no command-line parser; what each published crate ships" scripts/crates-check.sh
 suite "C ABI: the library keeps 0.1.0's ABI (abidiff against abi/)" scripts/abi-check.sh "$lib/librdzv.so"
 suite "C ABI check's self-test: a removed function, changed signature, struct and status fail; additions pass" scripts/abi-check.sh --self-test
-suite "rust tests (unit, etcd integration, processes, C ABI, header, chaos) on etcd $(etcd_version "$newest")" cargo test --no-fail-fast
+# The framework suites find their cached environments by themselves; they run once, below.
+suite "rust tests (unit, etcd integration, processes, C ABI, header, chaos) on etcd $(etcd_version "$newest")" \
+  env RDZV_TORCH_PYTHON= RDZV_TORCH_FRAMEWORKS_PYTHON= RDZV_JAX_PYTHON= cargo test --no-fail-fast
 if [ -d bindings/cpp ]; then
   suite "c++ binding (ctest)" bash -c 'cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug -DRDZV_LIBRARY="$1" >/dev/null &&
     cmake --build bindings/cpp/build -j2 >/dev/null && ctest --test-dir bindings/cpp/build --output-on-failure' _ "$lib/librdzv.so"

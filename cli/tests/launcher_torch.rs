@@ -16,8 +16,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn torch_python() -> Option<PathBuf> {
+    // Set but empty: no environment, even where the cache has one (as `cached_python`).
     if let Some(p) = std::env::var_os("RDZV_TORCH_PYTHON") {
-        return Some(PathBuf::from(p));
+        return (!p.is_empty()).then(|| PathBuf::from(p));
     }
     let home = std::env::var_os("HOME").map(PathBuf::from)?;
     let cache = std::env::var_os("RDZV_CACHE")

@@ -21,8 +21,10 @@ pub const RDZV: &str = env!("CARGO_BIN_EXE_rdzv");
 /// `PREFIX-<version>` under the cache directory the scripts/*-env.sh scripts use; `None`
 /// where there is none (the caller skips, saying so).
 pub fn cached_python(variable: &str, prefix: &str) -> Option<PathBuf> {
+    // Set but empty: no environment, even where the cache has one (the test command runs
+    // these suites once, in a step of their own).
     if let Some(p) = std::env::var_os(variable) {
-        return Some(PathBuf::from(p));
+        return (!p.is_empty()).then(|| PathBuf::from(p));
     }
     let home = std::env::var_os("HOME").map(PathBuf::from)?;
     let cache = std::env::var_os("RDZV_CACHE")
