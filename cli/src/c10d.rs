@@ -112,20 +112,7 @@ pub fn serve_if_here(endpoint: &str) -> Result<Option<EmbeddedEtcd>, String> {
         .stdout(Stdio::null())
         .stderr(log)
         .process_group(0);
-    let launcher = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
-    // functions (prctl, getppid, _exit).
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != launcher {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
+    crate::workers::dies_with_launcher(&mut cmd);
     let child = cmd.spawn().map_err(|e| {
         let _ = std::fs::remove_dir_all(&dir);
         format!("--rdzv-backend=c10d: cannot start {}: {e}", etcd.display())

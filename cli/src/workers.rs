@@ -404,6 +404,14 @@ fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    dies_with_launcher(&mut cmd);
+    cmd.spawn()
+}
+
+/// The environment torchrun's agent gives a worker (on top of the launcher's own).
+/// Makes the process `cmd` starts die (SIGKILL) with the launcher, however the launcher ends:
+/// a SIGKILLed launcher leaves no worker or embedded etcd behind.
+pub fn dies_with_launcher(cmd: &mut Command) {
     let launcher = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
     // functions (prctl, getppid, _exit).
@@ -419,10 +427,8 @@ fn spawn(
             Ok(())
         });
     }
-    cmd.spawn()
 }
 
-/// The environment torchrun's agent gives a worker (on top of the launcher's own).
 pub fn worker_env(
     spec: &GroupSpec<'_>,
     r: &WorkerRanks,
