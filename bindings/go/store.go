@@ -322,7 +322,8 @@ func (s *Store) multiGet(ctx context.Context, tok *cancelToken, keys []string, t
 	return out, err
 }
 
-// MultiSet sets keys[i] to values[i] for all i, all or nothing. If ctx ends first, the error
+// MultiSet sets keys[i] to values[i] for all i, all or nothing (beyond 128 keys, each 128
+// in turn, as rdzv_store_multi_set says). If ctx ends first, the error
 // matches ErrCancelled and the writes may still take effect.
 func (s *Store) MultiSet(ctx context.Context, keys []string, values [][]byte) error {
 	if len(keys) != len(values) {

@@ -172,7 +172,8 @@ class Store(Managed):
         return self._blocking(work, ms)
 
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
-        """Sets every ``keys[i]`` to ``values[i]``, all or nothing."""
+        """Sets every ``keys[i]`` to ``values[i]``, all or nothing (beyond 128 keys, each 128
+        in turn, as ``rdzv_store_multi_set`` says)."""
         ks = keys_arg(keys)
         vs = [value_arg(v) for v in values]
         if len(ks) != len(vs):

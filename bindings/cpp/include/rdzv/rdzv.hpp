@@ -543,7 +543,8 @@ class Store {
     return multi_get_raw<std::vector<uint8_t>>(keys, detail::timeout_ms(timeout), &cancel);
   }
 
-  /// Sets keys[i] to values[i] for all i, all or nothing. Sizes must match.
+  /// Sets keys[i] to values[i] for all i, all or nothing (beyond 128 keys, each 128 in turn,
+  /// as rdzv_store_multi_set says). Sizes must match.
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) const {
     multi_set_raw(keys, values);
