@@ -120,7 +120,7 @@ impl Framework {
             Framework::Lightning => "lightning_ddp.py",
             Framework::DeepSpeed => "deepspeed_zero1.py",
         };
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/frameworks")).join(name)
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/frameworks")).join(name)
     }
 }
 

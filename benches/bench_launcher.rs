@@ -118,7 +118,7 @@ fn torch_python() -> Option<PathBuf> {
 fn worker() -> &'static str {
     concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/frameworks/peer_worker.py"
+        "/../tests/frameworks/peer_worker.py"
     )
 }
 
@@ -152,8 +152,15 @@ fn node_command(kind: Kind, target: &Target, n: usize) -> Command {
                 .args(["--max-restarts=3", "--no-python", "python3", worker()]);
             // rdzv's backend from this checkout, on the library built with this benchmark.
             let lib = rdzv_binary().with_file_name("librdzv.so");
-            let package = concat!(env!("CARGO_MANIFEST_DIR"), "/bindings/python");
+            let package = concat!(env!("CARGO_MANIFEST_DIR"), "/../bindings/python");
             c.env("RDZV_LIBRARY", lib).env("PYTHONPATH", package);
+            if kind == Kind::TorchrunC10d {
+                // torch 2.15's c10d handler shares its agent store with the workers, and then a
+                // node that joins a job which already formed a round waits forever: the old
+                // rank 0 skips publishing MASTER_ADDR/PORT in the new round's store
+                // (`DynamicRendezvousHandler.next_rendezvous`). torch's own opt-out avoids it.
+                c.env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1");
+            }
             c
         }
     };
@@ -222,6 +229,11 @@ fn launch(
 ) -> Vec<Launcher> {
     (0..n)
         .map(|i| {
+            if kind == Kind::TorchrunC10d && i == 1 {
+                // The c10d store lives on whichever node binds its port first: let that be
+                // node 0, so the victim (the last node) is never the store's host.
+                wait_for_listener(target.c10d_port, LAUNCH_LIMIT);
+            }
             let mut child = node_command(kind, target, n)
                 .process_group(0)
                 .stdin(Stdio::null())
@@ -246,6 +258,15 @@ fn launch(
             Launcher { child }
         })
         .collect()
+}
+
+/// Returns once something accepts connections on `port` of 127.0.0.1, or after `limit`.
+fn wait_for_listener(port: u16, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline && std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        // Polling a port on this machine: no event to wait on.
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// What the nodes in `nodes` reported after an event: when each one's new worker started and
@@ -400,6 +421,11 @@ fn main() {
     if sizes.is_empty() {
         sizes = vec![2, 8];
     }
+    assert!(
+        std::path::Path::new(worker()).exists(),
+        "the worker {} is missing",
+        worker()
+    );
     let python = torch_python();
     let mut kinds = vec![Kind::Rdzv, Kind::RdzvNoWatchdog];
     match &python {
