@@ -15,6 +15,9 @@ Differences from the torch-free ``EtcdV3RendezvousHandler``, to behave like torc
 * ``next_rendezvous`` returns torch's ``RendezvousInfo`` whose store is a
   ``torch.distributed.Store`` (``TorchStore``) forwarding to the round's store;
 * errors are torch's exception classes (and also rdzv's);
+* a planned departure (this node drained, or the run closed while it waited outside the
+  round) ends ``next_rendezvous`` with ``GracefulExit``, a ``SystemExit`` of status 0, not
+  ``RendezvousGracefulExitError``, which torch's agent turns into an ``AttributeError``;
 * ``shutdown()`` releases this node without closing the run, unlike torch's
   ``DynamicRendezvousHandler.shutdown``: one agent leaving must not end the job for the others;
 * ``num_nodes_waiting()`` counts waiting and lost nodes, so the agent re-rendezvouses when a
@@ -54,6 +57,7 @@ TORCH_AVAILABLE = _api is not None
 
 __all__ = [
     "TORCH_AVAILABLE",
+    "GracefulExit",
     "TorchEtcdV3RendezvousHandler",
     "TorchStore",
     "create_handler",
@@ -315,6 +319,23 @@ class TorchStore(_StoreBase):
 _torch_bases: tuple[type, ...] = (_api.RendezvousHandler,) if TORCH_AVAILABLE else ()
 
 
+class GracefulExit(SystemExit):
+    """What the torch handler's ``next_rendezvous`` raises, under torch, when this node leaves
+    the run as planned (it was drained, or the run closed while it waited outside the round):
+    a ``SystemExit`` with status 0. ``error`` is rdzv's ``RendezvousGracefulExitError``.
+
+    Why not torch's ``RendezvousGracefulExitError``: torch's agent (``SimpleElasticAgent.run``,
+    torch 2.4 to at least 2.15) catches it and returns no result, and its launcher then fails
+    on that ``None`` with an ``AttributeError``, so the node that left as planned would exit 1
+    with a traceback. A ``SystemExit`` passes torch's ``except Exception`` clauses: its
+    ``finally`` blocks still stop the workers and shut the handler down, its ``@record``
+    entry point returns on status 0, and torchrun exits 0."""
+
+    def __init__(self, error: errors.RendezvousGracefulExitError):
+        super().__init__(0)
+        self.error = error
+
+
 class TorchEtcdV3RendezvousHandler(EtcdV3RendezvousHandler, *_torch_bases):  # type: ignore[misc]
     """The handler torchrun gets for ``--rdzv-backend etcd-v3`` (see the module doc)."""
 
@@ -324,7 +345,13 @@ class TorchEtcdV3RendezvousHandler(EtcdV3RendezvousHandler, *_torch_bases):  # t
 
     @_handler_errors
     def next_rendezvous(self) -> Any:
-        info = super().next_rendezvous()
+        try:
+            info = super().next_rendezvous()
+        except errors.RendezvousGracefulExitError as e:
+            if not TORCH_AVAILABLE:
+                raise
+            log.warning("%s; this torchrun exits 0", e)
+            raise GracefulExit(e) from e
         self.last_round = info.round
         if not TORCH_AVAILABLE:
             return info

@@ -167,3 +167,20 @@ def test_shutdown_releases_the_node_without_closing_the_run(etcd, run_id):
     finally:
         a.close()
         b.close()
+
+
+def test_a_drained_node_gets_a_system_exit_of_status_0(etcd, run_id):
+    # torch's agent turns RendezvousGracefulExitError into an AttributeError in its launcher;
+    # a SystemExit(0) passes its `except Exception` clauses and ends torchrun with 0.
+    handler = torch_backend.create_handler(torch_params(etcd, run_id, 1, 1))
+    try:
+        assert handler.next_rendezvous().world_size == 1
+        handler.drain("maintenance")
+        with pytest.raises(torch_backend.GracefulExit) as info:
+            handler.next_rendezvous()
+        assert info.value.code == 0
+        assert not isinstance(info.value, Exception)  # past torch's `except Exception`
+        assert isinstance(info.value.error, rdzv.RendezvousGracefulExitError)
+        assert "maintenance" in str(info.value.error)
+    finally:
+        handler.close()

@@ -197,6 +197,30 @@ def test_node_loss_the_survivor_reforms_alone(etcd, run_id, nodes):
     assert_run_deleted(etcd, run_id)
 
 
+def test_a_drained_node_exits_0_and_the_other_reforms_alone(etcd, run_id, nodes):
+    import rdzv
+
+    # As for a lost node: no restarts allowed, so a re-forms only through the drain.
+    conf = "last_call_timeout=1"
+    a = nodes.start("1:2", wait_unless=2, conf=conf)
+    b = nodes.start("1:2", wait_unless=2, conf=conf)
+    wait_until(lambda: len(records(nodes.results, 4)) == 4, T, "the 4-rank world")
+    (group,) = {int(r["GROUP_RANK"]) for r in records(nodes.results, 4) if r["agent"] == b.pid}
+    with rdzv.Admin(etcd.url(run_id)) as admin:
+        (member,) = [m for m in admin.status().members if m.rank == group]
+        admin.drain(member.node_id, "maintenance")
+    # torch's agent turns RendezvousGracefulExitError into an AttributeError in its launcher
+    # (exit 1); the backend's GracefulExit makes the drained torchrun exit 0 instead.
+    out = nodes.finish(b)
+    assert "AttributeError" not in out, out
+    assert "was drained" in out and "this torchrun exits 0" in out, out
+    nodes.finish(a)
+    alone = records(nodes.results, 2)
+    assert_one_world(alone, 2)
+    assert {r["agent"] for r in alone} == {a.pid}
+    assert_run_deleted(etcd, run_id)
+
+
 STORE_WORKER = """
 import datetime, sys, torch, torch.distributed as dist
 from rdzv import torch_backend
