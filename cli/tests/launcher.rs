@@ -464,6 +464,40 @@ fn a_sigterm_as_the_launcher_rejoins_ends_it() {
     }
 }
 
+/// A node SIGTERMed at each step of re-forming after a peer's loss exits by the signal (143),
+/// as it does while its workers run: a scheduler must not take a terminated node for one
+/// that finished. The steps: just after the loss, as it stops its workers, as it rejoins, and
+/// once the new round formed.
+#[test]
+fn a_sigterm_at_each_step_of_re_forming_after_a_loss_exits_by_the_signal() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    let steps = [
+        None,
+        Some("to form a new round"),
+        Some("joining run"),
+        Some("round 1 formed"),
+    ];
+    for (trial, step) in steps.into_iter().enumerate() {
+        eprintln!("trial {trial}: SIGTERM at {step:?}"); // shown with a failed trial's output
+        let url = etcd.url(
+            &format!("reform-signal-{trial}"),
+            &format!("min_nodes=1&max_nodes=2&{FAST}"),
+        );
+        let mut nodes = s.nodes(2, &url, &[], "hold");
+        formed(&mut nodes, 2, 30);
+        let [a, b] = &mut nodes[..] else {
+            unreachable!()
+        };
+        a.wait_line(30, |l| l.contains("joining run")); // its first join
+        b.crash(); // its watchdog releases it: a sees the loss at once
+        if let Some(step) = step {
+            a.wait_line(30, |l| l.contains(step));
+        }
+        a.terminate();
+    }
+}
+
 #[test]
 fn rdzv_drain_stops_one_node_which_exits_0_and_the_others_re_form_without_spending_restarts() {
     let etcd = Etcd::start();
@@ -1390,6 +1424,37 @@ fn c10d_backend_serves_the_rendezvous_from_the_endpoints_node() {
     let mut none = rdzv_env(&args, &[("PATH", empty.to_str().unwrap())]);
     none.exits_with(1, 10);
     assert!(none.said("no `etcd` is on PATH"), "{}", none.output());
+}
+
+/// torchrun 2.15's c10d backend hangs both nodes when one arrives after the first round
+/// formed: its old rank 0 does not publish MASTER_ADDR/PORT in the new round's store
+/// (`docs/BENCHMARKS.md`). `rdzv run`'s c10d is the ordinary rendezvous on an embedded etcd,
+/// so the job grows.
+#[test]
+fn c10d_backend_admits_a_node_that_arrives_after_the_first_round() {
+    let s = Scratch::new();
+    let endpoint = format!("--rdzv-endpoint=127.0.0.1:{}", common::free_port());
+    let w = s.worker();
+    let id_arg = format!("--rdzv-id={}", unique_run_id("c10d-grow"));
+    let args = [
+        "run",
+        "--nnodes=1:2",
+        "--rdzv-backend=c10d",
+        &endpoint,
+        &id_arg,
+        "--rdzv-conf=last_call_timeout=1,lease_ttl=2",
+        &w,
+        "hold",
+    ];
+    let mut first = rdzv(&args);
+    assert_eq!(num(&first.start(60), "world"), 1);
+    let second = rdzv(&args);
+    let mut nodes = [first, second];
+    formed(&mut nodes, 2, 60);
+    // The node that joined leaves first, then the one serving the rendezvous.
+    for node in nodes.iter_mut().rev() {
+        node.terminate();
+    }
 }
 
 #[test]
