@@ -8,7 +8,8 @@
 //!   - *launcher killed*: SIGKILL to one launcher process alone (not its group), as the OOM
 //!     killer or `kill -9 PID` does;
 //!   - *worker killed*: SIGKILL to one node's worker;
-//!   - *drained*: `rdzv drain` of one node (a planned departure; rdzv's rendezvous only).
+//!   - *drained*: `rdzv drain` of one node (a planned departure: `rdzv run`, and torchrun on
+//!     rdzv's `etcd-v3` backend; torchrun's c10d has no drain).
 //!
 //!   For each: the time from the event to every remaining node in the new round ("round":
 //!   `rdzv run`'s "round N formed" line; torchrun prints none, so there it is the next
@@ -187,8 +188,8 @@ fn rdzv_binary() -> PathBuf {
 
 /// What a node's output says.
 enum Event {
-    /// A worker runs: world, pid.
-    Started(u32, i32),
+    /// A worker runs: world, pid, rank (one worker per node: the node's rank).
+    Started(u32, i32, u32),
     /// A worker took its first step: world, restart count.
     Step(u32, u32),
     /// rdzv run's node id.
@@ -214,7 +215,8 @@ fn parse(line: &str) -> Option<Event> {
     let world = field(line, "world")? as u32;
     let restart = field(line, "restart")? as u32;
     if line.contains("STARTED ") {
-        return Some(Event::Started(world, field(line, "pid")? as i32));
+        let (pid, rank) = (field(line, "pid")? as i32, field(line, "rank")? as u32);
+        return Some(Event::Started(world, pid, rank));
     }
     line.contains("STEP ")
         .then_some(Event::Step(world, restart))
@@ -278,6 +280,14 @@ struct Progress {
     restarts: Vec<u32>,
 }
 
+/// What the nodes said of themselves, by node index: their worker's pid and rank, and (`rdzv
+/// run` only) their node id.
+struct Seen {
+    pids: Vec<i32>,
+    ids: Vec<String>,
+    ranks: Vec<u32>,
+}
+
 /// Reads events until every node in `nodes` stepped in a world of `world` (at most `limit`);
 /// pids and node ids seen on the way are recorded.
 fn wait_for(
@@ -285,10 +295,9 @@ fn wait_for(
     nodes: &[usize],
     world: u32,
     limit: Duration,
-    pids: &mut [i32],
-    ids: &mut [String],
+    seen: &mut Seen,
 ) -> Option<Progress> {
-    let n = pids.len();
+    let n = seen.pids.len();
     let mut p = Progress {
         formed: vec![None; n],
         started: vec![None; n],
@@ -300,12 +309,13 @@ fn wait_for(
         let left = deadline.saturating_duration_since(Instant::now());
         let (i, at, ev) = rx.recv_timeout(left).ok()?;
         match ev {
-            Event::NodeId(id) => ids[i] = id,
+            Event::NodeId(id) => seen.ids[i] = id,
             Event::Formed(w) if w == world => {
                 p.formed[i].get_or_insert(at);
             }
-            Event::Started(w, pid) if w == world => {
-                pids[i] = pid;
+            Event::Started(w, pid, rank) if w == world => {
+                seen.pids[i] = pid;
+                seen.ranks[i] = rank;
                 p.started[i].get_or_insert(at);
             }
             Event::Step(w, restart) if w == world => {
@@ -336,8 +346,12 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
     let started = Instant::now();
     let mut launchers = launch(kind, target, n, &tx);
     let everyone: Vec<usize> = (0..n).collect();
-    let (mut pids, mut ids) = (vec![0; n], vec![String::new(); n]);
-    if wait_for(&rx, &everyone, n as u32, LAUNCH_LIMIT, &mut pids, &mut ids).is_none() {
+    let mut seen = Seen {
+        pids: vec![0; n],
+        ids: vec![String::new(); n],
+        ranks: vec![0; n],
+    };
+    if wait_for(&rx, &everyone, n as u32, LAUNCH_LIMIT, &mut seen).is_none() {
         // Workers a launcher left behind end too.
         let _ = std::fs::write(&target.done, b"");
         return None;
@@ -346,6 +360,11 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
 
     // Not the first node: torchrun's c10d store lives on the node that started it.
     let victim = n - 1;
+    // torchrun prints no node id: the victim's is the sealed round's member of its rank.
+    let victim_id = match (case, kind.is_rdzv()) {
+        (Case::Drained, false) => member_of_rank(&target.url, seen.ranks[victim]),
+        _ => seen.ids[victim].clone(),
+    };
     let event = Instant::now();
     let (others, world): (Vec<usize>, u32) = match case {
         Case::LauncherKilled => {
@@ -353,12 +372,12 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
             (everyone[..victim].to_vec(), n as u32 - 1)
         }
         Case::WorkerKilled => {
-            unsafe { libc::kill(pids[victim], libc::SIGKILL) };
+            unsafe { libc::kill(seen.pids[victim], libc::SIGKILL) };
             (everyone.clone(), n as u32)
         }
         Case::Drained => {
             let ok = Command::new(rdzv_binary())
-                .args(["drain", &target.url, &ids[victim]])
+                .args(["drain", &target.url, &victim_id])
                 .stdout(Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success());
@@ -366,7 +385,7 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
             (everyone[..victim].to_vec(), n as u32 - 1)
         }
     };
-    let got = wait_for(&rx, &others, world, RECOVERY_LIMIT, &mut pids, &mut ids);
+    let got = wait_for(&rx, &others, world, RECOVERY_LIMIT, &mut seen);
     let recovered = got.map(|p| {
         let last = |v: &[Option<Instant>]| {
             let seen: Option<Vec<Instant>> = others.iter().map(|&i| v[i]).collect();
@@ -393,6 +412,21 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
         l.kill_group();
     }
     Some((launched, recovered))
+}
+
+/// The node id of the sealed round's member of rank `rank` (`rdzv status --json`).
+fn member_of_rank(url: &str, rank: u32) -> String {
+    let out = Command::new(rdzv_binary())
+        .args(["status", url, "--json"])
+        .output()
+        .expect("rdzv status");
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    status["sealed"]["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["rank"] == rank))
+        .and_then(|m| m["node"].as_str())
+        .unwrap_or_else(|| panic!("no member of rank {rank} in {status}"))
+        .to_string()
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -455,10 +489,8 @@ fn main() {
         assert!(n >= 2, "N must be at least 2 (one node is lost)");
         for &kind in &kinds {
             for case in [Case::LauncherKilled, Case::WorkerKilled, Case::Drained] {
-                if case == Case::Drained && !kind.is_rdzv() {
-                    // torchrun has no drain of its own; its etcd-v3 agent's node ids are not
-                    // printed, so a drain cannot be aimed at one of its nodes here.
-                    continue;
+                if case == Case::Drained && kind == Kind::TorchrunC10d {
+                    continue; // torchrun has no drain of its own; rdzv's works on etcd-v3
                 }
                 let (mut launch, mut recovery) = (Vec::new(), Vec::new());
                 for r in 0..RUNS {
