@@ -602,6 +602,15 @@ pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error 
     Error::connection(format!("etcd at {endpoints} failed {what}: {cause}"))
 }
 
+/// etcd's message for a read at a revision its history no longer holds (`ErrCompacted`).
+const COMPACTED: &str = "required revision has been compacted";
+
+/// True when `err` is etcd refusing a read at a revision it has compacted away: reading again
+/// at a fresh revision succeeds.
+pub(crate) fn is_compacted(err: &Error) -> bool {
+    err.kind() == ErrorKind::Connection && err.message().contains(COMPACTED)
+}
+
 fn unreachable(endpoints: &str, connect_timeout: Duration) -> Error {
     Error::connection(format!(
         "etcd at {endpoints} unreachable: no connection within {:.1} s",

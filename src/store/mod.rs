@@ -457,12 +457,28 @@ impl Store {
     /// etcd refuses a transaction of more than 128 operations (`--max-txn-ops`), so a read of
     /// more keys is several transactions: the first reads the run's state and the first keys,
     /// the others read theirs at the first one's revision, so every value is of one snapshot.
+    /// If etcd compacts its history past that revision in between (a shared etcd compacts on
+    /// a schedule), the read starts again at a fresh one.
     async fn read(&self, keys: &[&str], deadline: Instant) -> Result<Read> {
         self.usable()?;
         let full = keys
             .iter()
             .map(|k| self.key(k))
             .collect::<Result<Vec<_>>>()?;
+        loop {
+            match self.read_snapshot(&full, deadline).await {
+                Err(e) if crate::backend::is_compacted(&e) && Instant::now() < deadline => {
+                    tracing::debug!(
+                        keys = full.len(),
+                        "store read: history compacted between its transactions, reading again"
+                    );
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn read_snapshot(&self, full: &[String], deadline: Instant) -> Result<Read> {
         let first = full.len().min(READ_KEYS_PER_TXN);
         let mut ops: Vec<TxnOp> = full[..first]
             .iter()

@@ -202,3 +202,60 @@ fn calls_over_more_keys_than_etcd_takes_in_one_transaction() {
     assert!(a.check(&keys).unwrap());
     assert_eq!(a.num_keys().unwrap(), N as i64);
 }
+
+/// A read of more keys than one transaction takes reads its later transactions at the first
+/// one's revision (one snapshot). A shared etcd compacts its history on a schedule; when it
+/// compacted past that revision in between, the read failed with etcd's "required revision
+/// has been compacted". It now reads again at a fresh revision. Here another client writes
+/// and compacts to its newest revision as fast as it can while the store reads.
+#[test]
+fn a_read_over_many_keys_survives_compaction_between_its_transactions() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const N: usize = 300;
+    const READS: usize = 50;
+    let etcd = Etcd::start();
+    let store = round_stores(&etcd, 1).pop().unwrap();
+    let keys: Vec<String> = (0..N).map(|i| format!("role_info/{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let values: Vec<Vec<u8>> = (0..N).map(|i| format!("v{i}").into_bytes()).collect();
+    let value_refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+    store.multi_set(&keys, &value_refs).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let compactions = Arc::new(AtomicU64::new(0));
+    let compactor = {
+        let (rt, mut client) = common::etcd_client(&etcd);
+        let (stop, compactions) = (stop.clone(), compactions.clone());
+        std::thread::spawn(move || {
+            rt.block_on(async {
+                while !stop.load(Ordering::Relaxed) {
+                    let put = client.put("churn", "x", None).await.unwrap();
+                    let revision = put.header().unwrap().revision();
+                    client.compact(revision, None).await.unwrap();
+                    compactions.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+    };
+    let reads: Vec<rdzv::Result<Vec<Vec<u8>>>> = (0..READS)
+        .map(|_| store.multi_get(&keys, Some(Duration::from_secs(30))))
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    compactor.join().unwrap();
+    let failed: Vec<String> = reads
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(|e| e.message().to_string()))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {READS} reads failed, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    assert!(reads.iter().all(|r| r.as_ref().unwrap() == &values));
+    assert!(
+        compactions.load(Ordering::Relaxed) >= READS as u64 / 5,
+        "the history was compacted only {} times during the reads",
+        compactions.load(Ordering::Relaxed)
+    );
+}
