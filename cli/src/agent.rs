@@ -131,6 +131,8 @@ pub struct Agent {
     reported_error_file: bool,
     /// Releases this node if the launcher is killed (`watchdog.rs`).
     watchdog: Option<Watchdog>,
+    /// `--numa-binding`: the CPUs of each local rank (empty: no binding).
+    cpu_binding: Vec<crate::numa::Cpus>,
 }
 
 /// What the agent does with a worker failure.
@@ -145,7 +147,7 @@ enum Verdict {
 }
 
 impl Agent {
-    pub fn new(cfg: RunConfig) -> std::io::Result<Agent> {
+    pub fn new(cfg: RunConfig, cpu_binding: Vec<crate::numa::Cpus>) -> std::io::Result<Agent> {
         let tag = format!(
             "{}_{:08x}",
             sanitize(&cfg.run_id),
@@ -180,6 +182,7 @@ impl Agent {
             took_part: false,
             reported_error_file: false,
             watchdog: None,
+            cpu_binding,
         })
     }
 
@@ -281,6 +284,7 @@ impl Agent {
                 extra_env: &self.extra_env,
                 framework: self.cfg.framework,
                 virtual_local_rank: self.cfg.virtual_local_rank,
+                cpu_binding: &self.cpu_binding,
             };
             let mut group = match Group::start(&spec, &workers, &self.logs) {
                 Ok(group) => group,

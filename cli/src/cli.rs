@@ -250,8 +250,9 @@ pub struct RunArgs {
         value_name = "TEXT,..."
     )]
     pub duplicate_stderr_filters: Option<String>,
-    /// Accepted for torchrun's command lines and not applied (see docs/LAUNCHER.md): bind in the
-    /// program, or start it under numactl.
+    /// Binds each worker to the CPUs near its GPU (local rank i uses device i), with torchrun's
+    /// policies: node (the GPU's NUMA node), socket (its socket), exclusive (its share of the
+    /// node's physical cores), core-complex (one group of cores sharing a last-level cache).
     #[arg(
         long,
         alias = "numa_binding",
@@ -548,6 +549,8 @@ pub struct RunConfig {
     pub signals: Vec<i32>,
     pub signals_to_handle: String,
     pub virtual_local_rank: bool,
+    /// `--numa-binding`: the policy and its name.
+    pub numa_binding: Option<(crate::numa::Policy, String)>,
     pub log_line_prefix_template: Option<String>,
     pub duplicate_stdout_filters: Vec<String>,
     pub duplicate_stderr_filters: Vec<String>,
@@ -690,12 +693,6 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
             Rendezvous::Etcd(Box::new(params))
         }
     };
-    if a.numa_binding.is_some() {
-        notes.push(
-            "--numa-binding: not applied by rdzv (bind in the program, or start it under numactl)"
-                .into(),
-        );
-    }
     if let Some(name) = &a.logs_specs {
         notes.push(format!(
             "--logs-specs={name}: rdzv has no LogsSpecs plugins; using torchrun's default layout"
@@ -741,6 +738,9 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
         signals,
         signals_to_handle: a.signals_to_handle,
         virtual_local_rank: a.virtual_local_rank,
+        numa_binding: a
+            .numa_binding
+            .and_then(|name| crate::numa::Policy::parse(&name).map(|p| (p, name))),
         // torchrun: the flag (or PET_LOG_LINE_PREFIX_TEMPLATE), else this variable.
         log_line_prefix_template: a
             .log_line_prefix_template

@@ -2,16 +2,17 @@
 //! operator commands (`status`, `close`, `purge`). It uses only the library's public Rust API.
 //!
 //! Modules, each depending only on those listed before it: `output` (every line the command
-//! writes), `cli` (flags into a checked configuration), `ranks` (worker ranks from a round),
-//! `workers` (one node's worker processes), `c10d` (the embedded etcd of
-//! `--rdzv-backend=c10d`), `watchdog` (the helper that releases the node if the launcher is
-//! killed), `agent` (the elastic agent's state machine), `ops` (the operator
-//! commands).
+//! writes), `numa` (the CPUs of `--numa-binding`), `cli` (flags into a checked
+//! configuration), `ranks` (worker ranks from a round), `workers` (one node's worker
+//! processes), `c10d` (the embedded etcd of `--rdzv-backend=c10d`), `watchdog` (the helper
+//! that releases the node if the launcher is killed), `agent` (the elastic agent's state
+//! machine), `ops` (the operator commands).
 
 mod output;
 
 mod c10d;
 mod cli;
+mod numa;
 mod ranks;
 mod watchdog;
 mod workers;
@@ -70,8 +71,28 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
             return 1;
         }
     };
+    let cpu_binding = match &cfg.numa_binding {
+        Some((policy, name)) => match numa::bindings(*policy, cfg.nproc_per_node) {
+            Ok(binding) => {
+                let each: Vec<String> = binding
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, cpus)| {
+                        format!("local rank {rank} on CPUs {}", numa::format_list(cpus))
+                    })
+                    .collect();
+                output::say(format_args!("--numa-binding={name}: {}", each.join(", ")));
+                binding
+            }
+            Err(message) => {
+                output::error(format_args!("--numa-binding={name}: {message}"));
+                return 1;
+            }
+        },
+        None => Vec::new(),
+    };
     let handled = cfg.signals.clone();
-    let agent = match agent::Agent::new(cfg) {
+    let agent = match agent::Agent::new(cfg, cpu_binding) {
         Ok(agent) => agent,
         Err(e) => {
             output::error(format_args!("cannot create the log directory: {e}"));

@@ -87,6 +87,8 @@ pub struct GroupSpec<'a> {
     pub framework: Framework,
     /// `--virtual-local-rank`: LOCAL_RANK 0, CUDA_VISIBLE_DEVICES the worker's own device.
     pub virtual_local_rank: bool,
+    /// `--numa-binding`: the CPUs of each local rank (empty: no binding).
+    pub cpu_binding: &'a [crate::numa::Cpus],
 }
 
 /// How a worker ended.
@@ -405,7 +407,29 @@ fn spawn(
         .stderr(Stdio::piped())
         .process_group(0);
     dies_with_launcher(&mut cmd);
+    if let Some(cpus) = spec.cpu_binding.get(r.local_rank as usize) {
+        runs_on(&mut cmd, cpus);
+    }
     cmd.spawn()
+}
+
+/// Makes the process `cmd` starts run on `cpus` only (its CPU affinity, which its threads and
+/// children inherit), as `numactl --physcpubind` does.
+fn runs_on(cmd: &mut Command, cpus: &crate::numa::Cpus) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; built here, before the fork.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: sched_setaffinity is a plain syscall, async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            match libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
 }
 
 /// The environment torchrun's agent gives a worker (on top of the launcher's own).
@@ -470,6 +494,10 @@ pub fn worker_env(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    if !spec.cpu_binding.is_empty() && std::env::var_os("CUDA_DEVICE_ORDER").is_none() {
+        // The binding numbers GPUs in PCI order; CUDA numbers them so too with this.
+        env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+    }
     if spec.virtual_local_rank {
         // The worker's device is the local rank's: its entry of the launcher's own list when
         // there is one, else that index; it then sees it as device 0.
@@ -846,6 +874,7 @@ mod tests {
             extra_env: &[],
             framework,
             virtual_local_rank: false,
+            cpu_binding: &[],
         }
     }
 
