@@ -48,6 +48,10 @@ case "$1" in
   fifo)
     read line < "$2"
     exit 0 ;;
+  cpus)
+    # grep inherits the worker's CPU affinity.
+    echo "CPUS local=$LOCAL_RANK allowed=$(grep Cpus_allowed_list: /proc/self/status | cut -f2) order=$CUDA_DEVICE_ORDER"
+    exit 0 ;;
   errfile1)
     # Rank 1 fails with a torch-like error file; the others wait to be stopped.
     if [ "$RANK" = 1 ]; then
@@ -1192,7 +1196,6 @@ fn accepted_only_flags_start_the_job_and_say_why_they_do_nothing() {
         "--standalone",
         "--start-method=fork",
         "--start_method=forkserver",
-        "--numa-binding=node",
         "--logs_specs=custom",
         "--event-log-handler=console",
         "--no-python",
@@ -1202,15 +1205,97 @@ fn accepted_only_flags_start_the_job_and_say_why_they_do_nothing() {
     l.exits_with(0, 30);
     // --run-path wins over --no-python: the script ran under python3.
     assert!(l.lines_with("PY 0").any(|x| x == "PY 0"), "{}", l.output());
-    for note in [
-        "--numa-binding: not applied",
-        "--logs-specs=custom",
-        "--event-log-handler=console",
-    ] {
+    for note in ["--logs-specs=custom", "--event-log-handler=console"] {
         assert!(l.said(note), "no note on {note}: {}", l.output());
     }
     let mut bad = s.standalone(&["--start-method=thread"], "ok");
     bad.exits_with(2, 10);
+}
+
+/// `--numa-binding` on a made-up machine (`RDZV_SYSFS_ROOT`): two NUMA nodes, one of this
+/// test's CPUs each, a GPU on each (and a network card). CUDA_VISIBLE_DEVICES=1,0 makes local
+/// rank 0 use the second GPU in PCI order. Each worker must run on its GPU's node's CPU. A
+/// machine without a GPU fails the launch, as torchrun does.
+#[test]
+fn numa_binding_runs_each_worker_on_the_cpus_of_its_gpus_node() {
+    let s = Scratch::new();
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) },
+        0
+    );
+    let mine: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect();
+    // Two CPUs on CI's machines; with one, both nodes have it.
+    let (cpu0, cpu1) = (mine[0], *mine.last().unwrap());
+    let root = s.path("sysfs");
+    let write = |path: &str, text: &str| {
+        let full = root.join(path);
+        std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+        std::fs::write(full, text).unwrap();
+    };
+    write("sys/devices/system/node/possible", "0-1\n");
+    write(
+        "sys/devices/system/node/node0/cpulist",
+        &format!("{cpu0}\n"),
+    );
+    write(
+        "sys/devices/system/node/node1/cpulist",
+        &format!("{cpu1}\n"),
+    );
+    for (dev, vendor, class, node) in [
+        ("0000:05:00.0", "0x15b3", "0x020000", "0"), // a network card
+        ("0000:17:00.0", "0x10de", "0x030200", "0"),
+        ("0000:c3:00.0", "0x10de", "0x030200", "1"),
+    ] {
+        let base = format!("sys/bus/pci/devices/{dev}");
+        write(&format!("{base}/vendor"), vendor);
+        write(&format!("{base}/class"), class);
+        write(&format!("{base}/numa_node"), node);
+    }
+    let w = s.worker();
+    let sysfs = root.to_str().unwrap();
+    let args = [
+        "run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--numa-binding=node",
+        &w,
+        "cpus",
+    ];
+    let env = [("RDZV_SYSFS_ROOT", sysfs), ("CUDA_VISIBLE_DEVICES", "1,0")];
+    let mut l = rdzv_env(&args, &env);
+    l.exits_with(0, 30);
+    for (local, cpu) in [(0, cpu1), (1, cpu0)] {
+        let line = format!("CPUS local={local} allowed={cpu} order=PCI_BUS_ID");
+        assert!(
+            l.lines_with(&line).any(|x| x == line),
+            "no {line:?}: {}",
+            l.output()
+        );
+    }
+    assert!(
+        l.said(&format!(
+            "--numa-binding=node: local rank 0 on CPUs {cpu1}, local rank 1 on CPUs {cpu0}"
+        )),
+        "{}",
+        l.output()
+    );
+
+    // No GPU: the launch fails with the reason, before any worker starts.
+    let empty = s.path("no-gpu");
+    std::fs::create_dir_all(&empty).unwrap();
+    let env = [("RDZV_SYSFS_ROOT", empty.to_str().unwrap())];
+    let mut none = rdzv_env(&args, &env);
+    none.exits_with(1, 10);
+    assert!(
+        none.said("--numa-binding=node: no GPU on this machine's PCI bus"),
+        "{}",
+        none.output()
+    );
+    assert!(!none.said("CPUS local="), "{}", none.output());
 }
 
 #[test]
