@@ -256,7 +256,7 @@ pub struct RunArgs {
     #[arg(
         long,
         alias = "numa_binding",
-        value_parser = ["node", "socket", "exclusive", "core-complex"]
+        value_parser = clap::builder::PossibleValuesParser::new(crate::numa::Policy::NAMES)
     )]
     pub numa_binding: Option<String>,
     /// torchrun's LogsSpecs plugin name: accepted; rdzv has no plugins and keeps torchrun's
@@ -550,7 +550,7 @@ pub struct RunConfig {
     pub signals_to_handle: String,
     pub virtual_local_rank: bool,
     /// `--numa-binding`: the policy and its name.
-    pub numa_binding: Option<(crate::numa::Policy, String)>,
+    pub numa_binding: Option<crate::numa::Policy>,
     pub log_line_prefix_template: Option<String>,
     pub duplicate_stdout_filters: Vec<String>,
     pub duplicate_stderr_filters: Vec<String>,
@@ -570,6 +570,15 @@ fn usage(message: impl Into<String>) -> Usage {
 
 /// Turns parsed flags into a `RunConfig`, checking everything clap cannot.
 pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
+    let numa_binding = match a.numa_binding.as_deref() {
+        Some(name) => Some(crate::numa::Policy::parse(name).ok_or_else(|| {
+            usage(format!(
+                "--numa-binding: expected one of {}, got {name:?}",
+                crate::numa::Policy::NAMES.join(", ")
+            ))
+        })?),
+        None => None,
+    };
     let mut notes = Vec::new();
     let (min_nodes, max_nodes) = parse_nnodes(&a.nnodes)?;
     let nproc_per_node = local_world_size(&a.nproc_per_node, &mut notes)?;
@@ -738,9 +747,7 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
         signals,
         signals_to_handle: a.signals_to_handle,
         virtual_local_rank: a.virtual_local_rank,
-        numa_binding: a
-            .numa_binding
-            .and_then(|name| crate::numa::Policy::parse(&name).map(|p| (p, name))),
+        numa_binding,
         // torchrun: the flag (or PET_LOG_LINE_PREFIX_TEMPLATE), else this variable.
         log_line_prefix_template: a
             .log_line_prefix_template

@@ -71,8 +71,8 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
             return 1;
         }
     };
-    let cpu_binding = match &cfg.numa_binding {
-        Some((policy, name)) => match numa::bindings(*policy, cfg.nproc_per_node) {
+    let cpu_binding = match cfg.numa_binding {
+        Some(policy) => match numa::bindings(policy, cfg.nproc_per_node) {
             Ok(binding) => {
                 let each: Vec<String> = binding
                     .iter()
@@ -81,11 +81,15 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
                         format!("local rank {rank} on CPUs {}", numa::format_list(cpus))
                     })
                     .collect();
-                output::say(format_args!("--numa-binding={name}: {}", each.join(", ")));
+                output::say(format_args!(
+                    "--numa-binding={}: {}",
+                    policy.name(),
+                    each.join(", ")
+                ));
                 binding
             }
             Err(message) => {
-                output::error(format_args!("--numa-binding={name}: {message}"));
+                output::error(format_args!("--numa-binding={}: {message}", policy.name()));
                 return 1;
             }
         },

@@ -29,14 +29,21 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The flag's values, torchrun's names.
+    pub const NAMES: [&'static str; 4] = ["node", "socket", "exclusive", "core-complex"];
+    const ALL: [Policy; 4] = [
+        Policy::Node,
+        Policy::Socket,
+        Policy::Exclusive,
+        Policy::CoreComplex,
+    ];
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
     pub fn parse(name: &str) -> Option<Policy> {
-        Some(match name {
-            "node" => Policy::Node,
-            "socket" => Policy::Socket,
-            "exclusive" => Policy::Exclusive,
-            "core-complex" => Policy::CoreComplex,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|p| p.name() == name)
     }
 }
 
@@ -260,7 +267,8 @@ impl Machine {
         (position, on_node.len())
     }
 
-    /// The node's CPUs grouped by `key` (the smallest CPU of the group it names), in order.
+    /// The node's CPUs in groups (`group_of` names a CPU's group), keyed and ordered by each
+    /// group's smallest CPU.
     fn grouped(
         &self,
         node: usize,
@@ -280,6 +288,9 @@ impl Machine {
                 "sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
             ))
         })?;
+        if cores.is_empty() {
+            return Ok(Cpus::new()); // none of the node's CPUs is this process's
+        }
         let (position, devices) = self.position_on_node(node, device);
         let (each, extra) = (cores.len() / devices, cores.len() % devices);
         if each == 0 {
@@ -305,6 +316,9 @@ impl Machine {
             .collect();
         // Fuller complexes first, then by their smallest CPU.
         complexes.sort_by_key(|(key, cpus)| (std::cmp::Reverse(cpus.len()), *key));
+        if complexes.is_empty() {
+            return Ok(Cpus::new()); // none of the node's CPUs is this process's
+        }
         let (position, _) = self.position_on_node(node, device);
         Ok(complexes.swap_remove(position % complexes.len()).1)
     }
@@ -471,6 +485,29 @@ mod tests {
             "{err}"
         );
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn a_node_without_any_of_this_process_cpus_is_an_error_under_every_policy() {
+        let (mut m, root) = machine(2, 4, &[0, 1]);
+        m.allowed = (4..8).chain(12..16).collect(); // node 1's only
+        for policy in Policy::ALL {
+            let err = m.cpus_for(policy, 0).unwrap_err();
+            assert!(
+                err.contains("NUMA node 0 has none of this process's CPUs"),
+                "{policy:?}: {err}"
+            );
+        }
+        assert_eq!(list(&m, Policy::Node, 1), "4-7,12-15");
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn policies_read_back_from_their_names() {
+        for name in Policy::NAMES {
+            assert_eq!(Policy::parse(name).map(Policy::name), Some(name));
+        }
+        assert_eq!(Policy::parse("nodes"), None);
     }
 
     #[test]
