@@ -83,6 +83,17 @@ const CLOSED_CHECK: Duration = Duration::from_secs(1);
 /// the expiry reaches the watch a moment later.
 const LOSS_GRACE_MARGIN: Duration = Duration::from_secs(1);
 
+/// Round-store keys of a failing job (`Agent::failed`, `Agent::peer_failed`): the first node
+/// whose budget is spent writes why under `FAILING`; every live launcher answers under
+/// `HERE/{node rank}`; the verdict, the job failed, goes under `FAILED` before the run is
+/// closed as failed.
+const FAILING: &str = "rdzv/agent/failing";
+const HERE: &str = "rdzv/agent/here";
+const FAILED: &str = "rdzv/agent/failed";
+
+/// A store wait that stands for "until it happens": renewed when it times out.
+const LONG_WAIT: Duration = Duration::from_secs(3600);
+
 /// The store keys of the exit barrier (torchelastic's terminal-state prefix).
 const BARRIER_COUNT: &str = "torchelastic/agent/terminal_state/count";
 const BARRIER_DONE: &str = "torchelastic/agent/terminal_state/done";
@@ -100,8 +111,12 @@ struct Round {
 /// Why the agent stops waiting for something.
 enum Stop {
     Signal(i32),
-    /// The run is closed (a node spent its budget, or an operator closed it).
-    Closed,
+    /// The run is closed: by an operator or a finished job (None), or because the job failed
+    /// on some node (why, as `Rendezvous::set_failed` recorded it).
+    Closed(Option<String>),
+    /// Another node's restart budget is spent and no member was lost: the job failed there
+    /// (why), so it fails here too, at once, whatever this node's workers do.
+    JobFailed(String),
     /// Members were lost or nodes wait: form a new round.
     Changed(String),
     /// This node was drained (a planned departure): stop the workers and leave, exit 0.
@@ -293,7 +308,7 @@ impl Agent {
                     return 1;
                 }
             };
-            let outcome = self.monitor(&mut group, signals).await;
+            let outcome = self.monitor(&mut group, &round, signals).await;
             match outcome {
                 Outcome::Succeeded => {
                     group.finish().await;
@@ -305,7 +320,8 @@ impl Agent {
                         return 128 + sig;
                     }
                     let failures = group.failures();
-                    match self.failed(signals).await {
+                    let why = failure_reason(&failures);
+                    match self.failed(&round, &why, signals).await {
                         Verdict::Loss(why) => {
                             say(format_args!(
                                 "rank {} failed and {why}: a membership change, forming a new round (no restart spent)",
@@ -334,16 +350,12 @@ impl Agent {
                         self.restart_count,
                         self.cfg.max_restarts,
                         if self.rdzv.is_some() {
-                            "; closing the run"
+                            "; closing the run as failed"
                         } else {
                             ""
                         }
                     ));
-                    if let Some(rdzv) = &self.rdzv {
-                        if let Err(e) = rdzv.set_closed().await {
-                            say(format_args!("could not close the run: {}", e.message()));
-                        }
-                    }
+                    self.fail_job(&round, &why).await;
                     self.reported_error_file = report(&self.cfg.command, &failures);
                     return 1;
                 }
@@ -371,12 +383,15 @@ impl Agent {
                     }
                     return self.stopped(Stop::Drained, None);
                 }
-                Outcome::Stop(Stop::Closed) => {
-                    say("the run was closed: stopping the workers");
+                Outcome::Stop(stop @ (Stop::Closed(_) | Stop::JobFailed(_))) => {
+                    say(match &stop {
+                        Stop::Closed(None) => "the run was closed: stopping the workers",
+                        _ => "the job failed on another node: stopping the workers",
+                    });
                     if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
                         return 128 + sig;
                     }
-                    return 0;
+                    return self.stopped(stop, None);
                 }
                 Outcome::Stop(stop @ Stop::Error(_)) => {
                     if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
@@ -397,9 +412,13 @@ impl Agent {
     /// - otherwise, with restarts left: one is spent at once (a real failure is not slowed)
     ///   and refunded when the next round shows that a member of this one was lost
     ///   (`refund_if_lost`);
-    /// - with none left: wait up to `lease_ttl` (and a margin) for a loss before declaring
-    ///   the job failed. Only a job that is failing anyway waits, at most that long.
-    async fn failed(&mut self, signals: &mut Signals) -> Verdict {
+    /// - with none left: the job fails unless a member is lost. Rather than wait `lease_ttl`
+    ///   for a loss that will not come, the node asks the others' launchers through the
+    ///   round's store (`FAILING`); each live one answers at once (`peer_failed`). When every
+    ///   member has answered, none is lost and the job failed: within a round trip on a
+    ///   healthy job. A member that cannot answer (its machine gone, its launcher killed
+    ///   without a watchdog) is waited for until its lease expires, which is then the loss.
+    async fn failed(&mut self, round: &Round, why: &str, signals: &mut Signals) -> Verdict {
         let Some(rdzv) = &self.rdzv else {
             return self.charge(None);
         };
@@ -412,11 +431,25 @@ impl Agent {
             let members = rdzv.members().await.ok();
             return self.charge(members);
         }
+        let others = round.group_world_size.saturating_sub(1);
+        let (Some(store), true) = (&round.store, others > 0) else {
+            return Verdict::Spent;
+        };
         let grace = rdzv.params().lease_ttl + LOSS_GRACE_MARGIN;
         say(format_args!(
-            "no restart left: waiting up to {:.0} s (lease_ttl) for a lost member that would explain the failure",
+            "no restart left: asking the other {others} node(s) whether one was lost, which would explain the failure (up to {:.0} s, lease_ttl)",
             grace.as_secs_f64()
         ));
+        let here: Vec<String> = (0..round.group_world_size)
+            .filter(|&r| r != round.group_rank)
+            .map(here_key)
+            .collect();
+        let here: Vec<&str> = here.iter().map(String::as_str).collect();
+        let answered = async {
+            store.compare_set(FAILING, b"", why.as_bytes()).await?;
+            store.set(&here_key(round.group_rank), b"1").await?;
+            store.wait(&here, Some(grace)).await
+        };
         let mut tick = self.ticker();
         tokio::select! {
             change = self.membership_change(&mut tick, false) => match change {
@@ -424,8 +457,62 @@ impl Agent {
                 other => Verdict::Stop(other),
             },
             sig = signals.recv() => Verdict::Stop(Stop::Signal(sig)),
-            _ = tokio::time::sleep(grace) => Verdict::Spent,
+            r = answered => {
+                match r {
+                    Ok(()) => say("every other node answered: none was lost"),
+                    Err(e) => say(format_args!("not every node answered ({}): the job failed", e.message())),
+                }
+                Verdict::Spent
+            }
         }
+    }
+
+    /// Ends the job as failed: the verdict in the round's store (the other launchers wait on
+    /// it, `peer_failed`), then the run closed as failed, so that a node in another state (in
+    /// a rendezvous, its workers done) learns it too.
+    async fn fail_job(&self, round: &Round, why: &str) {
+        let Some(rdzv) = &self.rdzv else { return };
+        let mut why = why.to_string();
+        if let Some(store) = &round.store {
+            // The first verdict stands: every node reports the same failure.
+            match store.compare_set(FAILED, b"", why.as_bytes()).await {
+                Ok(first) => why = String::from_utf8_lossy(&first).into_owned(),
+                Err(e) => say(format_args!(
+                    "could not tell the other nodes: {}",
+                    e.message()
+                )),
+            }
+        }
+        if let Err(e) = rdzv.set_failed(&why).await {
+            say(format_args!("could not close the run: {}", e.message()));
+        }
+    }
+
+    /// Resolves when another node declares the job failed (`failed`, `fail_job`): answers its
+    /// question first (this launcher is alive), then waits for the verdict. Never resolves
+    /// for a round without a store or of one node, or when the store fails (the run closed:
+    /// the membership check sees that).
+    async fn peer_failed(&self, round: &Round) -> Stop {
+        let Some(store) = round.store.as_ref().filter(|_| round.group_world_size > 1) else {
+            return std::future::pending().await;
+        };
+        let until = |key: &'static str| async move {
+            loop {
+                match store.get(key, Some(LONG_WAIT)).await {
+                    Ok(value) => return String::from_utf8_lossy(&value).into_owned(),
+                    Err(e) if e.kind() == ErrorKind::Timeout => continue,
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            }
+        };
+        let why = until(FAILING).await;
+        say(format_args!(
+            "another node's restart budget is spent ({why}): answering that this node is alive"
+        ));
+        if let Err(e) = store.set(&here_key(round.group_rank), b"1").await {
+            say(format_args!("could not answer: {}", e.message()));
+        }
+        Stop::JobFailed(until(FAILED).await)
     }
 
     fn charge(&mut self, members: Option<Arc<[String]>>) -> Verdict {
@@ -480,7 +567,7 @@ impl Agent {
                 ));
                 128 + sig
             }
-            Stop::Closed => match failed {
+            Stop::Closed(None) => match failed {
                 Some(failures) => {
                     say("the run was closed before the workers could be restarted");
                     self.reported_error_file = report(&self.cfg.command, failures);
@@ -491,6 +578,15 @@ impl Agent {
                     0
                 }
             },
+            // The job failed elsewhere: a failure here too, so that a scheduler sees it on
+            // every node, healthy ones included.
+            Stop::Closed(Some(why)) | Stop::JobFailed(why) => {
+                if let Some(failures) = failed {
+                    self.reported_error_file = report(&self.cfg.command, failures);
+                }
+                crate::output::error(format_args!("the job failed on another node: {why}"));
+                1
+            }
             Stop::Drained => {
                 say("this node was drained: leaving the run, which goes on without it");
                 0
@@ -576,7 +672,7 @@ impl Agent {
                 Err(Stop::Drained)
             }
             Err(e) if matches!(e.kind(), ErrorKind::Closed | ErrorKind::GracefulExit) => {
-                Err(Stop::Closed)
+                Err(Stop::Closed(rdzv.failure().await.ok().flatten()))
             }
             Err(e) => Err(Stop::Error(format!("rendezvous: {}", e.message()))),
         }
@@ -610,7 +706,7 @@ impl Agent {
             return Ok(ranks::assign(&nodes, round.group_rank));
         };
         let store_error = |e: rdzv::Error| match e.kind() {
-            ErrorKind::Closed => Stop::Closed,
+            ErrorKind::Closed => Stop::Closed(None),
             _ => Stop::Error(format!("exchanging worker counts: {}", e.message())),
         };
         store
@@ -668,7 +764,7 @@ impl Agent {
                 Ok::<_, rdzv::Error>((lost, waiting, closed))
             };
             match counts.await {
-                Ok((_, _, true)) => return Stop::Closed,
+                Ok((_, _, true)) => return Stop::Closed(rdzv.failure().await.ok().flatten()),
                 // A drained node counts itself lost: it leaves instead of re-forming.
                 Ok((lost, _, _)) if lost > 0 => match rdzv.is_draining().await {
                     Ok(true) => return Stop::Drained,
@@ -696,8 +792,10 @@ impl Agent {
 
     /// Watches a running group: a worker's exit is seen at once, the membership every
     /// monitor interval.
-    async fn monitor(&self, group: &mut Group, signals: &mut Signals) -> Outcome {
+    async fn monitor(&self, group: &mut Group, round: &Round, signals: &mut Signals) -> Outcome {
         let mut tick = self.ticker();
+        let peer_failed = self.peer_failed(round);
+        tokio::pin!(peer_failed);
         loop {
             tokio::select! {
                 exit = group.next_exit() => {
@@ -715,6 +813,7 @@ impl Agent {
                     }
                 }
                 stop = self.membership_change(&mut tick, true) => return Outcome::Stop(stop),
+                stop = &mut peer_failed => return Outcome::Stop(stop),
                 sig = signals.recv() => return Outcome::Stop(Stop::Signal(sig)),
             }
         }
@@ -741,6 +840,11 @@ impl Agent {
             store.wait(&[BARRIER_DONE], Some(timeout)).await
         };
         tokio::select! {
+            stop = self.peer_failed(round) => {
+                let (Stop::JobFailed(why) | Stop::Closed(Some(why))) = stop else { return 1 };
+                crate::output::error(format_args!("the job failed on another node: {why}"));
+                return 1;
+            }
             r = barrier => match r {
                 Ok(()) => say(format_args!("every node finished ({:.1} s in the exit barrier)", started.elapsed().as_secs_f64())),
                 Err(e) => say(format_args!("leaving the exit barrier without every node: {}", e.message())),
@@ -849,4 +953,24 @@ fn sanitize(run_id: &str) -> String {
             },
         )
         .collect()
+}
+
+/// The round-store key where the launcher of node rank `group_rank` answers a failing node.
+fn here_key(group_rank: u32) -> String {
+    format!("{HERE}/{group_rank}")
+}
+
+/// One line saying what failed, for the other nodes and `rdzv status`: the root cause's rank,
+/// how it ended and where.
+fn failure_reason(failures: &[Failure]) -> String {
+    match failures.first() {
+        Some(f) => format!(
+            "rank {} (local rank {} on {}) failed with {}",
+            f.global_rank,
+            f.local_rank,
+            crate::workers::hostname(),
+            f.ended
+        ),
+        None => format!("a worker on {} failed", crate::workers::hostname()),
+    }
 }

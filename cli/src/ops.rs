@@ -153,10 +153,11 @@ fn table(s: &RunStatus) -> Vec<String> {
         lines.push("state    absent (never started, finished and cleaned up, or purged)".into());
         return lines;
     }
-    lines.push(format!(
-        "state    {}",
-        if s.closed { "closed" } else { "open" }
-    ));
+    lines.push(match (&s.failure, s.closed) {
+        (Some(why), _) => format!("state    closed: the job failed ({why})"),
+        (None, true) => "state    closed".into(),
+        (None, false) => "state    open".into(),
+    });
     // The open round is the next one; while a sealed round runs and nobody waits, nothing is
     // being joined: say what is running.
     lines.push(match (&s.sealed, s.waiting.len()) {
@@ -305,15 +306,12 @@ fn changes(before: Option<&RunStatus>, now: &RunStatus) -> String {
             false => "run deleted from etcd".to_string(),
         });
     }
-    if b.closed != now.closed {
-        said.push(
-            if now.closed {
-                "run closed"
-            } else {
-                "closed marker gone"
-            }
-            .to_string(),
-        );
+    if b.closed != now.closed || b.failure != now.failure {
+        said.push(match (now.closed, &now.failure) {
+            (true, Some(why)) => format!("run closed: the job failed ({why})"),
+            (true, None) => "run closed".to_string(),
+            (false, _) => "closed marker gone".to_string(),
+        });
     }
     let sealed_round = |s: &RunStatus| s.sealed.as_ref().map(|r| r.round);
     if sealed_round(b) != sealed_round(now) {

@@ -42,6 +42,8 @@ pub struct RunStatus {
     pub exists: bool,
     /// `set_closed` was called (the marker lasts `retention`).
     pub closed: bool,
+    /// The run was closed as failed (`Rendezvous::set_failed`): why.
+    pub failure: Option<String>,
     /// The round open for joining.
     pub open_round: u64,
     /// The last sealed round (the one the members are running), if any is still recorded.
@@ -154,6 +156,7 @@ impl RunStatus {
             "run_id": self.run_id,
             "exists": self.exists,
             "closed": self.closed,
+            "failure": self.failure,
             "open_round": self.open_round,
             "sealed": sealed,
             "waiting": self.waiting.iter().map(|j| json!({
@@ -217,7 +220,7 @@ impl Admin {
                 k.namespace(),
                 Some(GetOptions::new().with_prefix().with_count_only()),
             ),
-            TxnOp::get(k.closed(), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(k.closed(), None),
             TxnOp::get(k.current(), None),
             TxnOp::get(k.alive_prefix(), Some(GetOptions::new().with_prefix())),
             TxnOp::get(
@@ -318,6 +321,10 @@ impl Admin {
             run_id: self.params.run_id.clone(),
             exists: all.count() > 0,
             closed: closed.count() > 0,
+            failure: closed
+                .kvs()
+                .first()
+                .and_then(|kv| crate::rendezvous::wake::closed_failure(kv.value())),
             open_round,
             sealed,
             waiting,
@@ -439,6 +446,7 @@ impl Admin {
             self.params.retention,
             "close",
             deadline,
+            crate::rendezvous::wake::closed_value(None),
         )
         .await?;
         tracing::info!(run = %self.params.run_id, "closed the run (operator)");

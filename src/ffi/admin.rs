@@ -364,6 +364,7 @@ mod tests {
             run_id: "job".into(),
             exists: true,
             closed: false,
+            failure: None,
             open_round: 4,
             sealed: Some(SealedRound {
                 round: 3,

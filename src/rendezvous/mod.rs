@@ -919,18 +919,55 @@ impl Rendezvous {
     /// Closes the run for every node: blocked `next` calls return closed, later ones fail fast.
     /// The marker expires after `retention`, so the run id can be used again later.
     pub async fn set_closed(&self) -> Result<()> {
+        self.close_with(None).await
+    }
+
+    /// Closes the run as `set_closed` does and records that the job failed, with `reason`
+    /// (what failed, where): every node and operator can then tell a failed job from one that
+    /// ended (`failure`, `Admin::status`), so a supervisor whose own workers were healthy
+    /// still reports the job's failure. A later close of either kind replaces the record.
+    pub async fn set_failed(&self, reason: &str) -> Result<()> {
+        self.close_with(Some(reason)).await
+    }
+
+    async fn close_with(&self, failure: Option<&str>) -> Result<()> {
         self.check_not_shut_down()?;
         let deadline = Instant::now() + self.params.close_timeout;
+        let what = match failure {
+            None => "set_closed",
+            Some(_) => "set_failed",
+        };
+        let value = wake::closed_value(failure);
         wake::close(
             &self.etcd,
             &self.keys,
             self.params.retention,
-            "set_closed",
+            what,
             deadline,
+            value,
         )
         .await?;
-        tracing::info!(run = %self.params.run_id, node = %self.node, "closed the run");
+        tracing::info!(run = %self.params.run_id, node = %self.node, failure = ?failure, "closed the run");
         Ok(())
+    }
+
+    /// Why the job failed, when the run was closed with `set_failed`; `None` while it is open
+    /// or when it was closed with `set_closed`.
+    pub async fn failure(&self) -> Result<Option<String>> {
+        self.check_not_shut_down()?;
+        let resp = self
+            .etcd
+            .get(
+                self.quick_deadline(),
+                "failure",
+                self.keys.closed(),
+                GetOptions::new(),
+            )
+            .await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .and_then(|kv| wake::closed_failure(kv.value())))
     }
 
     /// Nodes waiting to join the round after this node's last round that a new round could

@@ -89,15 +89,32 @@ pub(crate) async fn in_open_round(
     }
 }
 
+/// The value of `closed`: `1` for a run that ended, or `{"failed": REASON}` for a job that
+/// failed (`Rendezvous::set_failed`), so that every node and operator can tell the two apart.
+pub(crate) fn closed_value(failure: Option<&str>) -> String {
+    match failure {
+        None => "1".into(),
+        Some(reason) => serde_json::json!({ "failed": reason }).to_string(),
+    }
+}
+
+/// The failure a `closed` value records, if any (a value of another shape is a plain close).
+pub(crate) fn closed_failure(value: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(value).ok()?;
+    v.get("failed")?.as_str().map(str::to_string)
+}
+
 /// Closes the run: `closed` (bound to a lease of `retention`, so the run id can be used again
-/// once it expires), with the wake-up of the open round's joiners (bound to their leader's
-/// lease, so that a finished run leaves nothing but `closed`).
+/// once it expires) holding `value` (`closed_value`), with the wake-up of the open round's
+/// joiners (bound to their leader's lease, so that a finished run leaves nothing but
+/// `closed`).
 pub(crate) async fn close(
     etcd: &Etcd,
     keys: &Keys,
     retention: std::time::Duration,
     what: &str,
     deadline: Instant,
+    value: String,
 ) -> Result<()> {
     let ttl = retention.as_secs().max(1) as i64;
     let lease = etcd
@@ -112,7 +129,7 @@ pub(crate) async fn close(
             (0..leader.lanes)
                 .map(move |lane| TxnOp::put(keys.lane_closed(open, lane), "1", bound(leader.lease)))
         });
-        std::iter::once(TxnOp::put(keys.closed(), "1", bound(lease)))
+        std::iter::once(TxnOp::put(keys.closed(), value.as_str(), bound(lease)))
             .chain(wakes)
             .collect()
     })
