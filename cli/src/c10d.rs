@@ -28,10 +28,15 @@ pub struct EmbeddedEtcd {
     dir: PathBuf,
 }
 
-/// Starts the embedded etcd if `endpoint` (HOST:PORT) names this machine and nothing serves
+/// Starts the embedded etcd if `endpoint` (HOST:PORT) names this machine (or torch's
+/// `is_host` says so: `Some(true)` serves, `Some(false)` never does, whatever the address; a
+/// Kubernetes Service name resolves to no address of the pod behind it) and nothing serves
 /// the port yet. `Ok(None)`: another node (or launcher) serves it. `Err`: one line saying what
 /// to do instead.
-pub fn serve_if_here(endpoint: &str) -> Result<Option<EmbeddedEtcd>, String> {
+pub fn serve_if_here(
+    endpoint: &str,
+    is_host: Option<bool>,
+) -> Result<Option<EmbeddedEtcd>, String> {
     let host_port = endpoint
         .split_once("://")
         .map_or(endpoint, |(_, rest)| rest)
@@ -44,20 +49,25 @@ pub fn serve_if_here(endpoint: &str) -> Result<Option<EmbeddedEtcd>, String> {
             "--rdzv-endpoint={endpoint}: expected HOST:PORT for --rdzv-backend=c10d"
         ));
     };
-    let addrs: Vec<SocketAddr> = match (host, port).to_socket_addrs() {
-        Ok(a) => a.collect(),
-        Err(e) => {
-            return Err(format!(
-                "--rdzv-endpoint={endpoint}: cannot resolve {host:?}: {e}"
-            ))
-        }
-    };
-    // The endpoint names this machine when one of its addresses can be bound here.
-    let local = addrs
-        .iter()
-        .any(|a| TcpListener::bind(SocketAddr::new(a.ip(), 0)).is_ok());
-    if !local {
+    if is_host == Some(false) {
         return Ok(None);
+    }
+    if is_host.is_none() {
+        let addrs: Vec<SocketAddr> = match (host, port).to_socket_addrs() {
+            Ok(a) => a.collect(),
+            Err(e) => {
+                return Err(format!(
+                    "--rdzv-endpoint={endpoint}: cannot resolve {host:?}: {e}"
+                ))
+            }
+        };
+        // The endpoint names this machine when one of its addresses can be bound here.
+        let local = addrs
+            .iter()
+            .any(|a| TcpListener::bind(SocketAddr::new(a.ip(), 0)).is_ok());
+        if !local {
+            return Ok(None);
+        }
     }
     // Served already on this machine: be a client.
     let any = SocketAddr::from(([0, 0, 0, 0], port));
@@ -75,10 +85,11 @@ pub fn serve_if_here(endpoint: &str) -> Result<Option<EmbeddedEtcd>, String> {
             ))
         }
     }
-    let Some(etcd) = find_on_path("etcd") else {
+    let Some(etcd) = find_etcd() else {
         return Err(format!(
             "--rdzv-backend=c10d: this node ({host}) would serve the rendezvous, but no `etcd` \
-             is on PATH: install etcd (3.4 or later), or run `etcd --listen-client-urls \
+             is beside this command or on PATH: `pip install \"rdzv[etcd]\"` (or install etcd \
+             3.4 or later), or run `etcd --listen-client-urls \
              http://0.0.0.0:{port} --advertise-client-urls http://{host}:{port}` and use \
              --rdzv-backend=etcd-v3 --rdzv-endpoint={host}:{port}"
         ));
@@ -151,12 +162,48 @@ impl Drop for EmbeddedEtcd {
     }
 }
 
-fn find_on_path(name: &str) -> Option<PathBuf> {
+/// The etcd to serve with: the one beside this command first (the `rdzv[etcd]` extra installs
+/// one into the same environment's bin directory, which need not be on PATH), else PATH's.
+fn find_etcd() -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.to_path_buf()));
+    let path = std::env::var_os("PATH");
+    let on_path = path.iter().flat_map(std::env::split_paths);
+    beside
+        .into_iter()
+        .chain(on_path)
+        .map(|dir| dir.join("etcd"))
         .find(|p| {
             p.metadata()
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
+}
+
+/// Keeps the embedded etcd serving, after this node has left, until no other node of the run
+/// is alive, or `bound` passes: the others learn there how the job ended (closed, failed) and
+/// release their nodes, which they cannot do once it is gone. Waits by watch.
+pub async fn linger(params: &rdzv::Params, bound: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + bound;
+    let wait = async {
+        let admin = rdzv::admin::Admin::connect(params.clone()).await.ok()?;
+        let mut watch = admin.watch();
+        let mut said = false;
+        loop {
+            let status = watch.next().await.ok()?;
+            if status.alive == 0 {
+                return Some(());
+            }
+            if !said {
+                said = true;
+                say(format_args!(
+                    "--rdzv-backend=c10d: keeping the rendezvous served until the {} other node(s) have left (up to {:.0} s)",
+                    status.alive,
+                    bound.as_secs_f64()
+                ));
+            }
+        }
+    };
+    let _ = tokio::time::timeout_at(deadline, wait).await;
 }

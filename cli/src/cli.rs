@@ -305,15 +305,15 @@ pub struct RunArgs {
         value_name = "torch|jax"
     )]
     pub framework: Framework,
-    /// Seconds workers get to exit after SIGTERM before SIGKILL.
+    /// Seconds workers get to exit after SIGTERM before SIGKILL (default: the
+    /// TORCH_ELASTIC_SHUTDOWN_TIMEOUT variable, else 30, as torchrun).
     #[arg(
         long,
         alias = "shutdown_timeout",
         env = "PET_SHUTDOWN_TIMEOUT",
-        default_value = "30",
         value_name = "SECONDS"
     )]
-    pub shutdown_timeout: String,
+    pub shutdown_timeout: Option<String>,
     /// Seconds a node whose workers all succeeded waits for the other nodes' workers.
     #[arg(
         long,
@@ -336,16 +336,17 @@ pub struct RunArgs {
     /// at once; without it they notice when this node's lease expires (lease_ttl).
     #[arg(long, env = "RDZV_NO_WATCHDOG", value_parser = FalseyValueParser::new())]
     pub no_watchdog: bool,
-    /// The program to start (a .py file runs under python3).
-    #[arg(value_name = "PROGRAM", required_unless_present = "print_completion")]
-    pub program: Option<String>,
-    /// Its arguments, passed as they are.
+    /// The program to start and its arguments. Everything from PROGRAM on is the program's,
+    /// flags included (`train.py --help` asks the script for its help), as torchrun hands
+    /// it to the script. PROGRAM runs under python3 unless it is an executable file (an ELF
+    /// binary or a `#!` script) or a command on PATH, or --no-python is given.
     #[arg(
-        value_name = "ARGS",
+        value_name = "PROGRAM [ARGS]",
         trailing_var_arg = true,
-        allow_hyphen_values = true
+        num_args = 1..,
+        required_unless_present = "print_completion"
     )]
-    pub args: Vec<String>,
+    pub command: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -545,6 +546,9 @@ pub struct RunConfig {
     /// `--rdzv-backend=c10d`: the endpoint (HOST:PORT) an embedded etcd serves, when this node
     /// is the one it names.
     pub c10d: Option<String>,
+    /// torch's `is_host` (`--rdzv-conf`): this node serves the c10d rendezvous (true) or
+    /// never does (false), whatever the endpoint's address; unset, the address decides.
+    pub c10d_is_host: Option<bool>,
     /// The signals forwarded to the workers, and the flag's text (the workers see it).
     pub signals: Vec<i32>,
     pub signals_to_handle: String,
@@ -583,7 +587,13 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
     let (min_nodes, max_nodes) = parse_nnodes(&a.nnodes)?;
     let nproc_per_node = local_world_size(&a.nproc_per_node, &mut notes)?;
     let monitor_interval = seconds("--monitor-interval", &a.monitor_interval, false)?;
-    let shutdown_timeout = seconds("--shutdown-timeout", &a.shutdown_timeout, true)?;
+    let shutdown_timeout = match &a.shutdown_timeout {
+        Some(given) => seconds("--shutdown-timeout", given, true)?,
+        None => match std::env::var("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") {
+            Ok(v) if !v.is_empty() => seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &v, true)?,
+            _ => Duration::from_secs(30),
+        },
+    };
     let exit_barrier_timeout = seconds("--exit-barrier-timeout", &a.exit_barrier_timeout, true)?;
     let redirects = parse_streams("--redirects", &a.redirects)?;
     let tee = parse_streams("--tee", &a.tee)?;
@@ -596,12 +606,10 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
     if a.role.is_empty() {
         return Err(usage("--role: expected a non-empty name"));
     }
-    let command = worker_command(&a)?;
-    let program = a.program.clone().unwrap_or_default();
-    let script = (a.run_path || (!a.no_python && !a.module && program.ends_with(".py")))
-        .then(|| PathBuf::from(&program));
+    let (command, script) = worker_command(&a)?;
     let nnodes_given = a.nnodes != "1:1";
     let mut c10d = None;
+    let mut c10d_is_host = None;
 
     let static_flags = a.node_rank.is_some() || a.master_addr.is_some() || a.master_port.is_some();
     let rendezvous = match (&a.rdzv, &a.rdzv_endpoint, a.standalone) {
@@ -675,11 +683,25 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
                 }
                 (None, None) => unreachable!("handled above"),
             };
-            for (key, value) in parse_conf(a.rdzv_conf.as_deref().unwrap_or(""))? {
+            let conf = parse_conf(a.rdzv_conf.as_deref().unwrap_or(""))?;
+            let torch = torch_conf(&conf, &mut notes)?;
+            for (key, value) in conf
+                .iter()
+                .filter(|(k, _)| !TORCH_CONF.contains(&k.as_str()))
+            {
                 params
-                    .set(&key, &value)
+                    .set(key, value)
                     .map_err(|e| usage(format!("--rdzv-conf: {}", e.message())))?;
             }
+            let lease_given = conf
+                .iter()
+                .any(|(k, _)| k == "lease_ttl" || k == "keep_alive_ttl");
+            if let (Some(ttl), false) = (torch.lease_ttl, lease_given) {
+                params.set("lease_ttl", &ttl.to_string()).map_err(|e| {
+                    usage(format!("--rdzv-conf: keep_alive_interval: {}", e.message()))
+                })?;
+            }
+            c10d_is_host = torch.is_host;
             if let Some(addr) = &a.local_addr {
                 params
                     .set("local_addr", addr)
@@ -744,6 +766,7 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
         shutdown_timeout,
         exit_barrier_timeout,
         c10d,
+        c10d_is_host,
         signals,
         signals_to_handle: a.signals_to_handle,
         virtual_local_rank: a.virtual_local_rank,
@@ -1008,6 +1031,80 @@ fn parse_ranks(s: &str) -> Result<Vec<u32>, Usage> {
         })
 }
 
+/// torch's c10d `--rdzv-conf` keys, which are not rdzv options: taken by `torch_conf`.
+const TORCH_CONF: [&str; 5] = [
+    "is_host",
+    "read_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "use_libuv",
+];
+
+/// What torch's own `--rdzv-conf` keys mean here.
+#[derive(Debug, Default, PartialEq)]
+struct TorchConf {
+    is_host: Option<bool>,
+    /// `keep_alive_interval` x `keep_alive_max_attempt`: when torch's c10d declares a silent
+    /// node dead, which is what `lease_ttl` is here.
+    lease_ttl: Option<f64>,
+}
+
+fn torch_conf(conf: &[(String, String)], notes: &mut Vec<String>) -> Result<TorchConf, Usage> {
+    let get = |key: &str| {
+        conf.iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let number = |key: &str, v: &str| -> Result<f64, Usage> {
+        v.parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n > 0.0)
+            .ok_or_else(|| {
+                usage(format!(
+                    "--rdzv-conf: {key}: expected a number above 0, got {v:?}"
+                ))
+            })
+    };
+    let mut torch = TorchConf::default();
+    if let Some(v) = get("is_host") {
+        torch.is_host = Some(match v.to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "y" | "on" => true,
+            "0" | "false" | "no" | "n" | "off" => false,
+            _ => {
+                return Err(usage(format!(
+                    "--rdzv-conf: is_host: expected true or false, got {v:?}"
+                )))
+            }
+        });
+    }
+    let interval = get("keep_alive_interval")
+        .map(|v| number("keep_alive_interval", v))
+        .transpose()?;
+    let attempts = get("keep_alive_max_attempt")
+        .map(|v| number("keep_alive_max_attempt", v))
+        .transpose()?;
+    if interval.is_some() || attempts.is_some() {
+        // torch's defaults: a heartbeat every 5 s, dead after 3 missed.
+        let ttl = (interval.unwrap_or(5.0) * attempts.unwrap_or(3.0)).max(2.0);
+        notes.push(format!(
+            "--rdzv-conf: keep_alive_interval x keep_alive_max_attempt: a silent node is lost after {ttl} s (lease_ttl), unless lease_ttl is given"
+        ));
+        torch.lease_ttl = Some(ttl);
+    }
+    for key in ["read_timeout", "use_libuv"] {
+        if let Some(v) = get(key) {
+            if key == "read_timeout" {
+                number(key, v)?;
+            }
+            notes.push(format!(
+                "--rdzv-conf: {key}={v} is for torch's TCPStore: no effect on etcd, whose every call has a deadline of its own"
+            ));
+        }
+    }
+    Ok(torch)
+}
+
 /// `key=value,key=value` (torchrun's --rdzv-conf).
 pub fn parse_conf(s: &str) -> Result<Vec<(String, String)>, Usage> {
     s.split(',')
@@ -1022,29 +1119,54 @@ pub fn parse_conf(s: &str) -> Result<Vec<(String, String)>, Usage> {
         .collect()
 }
 
-/// What each worker executes: a `.py` program (or `--module`) under python3 with `-u`, as
-/// torchrun does, anything else as it is.
-fn worker_command(a: &RunArgs) -> Result<Vec<String>, Usage> {
+/// What each worker executes, and the Python script it runs if any. As torchrun, PROGRAM
+/// runs under `python3 -u` (a script, or with `--module` a module), unless `--no-python`.
+/// Unlike torchrun, an executable file that is not Python (an ELF binary, a `#!` script)
+/// or a command on PATH runs as it is, so `rdzv run ./worker` needs no `--no-python`.
+fn worker_command(a: &RunArgs) -> Result<(Vec<String>, Option<PathBuf>), Usage> {
     if a.run_path && a.module {
         return Err(usage("--run-path and --module cannot be used together"));
     }
     if a.no_python && a.module {
         return Err(usage("--no-python and --module cannot be used together"));
     }
-    let program = a.program.as_deref().unwrap_or_default();
-    if program.is_empty() {
+    let Some((program, args)) = a.command.split_first().filter(|(p, _)| !p.is_empty()) else {
         return Err(usage("PROGRAM: expected a program to run"));
-    }
-    let python = python();
+    };
     let mut command = Vec::new();
+    let mut script = None;
     if a.module {
-        command.extend([python, "-u".into(), "-m".into()]);
-    } else if a.run_path || (!a.no_python && program.ends_with(".py")) {
-        command.extend([python, "-u".into()]);
+        command.extend([python(), "-u".into(), "-m".into()]);
+    } else if a.run_path || (!a.no_python && runs_under_python(program)) {
+        command.extend([python(), "-u".into()]);
+        script = Some(PathBuf::from(program));
     }
-    command.push(program.to_string());
-    command.extend(a.args.iter().cloned());
-    Ok(command)
+    command.push(program.clone());
+    command.extend(args.iter().cloned());
+    Ok((command, script))
+}
+
+/// Whether PROGRAM is a Python script: a `.py` name, or a file that the kernel cannot run by
+/// itself (neither an executable ELF binary nor an executable `#!` script). A name that is no
+/// file here is a command looked up on PATH.
+fn runs_under_python(program: &str) -> bool {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    if program.ends_with(".py") {
+        return true;
+    }
+    let path = std::path::Path::new(program);
+    let Ok(meta) = path.metadata() else {
+        // No such file: a command on PATH when it has no slash, else a missing script.
+        return program.contains('/');
+    };
+    if !meta.is_file() {
+        return false;
+    }
+    let mut magic = [0u8; 4];
+    let read = std::fs::File::open(path).and_then(|mut f| f.read(&mut magic));
+    let native = matches!(read, Ok(n) if n >= 2 && (magic[..2] == *b"#!" || (n == 4 && magic == *b"\x7fELF")));
+    !(native && meta.permissions().mode() & 0o111 != 0)
 }
 
 /// The Python that runs `.py` programs and modules: `PYTHON_EXEC`, else the `python3` beside

@@ -64,7 +64,8 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
     }
     // Started here, on the main thread: its PR_SET_PDEATHSIG follows this thread. Stopped when
     // this function returns, after the agent is through.
-    let _served = match cfg.c10d.as_deref().map(c10d::serve_if_here).transpose() {
+    let serve = |endpoint: &str| c10d::serve_if_here(endpoint, cfg.c10d_is_host);
+    let _served = match cfg.c10d.as_deref().map(serve).transpose() {
         Ok(served) => served.flatten(),
         Err(message) => {
             output::error(message);
@@ -96,6 +97,14 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
         None => Vec::new(),
     };
     let handled = cfg.signals.clone();
+    // The embedded etcd outlives this node's part until the others have left.
+    let linger = match (&_served, &cfg.rendezvous) {
+        (Some(_), cli::Rendezvous::Etcd(params)) => Some((
+            (**params).clone(),
+            cfg.shutdown_timeout + C10D_LINGER_MARGIN,
+        )),
+        _ => None,
+    };
     let agent = match agent::Agent::new(cfg, cpu_binding) {
         Ok(agent) => agent,
         Err(e) => {
@@ -113,9 +122,20 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
                 return 1;
             }
         };
-        agent.run(&mut signals).await
+        let status = agent.run(&mut signals).await;
+        if let Some((params, bound)) = &linger {
+            tokio::select! {
+                _ = c10d::linger(params, *bound) => {}
+                _ = signals.recv() => {}
+            }
+        }
+        status
     })
 }
+
+/// Beyond the workers' grace period, how long an embedded etcd waits for the other nodes to
+/// stop theirs and release their nodes.
+const C10D_LINGER_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn block_on(f: impl std::future::Future<Output = i32>) -> i32 {
     match tokio::runtime::Builder::new_multi_thread()

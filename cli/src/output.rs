@@ -18,6 +18,13 @@ pub fn say(message: impl std::fmt::Display) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
+/// A line on stderr as it is, without the launcher's prefix: torchrun's failure report, which
+/// tools parse.
+pub fn plain(message: impl std::fmt::Display) {
+    let line = format!("{message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// A failure that ends the command (the last thing it says).
 pub fn error(message: impl std::fmt::Display) {
     let line = format!("rdzv: error: {message}\n");
@@ -99,8 +106,10 @@ pub fn pump(
             if let Some(dup) = &to.duplicate {
                 let text = String::from_utf8_lossy(&line);
                 if dup.filters.iter().any(|f| text.contains(f.as_str())) {
+                    // As torchrun's filtered files: the line as the console shows it.
+                    let prefix = to.console.as_ref().map_or("", |(p, _)| p.as_str());
                     if let Ok(mut file) = dup.file.lock() {
-                        let _ = file.write_all(&line);
+                        let _ = file.write_all(&[prefix.as_bytes(), &line].concat());
                     }
                 }
             }

@@ -14,7 +14,7 @@
 //! agent reacts to a failure at once instead of at its next monitor tick.
 
 use crate::cli::{Framework, StreamSpec};
-use crate::output::{self, say, Console, Destination};
+use crate::output::{self, plain, say, Console, Destination};
 use crate::ranks::WorkerRanks;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -193,7 +193,16 @@ impl Group {
             let error_file = dir.join("error.json");
             // A file left by an earlier group is not this worker's error.
             let _ = std::fs::remove_file(&error_file);
-            let started = spawn(spec, r, &error_file);
+            let mut routes = Vec::new();
+            for (console, name) in [(Console::Stdout, "stdout"), (Console::Stderr, "stderr")] {
+                let duplicate = match console {
+                    Console::Stdout => dup_out.clone(),
+                    Console::Stderr => dup_err.clone(),
+                };
+                let file = dir.join(format!("{name}.log"));
+                routes.push(route(logs, spec.role, r, console, &file, duplicate)?);
+            }
+            let started = spawn(spec, r, &error_file, &routes);
             let mut child = match started {
                 Ok(child) => child,
                 Err(e) => {
@@ -204,37 +213,20 @@ impl Group {
                     ));
                 }
             };
-            for (stream, console, name) in [
-                (
-                    child
-                        .stdout
-                        .take()
-                        .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-                    Console::Stdout,
-                    "stdout",
-                ),
-                (
-                    child
-                        .stderr
-                        .take()
-                        .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-                    Console::Stderr,
-                    "stderr",
-                ),
-            ] {
-                let Some(stream) = stream else { continue };
-                let duplicate = match console {
-                    Console::Stdout => dup_out.clone(),
-                    Console::Stderr => dup_err.clone(),
+            let streams = [
+                child
+                    .stdout
+                    .take()
+                    .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+                child
+                    .stderr
+                    .take()
+                    .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            ];
+            for (stream, route) in streams.into_iter().zip(routes) {
+                let (Some(stream), Route::Pump(to)) = (stream, route) else {
+                    continue;
                 };
-                let to = destination(
-                    logs,
-                    spec.role,
-                    r,
-                    console,
-                    &dir.join(format!("{name}.log")),
-                    duplicate,
-                )?;
                 let done = pump_tx.clone();
                 group.pumps += 1;
                 let pump = output::pump(stream, to);
@@ -396,21 +388,48 @@ fn spawn(
     spec: &GroupSpec<'_>,
     r: &WorkerRanks,
     error_file: &Path,
+    routes: &[Route],
 ) -> std::io::Result<std::process::Child> {
     let mut cmd = Command::new(&spec.command[0]);
-    cmd.args(&spec.command[1..]);
+    // torchrun's `${local_rank}` in the program's arguments (its `macros.substitute`).
+    cmd.args(
+        spec.command[1..]
+            .iter()
+            .map(|a| a.replace("${local_rank}", &r.local_rank.to_string())),
+    );
     for (k, v) in worker_env(spec, r, error_file) {
         cmd.env(k, v);
     }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    let stdio = |route: &Route| match route {
+        Route::Inherit => Stdio::inherit(),
+        Route::Discard => Stdio::null(),
+        Route::Pump(_) => Stdio::piped(),
+    };
+    // stdin and the streams nobody redirects are the launcher's own, as under torchrun: a
+    // worker on a terminal sees one (isatty, `\r` progress bars, pdb and input()).
+    cmd.stdin(Stdio::inherit())
+        .stdout(stdio(&routes[0]))
+        .stderr(stdio(&routes[1]));
+    own_session(&mut cmd);
     dies_with_launcher(&mut cmd);
     if let Some(cpus) = spec.cpu_binding.get(r.local_rank as usize) {
         runs_on(&mut cmd, cpus);
     }
     cmd.spawn()
+}
+
+/// Makes the worker lead a session (and so a process group) of its own, as torchrun's
+/// `start_new_session`: a signal to its group reaches what it started, Ctrl-C on the terminal
+/// reaches only the launcher (which forwards it), and, holding no controlling terminal, it
+/// reads an inherited terminal without being stopped as a background job (pdb, input()).
+fn own_session(cmd: &mut Command) {
+    // SAFETY: setsid is async-signal-safe; it runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| match libc::setsid() {
+            -1 => Err(std::io::Error::last_os_error()),
+            _ => Ok(()),
+        });
+    }
 }
 
 /// Makes the process `cmd` starts run on `cpus` only (its CPU affinity, which its threads and
@@ -570,14 +589,24 @@ pub fn coordinator_port(framework: Framework, group_rank: u32, master_port: u16)
     (0..8).filter_map(|_| pick()).find(|&p| p != master_port)
 }
 
-fn destination(
+/// Where one worker stream goes: straight to the launcher's own stream, or through a pump.
+enum Route {
+    /// Shown on the console as written, with no copy anywhere: the worker writes to the
+    /// launcher's stream itself (a terminal stays a terminal, partial lines show at once).
+    Inherit,
+    /// Neither shown nor kept (`--local-ranks-filter` leaves it out): /dev/null.
+    Discard,
+    Pump(Destination),
+}
+
+fn route(
     logs: &LogPlan,
     role: &str,
     r: &WorkerRanks,
     console: Console,
     file: &Path,
     duplicate: Option<output::Duplicate>,
-) -> std::io::Result<Destination> {
+) -> std::io::Result<Route> {
     let pick = |s: crate::cli::Streams| match console {
         Console::Stdout => s.stdout,
         Console::Stderr => s.stderr,
@@ -588,20 +617,26 @@ fn destination(
         .filter
         .as_ref()
         .is_some_and(|ranks| !ranks.contains(&r.local_rank));
+    match (redirected || teed, filtered_out) {
+        (false, false) => return Ok(Route::Inherit),
+        // As torchrun: a filtered-out stream that no file keeps goes nowhere.
+        (false, true) => return Ok(Route::Discard),
+        (true, _) => {}
+    }
     let shown = (!redirected || teed) && !filtered_out;
     // As torchrun: console lines are the worker's own, prefixed only when teed.
     let prefix = match teed {
         true => logs.prefix(role, r),
         false => String::new(),
     };
-    Ok(Destination {
+    Ok(Route::Pump(Destination {
         console: shown.then_some((prefix, console)),
         file: match redirected || teed {
             true => Some(output::log_file(file)?),
             false => None,
         },
         duplicate: duplicate.filter(|_| teed),
-    })
+    }))
 }
 
 /// What a torchelastic error file says.
@@ -683,33 +718,34 @@ pub fn report(program: &str, failures: &[Failure]) -> bool {
     let host = hostname();
     let rule = "=".repeat(60);
     let thin = "-".repeat(60);
-    say(&rule);
-    say(format_args!("{program} FAILED"));
-    say(&thin);
-    say("Failures:");
+    // torchrun's ChildFailedError block, line for line and unprefixed, as parsers read it.
+    plain(&rule);
+    plain(format_args!("{program} FAILED"));
+    plain(&thin);
+    plain("Failures:");
     let others: Vec<&Failure> = failures[1..].iter().filter(|f| !f.stopped).collect();
     if others.is_empty() {
-        say("  <NO_OTHER_FAILURES>");
+        plain("  <NO_OTHER_FAILURES>");
     }
     for (i, f) in others.iter().enumerate() {
         describe(i + 1, f, &host);
     }
-    say(&thin);
-    say("Root Cause (first observed failure):");
+    plain(&thin);
+    plain("Root Cause (first observed failure):");
     describe(0, root, &host);
+    plain(&rule);
+    // rdzv's addition, after the block: the workers stopped because of the failure.
     let stopped: Vec<String> = failures
         .iter()
         .filter(|f| f.stopped)
         .map(|f| format!("{} ({})", f.global_rank, f.ended))
         .collect();
     if !stopped.is_empty() {
-        say(&thin);
         say(format_args!(
-            "Stopped by the launcher after the failure: rank {}",
+            "stopped by the launcher after the failure: rank {}",
             stopped.join(", rank ")
         ));
     }
-    say(&rule);
     if let Some(own) = std::env::var_os("TORCHELASTIC_ERROR_FILE").filter(|v| !v.is_empty()) {
         let own = PathBuf::from(own);
         match copy_error_file(root, &own) {
@@ -725,10 +761,10 @@ pub fn report(program: &str, failures: &[Failure]) -> bool {
 
 /// One failure of the report, as torchrun prints it.
 fn describe(index: usize, f: &Failure, host: &str) {
-    say(format_args!("[{index}]:"));
-    say(format_args!("  time      : {}", utc(f.at)));
-    say(format_args!("  host      : {host}"));
-    say(format_args!(
+    plain(format_args!("[{index}]:"));
+    plain(format_args!("  time      : {}", utc(f.at)));
+    plain(format_args!("  host      : {host}"));
+    plain(format_args!(
         "  rank      : {} (local_rank: {})",
         f.global_rank, f.local_rank
     ));
@@ -736,10 +772,10 @@ fn describe(index: usize, f: &Failure, host: &str) {
         Ended::Code(c) => c,
         Ended::Signal(s) => -s,
     };
-    say(format_args!("  exitcode  : {code} (pid: {})", f.pid));
+    plain(format_args!("  exitcode  : {code} (pid: {})", f.pid));
     match &f.error_file {
-        Some((path, _)) => say(format_args!("  error_file: {}", path.display())),
-        None => say("  error_file: <N/A>"),
+        Some((path, _)) => plain(format_args!("  error_file: {}", path.display())),
+        None => plain("  error_file: <N/A>"),
     }
     let traceback = match (&f.traceback, &f.error_file, f.ended) {
         (Some(tb), _, _) => tb.clone(),
@@ -752,9 +788,9 @@ fn describe(index: usize, f: &Failure, host: &str) {
         }
     };
     let mut lines = traceback.lines();
-    say(format_args!("  traceback : {}", lines.next().unwrap_or("")));
+    plain(format_args!("  traceback : {}", lines.next().unwrap_or("")));
     for line in lines {
-        say(format_args!("    {line}"));
+        plain(format_args!("    {line}"));
     }
 }
 
@@ -798,7 +834,7 @@ fn copy_error_file(root: &Failure, own: &Path) -> std::io::Result<()> {
     std::fs::write(own, json.to_string())
 }
 
-fn hostname() -> String {
+pub fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };

@@ -146,7 +146,7 @@ trait WorkerLines {
     fn exits_with(&mut self, want: i32, secs: u64);
     /// SIGTERM to the launcher, which exits by it (128 + SIGTERM) within 30 s.
     fn terminate(&mut self);
-    /// SIGKILL to the launcher alone, as a crash; its output closes within 10 s.
+    /// SIGKILL to the launcher alone, as a crash; it is gone within 10 s.
     fn crash(&mut self);
 }
 
@@ -177,7 +177,7 @@ impl WorkerLines for Launcher {
 
     fn crash(&mut self) {
         self.signal(libc::SIGKILL);
-        self.exit(10);
+        self.died(10);
     }
 }
 
@@ -587,11 +587,21 @@ fn a_worker_that_always_fails_spends_the_budget_and_closes_the_run() {
         "the reported error file is kept: {path}"
     );
     // The other node restarted with it each time (a membership change for it, no budget
-    // spent), then saw the run closed and ended its workers gracefully.
-    healthy.exits_with(0, 30);
+    // spent), then answered that it was alive, heard that the job failed, ended its workers
+    // gracefully and failed too: a scheduler sees the job's failure on every node.
+    healthy.exits_with(1, 30);
     assert!(healthy.said("GOT TERM"));
-    assert!(healthy.said("the run was closed"));
-    assert_eq!(status_json(&url)["closed"], true);
+    assert!(
+        healthy.said("the job failed on another node: rank 1 ") && healthy.said("exit code 7"),
+        "{}",
+        healthy.output()
+    );
+    let status = status_json(&url);
+    assert_eq!(status["closed"], true);
+    let failure = status["failure"].as_str().unwrap_or_default();
+    assert!(failure.contains("exit code 7"), "{status}");
+    let shown = op_ok(&["status", &url]);
+    assert!(shown.contains("closed: the job failed (rank 1 "), "{shown}");
 }
 
 #[test]
@@ -894,8 +904,8 @@ fn status_shows_members_and_a_crashed_run_goes_with_its_leases() {
     // the run's lease, which no node refreshes any more.
     a.signal(libc::SIGKILL);
     b.signal(libc::SIGKILL);
-    a.exit(10);
-    b.exit(10);
+    a.died(10);
+    b.died(10);
     watch.wait_line(15, |l| l.contains("run deleted from etcd"));
     let run = common::node::run_of(&url);
     common::wait_for_key_count(&etcd.endpoint(), &format!("/rdzv/{run}/"), |n| n == 0);
@@ -1062,7 +1072,7 @@ fn console_lines_are_the_workers_own_and_teed_lines_carry_torchruns_prefix() {
     let attempt = run_dir(&logs).join("attempt_0");
     let filtered = std::fs::read_to_string(attempt.join("filtered_stdout.log")).unwrap();
     assert!(
-        filtered.starts_with("START rank=0 ") && filtered.lines().count() == 1,
+        filtered.starts_with("[trainer0]:START rank=0 ") && filtered.lines().count() == 1,
         "{filtered}"
     );
     let filtered = std::fs::read_to_string(attempt.join("filtered_stderr.log")).unwrap();
@@ -1374,10 +1384,31 @@ fn the_failure_report_names_the_root_cause_and_copies_its_error_file() {
         "  exitcode  : 7 (pid: ",
         "  traceback : Traceback (most recent call last):",
         "    ValueError: boom",
-        "Stopped by the launcher after the failure: rank 0",
+        "stopped by the launcher after the failure: rank 0",
     ] {
         assert!(l.said(line), "no {line:?} in:\n{}", l.output());
     }
+    // torchrun's block is unprefixed, line for line, as tools parse it.
+    let out = l.output();
+    let block: Vec<&str> = out
+        .lines()
+        .skip_while(|x| !x.ends_with("/worker.sh FAILED"))
+        .skip(1)
+        .take(6)
+        .collect();
+    let thin = "-".repeat(60);
+    assert_eq!(
+        block,
+        [
+            &thin,
+            "Failures:",
+            "  <NO_OTHER_FAILURES>",
+            &thin,
+            "Root Cause (first observed failure):",
+            "[0]:",
+        ],
+        "{out}"
+    );
     let host = l.line_with("  host      : ");
     assert!(!host.trim_end().ends_with(':'), "{host}");
     let time = l.line_with("  time      : ");
@@ -1508,7 +1539,11 @@ fn c10d_backend_serves_the_rendezvous_from_the_endpoints_node() {
     std::fs::create_dir_all(&empty).unwrap();
     let mut none = rdzv_env(&args, &[("PATH", empty.to_str().unwrap())]);
     none.exits_with(1, 10);
-    assert!(none.said("no `etcd` is on PATH"), "{}", none.output());
+    assert!(
+        none.said("no `etcd` is beside this command or on PATH"),
+        "{}",
+        none.output()
+    );
 }
 
 /// torchrun 2.15's c10d backend hangs both nodes when one arrives after the first round

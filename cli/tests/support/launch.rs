@@ -193,6 +193,35 @@ impl Launcher {
         self.child.wait().unwrap()
     }
 
+    /// Waits for the launcher process itself to exit (by pidfd) within `secs`, not for its
+    /// output to close: workers write to the launcher's stdout and stderr directly, so a
+    /// worker's own child that outlives a SIGKILLed launcher keeps them open. Fails the test
+    /// if it does not exit; the lines that arrived by then are kept.
+    pub fn died(&mut self, secs: u64) -> ExitStatus {
+        // SAFETY: plain syscalls on a pid this process has not reaped.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, self.child.id() as i32, 0) } as i32;
+        if fd >= 0 {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            unsafe { libc::poll(&mut p, 1, (secs * 1000) as i32) };
+            unsafe { libc::close(fd) };
+        }
+        let Some(status) = self.child.try_wait().unwrap() else {
+            panic!(
+                "launcher did not exit within {secs} s; it said:\n{}",
+                self.output()
+            );
+        };
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line.clone());
+            self.passed.push_back(line);
+        }
+        status
+    }
+
     /// Waits for the launcher until `deadline` (killing it then) and returns its exit code,
     /// if it exited, and everything it wrote.
     pub fn finish(mut self, deadline: Instant) -> (Option<i32>, String) {
