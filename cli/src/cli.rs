@@ -1486,6 +1486,137 @@ mod tests {
         assert!(comma_list(Some("")).is_empty());
     }
 
+    /// torchrun hands everything after the script to it: flags of rdzv's own included.
+    #[test]
+    fn everything_from_the_program_on_is_the_programs() {
+        let argv = [
+            "rdzv",
+            "run",
+            "--standalone",
+            "train.py",
+            "--help",
+            "--log_dir",
+            "D",
+            "-m",
+            "--max-restarts=3",
+            "--role",
+            "X",
+            "-t",
+            "3",
+            "--nnodes=5",
+            "--",
+            "x",
+        ];
+        let Command::Run(a) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        assert_eq!(a.command, &argv[3..]);
+        assert!(a.log_dir.is_none() && !a.module && a.max_restarts == 0);
+        assert_eq!(
+            (a.role.as_str(), a.tee.as_str(), a.nnodes.as_str()),
+            ("default", "0", "1:1")
+        );
+        // An unknown flag before the program is still a usage error, not a program.
+        assert!(Cli::try_parse_from(["rdzv", "run", "--bogus", "train.py"]).is_err());
+        assert!(Cli::try_parse_from(["rdzv", "run", "--standalone"]).is_err());
+    }
+
+    /// A Python script runs under python3 whatever its name; an executable ELF binary or `#!`
+    /// script, or a command on PATH, runs as it is.
+    #[test]
+    fn which_programs_run_under_python() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rdzv-cli-python-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, text: &str, mode: u32| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            path.display().to_string()
+        };
+        assert!(runs_under_python("missing.py"));
+        assert!(runs_under_python(&file("train", "print(1)\n", 0o644)));
+        assert!(runs_under_python(&file("train_x", "print(1)\n", 0o755)));
+        assert!(!runs_under_python(&file("tool.sh", "#!/bin/sh\n", 0o755)));
+        // A `#!` script that is not executable cannot run by itself: Python it is.
+        assert!(runs_under_python(&file("plain.sh", "#!/bin/sh\n", 0o644)));
+        let elf = file("binary", "", 0o755);
+        std::fs::copy("/proc/self/exe", &elf).unwrap();
+        assert!(!runs_under_python(&elf));
+        assert!(!runs_under_python("sh"), "a command on PATH");
+        assert!(runs_under_python(
+            &dir.join("gone/train").display().to_string()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn torchs_own_rdzv_conf_keys() {
+        let conf = |s: &str| {
+            let mut notes = Vec::new();
+            torch_conf(&parse_conf(s).unwrap(), &mut notes).map(|t| (t, notes))
+        };
+        let (t, notes) = conf("is_host=true,read_timeout=60,use_libuv=1").unwrap();
+        assert_eq!(
+            t,
+            TorchConf {
+                is_host: Some(true),
+                lease_ttl: None
+            }
+        );
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(conf("is_host=0").unwrap().0.is_host, Some(false));
+        // torch's c10d declares a node dead after keep_alive_max_attempt missed heartbeats.
+        assert_eq!(
+            conf("keep_alive_interval=2").unwrap().0.lease_ttl,
+            Some(6.0)
+        );
+        assert_eq!(
+            conf("keep_alive_interval=1,keep_alive_max_attempt=4")
+                .unwrap()
+                .0
+                .lease_ttl,
+            Some(4.0)
+        );
+        for bad in ["is_host=maybe", "read_timeout=-1", "keep_alive_interval=x"] {
+            let Err(Usage(message)) = conf(bad) else {
+                panic!("{bad} accepted")
+            };
+            assert!(
+                message.contains(bad.split('=').next().unwrap()),
+                "{message}"
+            );
+        }
+        // Through run_config: the keys pass, lease_ttl follows them unless given.
+        let cfg = |conf: &str| {
+            let argv = [
+                "rdzv",
+                "run",
+                "--rdzv-endpoint=127.0.0.1:2379",
+                "--nnodes=2",
+                conf,
+                "prog",
+            ];
+            let Command::Run(a) = Cli::try_parse_from(argv).unwrap().command else {
+                unreachable!()
+            };
+            run_config(a).unwrap()
+        };
+        let c = cfg("--rdzv-conf=is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3");
+        let Rendezvous::Etcd(p) = &c.rendezvous else {
+            panic!()
+        };
+        assert_eq!(
+            (p.lease_ttl, c.c10d_is_host),
+            (Duration::from_secs(3), Some(false))
+        );
+        let c = cfg("--rdzv-conf=keep_alive_interval=1,lease_ttl=7");
+        let Rendezvous::Etcd(p) = &c.rendezvous else {
+            panic!()
+        };
+        assert_eq!(p.lease_ttl, Duration::from_secs(7));
+    }
+
     #[test]
     fn conf() {
         assert_eq!(

@@ -572,3 +572,312 @@ fn a_failure_is_reported_as_torchrun_reports_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What a launcher did with a program: its exit code (None: killed at the deadline) and
+/// everything it and its workers wrote, stdout then stderr.
+struct Ran {
+    code: Option<i32>,
+    out: String,
+}
+
+/// Runs `launcher` (torchrun or `rdzv run`, standalone) with `flags`, then `program` and its
+/// `args`, in `cwd`, with `input` on its stdin (then closed), within 180 s.
+fn run_with_input(
+    mut launcher: Command,
+    python: &Path,
+    flags: &[&str],
+    program: &Path,
+    args: &[&str],
+    cwd: &Path,
+    input: &str,
+    env: &[(&str, &str)],
+) -> Ran {
+    use std::io::{Read, Write};
+    launcher
+        .args(["--standalone"])
+        .args(flags)
+        .arg(program)
+        .args(args)
+        .current_dir(cwd)
+        .env("PYTHON_EXEC", python)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = common::spawn(launcher).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let readers: Vec<_> = [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ]
+    .into_iter()
+    .map(|mut stream| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stream.read_to_string(&mut text);
+            text
+        })
+    })
+    .collect();
+    let code = launch::wait_or_kill(&mut child, Instant::now() + Duration::from_secs(180));
+    let out = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    Ran { code, out }
+}
+
+/// The lines of `out` that start with one of `tags`, sorted.
+fn tagged(out: &str, tags: &[&str]) -> Vec<String> {
+    let mut lines: Vec<String> = out
+        .lines()
+        .filter(|l| tags.iter().any(|t| l.starts_with(t)))
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// torchrun hands everything after the script to the script, runs a script without `.py`
+/// under Python, replaces `${local_rank}` in its arguments and lets workers read its stdin;
+/// `rdzv run` does the same (it took `--help`, `--log_dir`, `-m`... for itself, ran `argv`
+/// below as a program, passed `${local_rank}` as it is, and gave workers /dev/null).
+#[test]
+fn a_scripts_own_options_and_stdin_reach_it_as_under_torchrun() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let dir = fresh_dir("parity-argv");
+    // No `.py`, not executable: torchrun runs it as `python -u argv`. One write per line:
+    // workers share the console, and print() writes a line's end apart from its text.
+    let script = dir.join("argv");
+    std::fs::write(
+        &script,
+        "import os, sys\n\
+         rank = os.environ['LOCAL_RANK']\n\
+         sys.stdout.write(f'ARGV local={rank} {sys.argv[1:]!r}\\n'); sys.stdout.flush()\n\
+         if rank == '0':\n\
+         \x20   sys.stdout.write(f'STDIN {sys.stdin.readline()!r}\\n'); sys.stdout.flush()\n",
+    )
+    .unwrap();
+    let args = [
+        "--help",
+        "--log_dir",
+        "D",
+        "--epochs",
+        "3",
+        "-m",
+        "--max-restarts=3",
+        "--nnodes=5",
+        "-t",
+        "3",
+        "data-${local_rank}",
+    ];
+    let mut sides = Vec::new();
+    for (name, launcher) in [("torchrun", torchrun(&python)), ("rdzv run", rdzv_run())] {
+        let cwd = dir.join(name.replace(' ', "-"));
+        std::fs::create_dir_all(&cwd).unwrap();
+        let ran = run_with_input(
+            launcher,
+            &python,
+            &["--nproc-per-node=2"],
+            &script,
+            &args,
+            &cwd,
+            "a line on stdin\n",
+            &[],
+        );
+        assert_eq!(ran.code, Some(0), "{name}:\n{}", ran.out);
+        assert!(!cwd.join("D").exists(), "{name} took --log_dir for itself");
+        sides.push(tagged(&ran.out, &["ARGV ", "STDIN "]));
+    }
+    let want = |rank: u32| {
+        format!(
+            "ARGV local={rank} ['--help', '--log_dir', 'D', '--epochs', '3', '-m', \
+             '--max-restarts=3', '--nnodes=5', '-t', '3', 'data-{rank}']"
+        )
+    };
+    assert_eq!(
+        sides[0],
+        [want(0), want(1), "STDIN 'a line on stdin\\n'".to_string()],
+        "torchrun"
+    );
+    assert_eq!(sides[1], sides[0], "rdzv run and torchrun");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `breakpoint()` in a worker (with `--nproc-per-node=1`, the usual way to debug) reads pdb's
+/// commands from the launcher's stdin; on a terminal, workers see one (isatty), as torchrun's
+/// workers do.
+#[test]
+fn pdb_and_the_terminal_reach_a_worker_as_under_torchrun() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let dir = fresh_dir("parity-pdb");
+    let debugged = dir.join("debugged.py");
+    std::fs::write(
+        &debugged,
+        "x = 41\nbreakpoint()\nprint(f'AFTER {x}', flush=True)\n",
+    )
+    .unwrap();
+    let tty = dir.join("tty.py");
+    std::fs::write(
+        &tty,
+        "import os\nprint(f'TTY {os.isatty(0)} {os.isatty(1)} {os.isatty(2)}', flush=True)\n",
+    )
+    .unwrap();
+    for (name, launcher) in [("torchrun", torchrun(&python)), ("rdzv run", rdzv_run())] {
+        let ran = run_with_input(
+            launcher,
+            &python,
+            &["--nproc-per-node=1"],
+            &debugged,
+            &[],
+            &dir,
+            "p x + 1\nc\n",
+            &[("PYTHONBREAKPOINT", "")],
+        );
+        assert_eq!(ran.code, Some(0), "{name}:\n{}", ran.out);
+        assert!(
+            ran.out.contains("(Pdb) 42") && ran.out.contains("AFTER 41"),
+            "{name}: pdb did not read its commands:\n{}",
+            ran.out
+        );
+    }
+    // Under a terminal (util-linux's `script` makes one).
+    let quoted = |p: &Path| format!("'{}'", p.display());
+    for (name, launcher) in [
+        (
+            "torchrun",
+            format!("{} -m torch.distributed.run", quoted(&python)),
+        ),
+        ("rdzv run", format!("{} run", quoted(Path::new(RDZV)))),
+    ] {
+        let line = format!(
+            "{launcher} --standalone --nproc-per-node=1 {}",
+            quoted(&tty)
+        );
+        let mut cmd = Command::new("script");
+        cmd.args(["-qec", &line, "/dev/null"])
+            .env("PYTHON_EXEC", &python);
+        let (code, out) = Launcher::spawn(cmd).finish(Instant::now() + Duration::from_secs(180));
+        assert_eq!(code, Some(0), "{name}:\n{out}");
+        assert!(out.contains("TTY True True True"), "{name}: {out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A progress bar's line (`\r`, no newline) reaches the console as it is written, before the
+/// worker ends its line, as under torchrun, whose workers write to its console themselves.
+#[test]
+fn a_partial_line_reaches_the_console_at_once_as_under_torchrun() {
+    use std::io::Read;
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let dir = fresh_dir("parity-partial");
+    let bar = dir.join("bar.py");
+    let go = dir.join("go");
+    // The worker ends its line only once the test has seen the partial one (the file `go`).
+    std::fs::write(
+        &bar,
+        format!(
+            "import os, sys, time\n\
+             sys.stdout.write('progress 50%\\r'); sys.stdout.flush()\n\
+             end = time.monotonic() + 120\n\
+             while not os.path.exists({go:?}) and time.monotonic() < end:\n\
+             \x20   time.sleep(0.05)\n\
+             print('progress 100%', flush=True)\n",
+            go = go.display().to_string()
+        ),
+    )
+    .unwrap();
+    for (name, mut launcher) in [("torchrun", torchrun(&python)), ("rdzv run", rdzv_run())] {
+        let _ = std::fs::remove_file(&go);
+        launcher
+            .args(["--standalone", "--nproc-per-node=1"])
+            .arg(&bar)
+            .env("PYTHON_EXEC", &python)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let mut child = common::spawn(launcher).unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                    return;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(100);
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("progress 50%\r") {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(chunk) => seen.extend(chunk),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!(
+                        "{name}: the partial line did not reach the console: {:?}",
+                        String::from_utf8_lossy(&seen)
+                    );
+                }
+            }
+        }
+        std::fs::write(&go, b"").unwrap();
+        let code = launch::wait_or_kill(&mut child, Instant::now() + Duration::from_secs(60));
+        assert_eq!(code, Some(0), "{name}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// torchrun's `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` is the workers' grace period after SIGTERM
+/// when `--shutdown-timeout` is not given: workers that ignore SIGTERM keep a SIGTERMed
+/// launcher that long, not 30 s.
+#[test]
+fn torchs_shutdown_timeout_variable_bounds_the_grace_period_as_under_torchrun() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let dir = fresh_dir("parity-shutdown");
+    let stubborn = dir.join("stubborn.py");
+    std::fs::write(
+        &stubborn,
+        "import signal, time\n\
+         signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         print('READY', flush=True)\n\
+         time.sleep(600)\n",
+    )
+    .unwrap();
+    for (name, mut launcher) in [("torchrun", torchrun(&python)), ("rdzv run", rdzv_run())] {
+        launcher
+            .args(["--standalone", "--nproc-per-node=1"])
+            .arg(&stubborn)
+            .env("PYTHON_EXEC", &python)
+            .env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2");
+        let mut l = Launcher::spawn(launcher);
+        l.wait_line(120, |x| x.contains("READY"));
+        let signalled = Instant::now();
+        l.signal(libc::SIGTERM);
+        l.died(30);
+        let took = signalled.elapsed();
+        // 2 s of grace, then SIGKILL; the margin is for a loaded machine.
+        assert!(
+            took < Duration::from_secs(10),
+            "{name} took {took:?} after SIGTERM:\n{}",
+            l.output()
+        );
+        eprintln!("{name}: exited {:.2} s after SIGTERM", took.as_secs_f64());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -225,7 +225,7 @@ impl Launcher {
     /// Waits for the launcher until `deadline` (killing it then) and returns its exit code,
     /// if it exited, and everything it wrote.
     pub fn finish(mut self, deadline: Instant) -> (Option<i32>, String) {
-        let code = wait_with_deadline(&mut self.child, deadline);
+        let code = wait_or_kill(&mut self.child, deadline);
         // Its output closes as it exits; what a killed one wrote last gets a moment to arrive.
         self.read_to_end(deadline.max(Instant::now() + Duration::from_secs(5)));
         (code, self.output())
@@ -262,7 +262,7 @@ impl Drop for Launcher {
 }
 
 /// Waits for `child` by pidfd until `deadline`; kills it then. Its exit code, if it exited.
-fn wait_with_deadline(child: &mut Child, deadline: Instant) -> Option<i32> {
+pub fn wait_or_kill(child: &mut Child, deadline: Instant) -> Option<i32> {
     let left = deadline.saturating_duration_since(Instant::now());
     // SAFETY: plain syscalls on a pid this process has not reaped.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as i32, 0) } as i32;
