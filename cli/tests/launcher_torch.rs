@@ -580,24 +580,17 @@ struct Ran {
     out: String,
 }
 
-/// Runs `launcher` (torchrun or `rdzv run`, standalone) with `flags`, then `program` and its
-/// `args`, in `cwd`, with `input` on its stdin (then closed), within 180 s.
+/// Runs `launcher` (torchrun or `rdzv run`, its flags, program and arguments given) in `cwd`,
+/// with `input` on its stdin (then closed), within 180 s.
 fn run_with_input(
     mut launcher: Command,
     python: &Path,
-    flags: &[&str],
-    program: &Path,
-    args: &[&str],
     cwd: &Path,
     input: &str,
     env: &[(&str, &str)],
 ) -> Ran {
     use std::io::{Read, Write};
     launcher
-        .args(["--standalone"])
-        .args(flags)
-        .arg(program)
-        .args(args)
         .current_dir(cwd)
         .env("PYTHON_EXEC", python)
         .envs(env.iter().copied())
@@ -677,19 +670,14 @@ fn a_scripts_own_options_and_stdin_reach_it_as_under_torchrun() {
         "data-${local_rank}",
     ];
     let mut sides = Vec::new();
-    for (name, launcher) in [("torchrun", torchrun(&python)), ("rdzv run", rdzv_run())] {
+    for (name, mut launcher) in [("torchrun", torchrun(&python)), ("rdzv run", rdzv_run())] {
         let cwd = dir.join(name.replace(' ', "-"));
         std::fs::create_dir_all(&cwd).unwrap();
-        let ran = run_with_input(
-            launcher,
-            &python,
-            &["--nproc-per-node=2"],
-            &script,
-            &args,
-            &cwd,
-            "a line on stdin\n",
-            &[],
-        );
+        launcher
+            .args(["--standalone", "--nproc-per-node=2"])
+            .arg(&script)
+            .args(args);
+        let ran = run_with_input(launcher, &python, &cwd, "a line on stdin\n", &[]);
         assert_eq!(ran.code, Some(0), "{name}:\n{}", ran.out);
         assert!(!cwd.join("D").exists(), "{name} took --log_dir for itself");
         sides.push(tagged(&ran.out, &["ARGV ", "STDIN "]));
@@ -731,17 +719,12 @@ fn pdb_and_the_terminal_reach_a_worker_as_under_torchrun() {
         "import os\nprint(f'TTY {os.isatty(0)} {os.isatty(1)} {os.isatty(2)}', flush=True)\n",
     )
     .unwrap();
-    for (name, launcher) in [("torchrun", torchrun(&python)), ("rdzv run", rdzv_run())] {
-        let ran = run_with_input(
-            launcher,
-            &python,
-            &["--nproc-per-node=1"],
-            &debugged,
-            &[],
-            &dir,
-            "p x + 1\nc\n",
-            &[("PYTHONBREAKPOINT", "")],
-        );
+    for (name, mut launcher) in [("torchrun", torchrun(&python)), ("rdzv run", rdzv_run())] {
+        launcher
+            .args(["--standalone", "--nproc-per-node=1"])
+            .arg(&debugged);
+        let env = [("PYTHONBREAKPOINT", "")];
+        let ran = run_with_input(launcher, &python, &dir, "p x + 1\nc\n", &env);
         assert_eq!(ran.code, Some(0), "{name}:\n{}", ran.out);
         assert!(
             ran.out.contains("(Pdb) 42") && ran.out.contains("AFTER 41"),
