@@ -1619,3 +1619,50 @@ fn status_watch_shows_a_sigkilled_node_as_lost() {
     assert!(lost.contains("rank "), "{lost}");
     a.terminate();
 }
+
+/// torch's `is_host` decides which node serves the c10d rendezvous, whatever the endpoint's
+/// address (a Kubernetes Service name resolves to no address of the pod behind it): the node
+/// told `is_host=false` waits for the endpoint although its address is local, and the one told
+/// `is_host=true` serves it; the job forms.
+#[test]
+fn c10d_is_host_decides_which_node_serves() {
+    let s = Scratch::new();
+    let endpoint = format!("--rdzv-endpoint=127.0.0.1:{}", common::free_port());
+    let w = s.worker();
+    let id_arg = format!("--rdzv-id={}", unique_run_id("c10d-is-host"));
+    let args = |is_host: &str| {
+        [
+            "run".to_string(),
+            "--nnodes=2".into(),
+            "--rdzv-backend=c10d".into(),
+            endpoint.clone(),
+            id_arg.clone(),
+            format!(
+                "--rdzv-conf=last_call_timeout=1,lease_ttl=2,is_host={is_host},read_timeout=60"
+            ),
+            w.clone(),
+            "ok".into(),
+        ]
+    };
+    let client_args = args("false");
+    let mut client = rdzv(&client_args.iter().map(String::as_str).collect::<Vec<_>>());
+    client.wait_line(30, |x| x.contains("waiting for etcd"));
+    let host_args = args("true");
+    let host = rdzv(&host_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut nodes = [client, host];
+    formed(&mut nodes, 2, 60);
+    let [mut client, mut host] = nodes;
+    client.exits_with(0, 60);
+    host.exits_with(0, 60);
+    assert!(
+        !client.said("serving the rendezvous"),
+        "{}",
+        client.output()
+    );
+    assert!(host.said("serving the rendezvous"), "{}", host.output());
+    assert!(
+        host.said("read_timeout=60 is for torch's TCPStore"),
+        "{}",
+        host.output()
+    );
+}

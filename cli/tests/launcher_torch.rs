@@ -864,3 +864,129 @@ fn torchs_shutdown_timeout_variable_bounds_the_grace_period_as_under_torchrun() 
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A DDP job of two nodes whose rank 1 exits 7 after a first all_reduce, with no restart to
+/// spend: every node of the job fails (exits non-zero), under torchrun's c10d backend and
+/// under `rdzv run`, and `rdzv run`'s nodes within the bound docs/LAUNCHER.md states (5 s
+/// from the failure). Before, the failing `rdzv run` waited `lease_ttl` for a loss that would
+/// explain the failure, and the other node could exit 0 when the run closed.
+#[test]
+fn a_failed_ddp_job_fails_every_node_as_under_torchrun() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let dir = fresh_dir("parity-fail");
+    let script = dir.join("fail_rank_1.py");
+    std::fs::write(
+        &script,
+        "import os, sys, time\n\
+         import torch, torch.distributed as dist\n\
+         dist.init_process_group('gloo', init_method='env://')\n\
+         t = torch.zeros(1)\n\
+         dist.all_reduce(t)\n\
+         if dist.get_rank() == 1:\n\
+         \x20   open(os.environ['FAILED_AT'], 'w').write(repr(time.time()))\n\
+         \x20   sys.exit(7)\n\
+         while True:\n\
+         \x20   dist.all_reduce(t)\n",
+    )
+    .unwrap();
+    let etcd = Etcd::start();
+    let common_flags = [
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--max-restarts=0",
+        "--monitor-interval=0.1",
+    ];
+    for name in ["torchrun c10d", "rdzv run"] {
+        let failed_at = dir.join(format!("{}-failed-at", name.replace(' ', "-")));
+        let port = common::free_port();
+        let url = etcd.url("fail", "last_call_timeout=1");
+        let node = || {
+            let mut cmd = match name {
+                "rdzv run" => {
+                    let mut c = rdzv_run();
+                    c.args(["--rdzv", &url, "--local-addr=127.0.0.1"]);
+                    c
+                }
+                _ => {
+                    let mut c = torchrun(&python);
+                    c.args([
+                        "--rdzv-backend=c10d",
+                        &format!("--rdzv-endpoint=127.0.0.1:{port}"),
+                        "--rdzv-id=fail",
+                    ]);
+                    c
+                }
+            };
+            cmd.args(common_flags)
+                .arg(&script)
+                .env("PYTHON_EXEC", &python)
+                .env("FAILED_AT", &failed_at);
+            Launcher::spawn(cmd)
+        };
+        let first = node();
+        if name == "torchrun c10d" {
+            // The first torchrun hosts the store: the second must find it there.
+            launch::wait_for_listener(port, Duration::from_secs(120));
+        }
+        let mut nodes = [first, node()];
+        let mut exits = Vec::new();
+        for n in nodes.iter_mut() {
+            let status = n.died(180);
+            exits.push((status.code(), std::time::SystemTime::now()));
+        }
+        let failed: f64 = std::fs::read_to_string(&failed_at)
+            .unwrap_or_else(|_| panic!("{name}: rank 1 never failed:\n{}", nodes[0].output()))
+            .parse()
+            .unwrap();
+        for (n, (code, at)) in nodes.iter().zip(&exits) {
+            let after = at
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64()
+                - failed;
+            assert!(
+                code.is_some_and(|c| c != 0),
+                "{name}: a node exited {code:?}:\n{}",
+                n.output()
+            );
+            eprintln!("{name}: a node exited {code:?} {after:.2} s after the failure");
+            if name == "rdzv run" {
+                assert!(after < 5.0, "{name}: {after:.2} s:\n{}", n.output());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// torchrun's c10d backend takes `is_host`, `read_timeout`, `keep_alive_interval` and
+/// `keep_alive_max_attempt` in `--rdzv-conf`; `rdzv run` takes them too (they were usage
+/// errors): the same command line runs under both.
+#[test]
+fn torchs_c10d_rdzv_conf_keys_are_taken_as_by_torchrun() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let dir = fresh_dir("parity-conf");
+    let script = dir.join("ok.py");
+    std::fs::write(&script, "print('WORKER RAN', flush=True)\n").unwrap();
+    for (name, mut launcher) in [("torchrun", torchrun(&python)), ("rdzv run", rdzv_run())] {
+        launcher
+            .args([
+                "--nnodes=1",
+                "--rdzv-backend=c10d",
+                &format!("--rdzv-endpoint=127.0.0.1:{}", common::free_port()),
+                "--rdzv-conf=is_host=true,read_timeout=60,keep_alive_interval=1,keep_alive_max_attempt=3",
+            ])
+            .arg(&script)
+            .env("PYTHON_EXEC", &python);
+        let (code, out) =
+            Launcher::spawn(launcher).finish(Instant::now() + Duration::from_secs(180));
+        assert_eq!(code, Some(0), "{name}:\n{out}");
+        assert!(out.contains("WORKER RAN"), "{name}:\n{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

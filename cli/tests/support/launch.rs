@@ -328,3 +328,16 @@ pub fn records(
         std::thread::sleep(Duration::from_millis(50)); // polling files the workers write
     }
 }
+
+/// Waits until something accepts connections on 127.0.0.1:`port`, retrying a refused connect
+/// every 50 ms (nothing announces a listener), for at most `limit`; fails the test then.
+pub fn wait_for_listener(port: u16, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on port {port} after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
