@@ -3,7 +3,9 @@
 # throwaway etcd: the C library under a prefix (a C program built with pkg-config, the C++
 # find_package consumer, a Go module that requires the binding), exactly the rdzv_* functions
 # of rdzv.h exported, and the Python wheel (scripts/wheel.sh) in a fresh virtual environment:
-# its tags and contents, the package, and the rdzv command it installs.
+# its tags and contents, the package, and the rdzv command it installs; then the rdzv-etcd wheel
+# (scripts/etcd-wheel.sh, packing the etcd scripts/etcd-build.sh cached) through the `etcd`
+# extra, its etcd serving a --rdzv-backend=c10d job with no other etcd on PATH.
 #
 # `install-test.sh --prefix DIR` runs the prefix's checks (the layout, the exports, C, C++, Go,
 # and bin/rdzv if there is one) on a prefix made elsewhere (an unpacked release tarball of
@@ -194,4 +196,46 @@ job=$(env PATH="${PATH#"$work/venv/bin:"}" "$work/venv/bin/rdzv" run --standalon
 grep -q "^prefix=$work/venv\$" <<<"$job" || { echo "a .py worker did not run under the venv's Python: $job" >&2; exit 1; }
 echo "rdzv command ok: rdzv and python -m rdzv from $work/venv/bin/rdzv"
 cd "$repo"
+
+step "pip install \"rdzv[etcd]\": the rdzv-etcd wheel's etcd serves --rdzv-backend=c10d"
+etcd_wheel=$(scripts/etcd-wheel.sh "$work/wheel")
+etcd_version=${etcd_wheel##*/rdzv_etcd-} && etcd_version=${etcd_version%%-*} && etcd_version=${etcd_version%.post*}
+# The extra, resolved from the two wheels alone (rdzv's is installed already).
+env -u PIP_FIND_LINKS "$work/venv/bin/pip" install -q --no-index --find-links "$work/wheel" "rdzv[etcd]"
+"$work/venv/bin/python" - "$etcd_version" <<'PY'
+import sys
+from importlib import metadata
+dist = metadata.distribution("rdzv-etcd")
+assert dist.version.split(".post")[0] == sys.argv[1], dist.version
+assert "Apache-2.0" in dist.metadata["License-Expression"].split(" AND "), dist.metadata["License-Expression"]
+assert "Apache License" in dist.read_text("licenses/go.etcd.io/etcd/server/v3/LICENSE")
+assert any(r.startswith("rdzv-etcd") and 'extra == "etcd"' in r for r in metadata.requires("rdzv")), metadata.requires("rdzv")
+print(f"rdzv-etcd {dist.version}: {len(dist.metadata.get_all('License-File'))} license files")
+PY
+out=$("$work/venv/bin/etcd" --version)
+grep -qx "etcd Version: $etcd_version" <<<"$out" || { echo "the wheel's etcd says: $out" >&2; exit 1; }
+# A one-node job with the environment's bin/ as the whole PATH (Debian's etcd, /usr/bin/etcd,
+# out of reach): the launcher serves the rendezvous from the wheel's etcd. The worker names the
+# program of each etcd its parent, the launcher, started.
+cat >"$work/which_etcd.py" <<'PY'
+import os
+launcher = os.getppid()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+        if ppid == launcher and comm == "etcd":
+            print("etcd=" + os.readlink(f"/proc/{pid}/exe"))
+    except (OSError, ValueError):
+        pass
+PY
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1]); s.close()')
+job=$(cd "$work" && env PATH="$work/venv/bin" "$work/venv/bin/rdzv" run --rdzv-backend=c10d --rdzv-endpoint="127.0.0.1:$port" \
+  --nnodes=1 --nproc-per-node=1 which_etcd.py 2>&1) || { echo "$job" >&2; echo "the c10d job failed" >&2; exit 1; }
+echo "$job"
+grep -qx "etcd=$(realpath "$work/venv/bin/etcd")" <<<"$job" \
+  || { echo "the c10d job's etcd was not the wheel's ($work/venv/bin/etcd)" >&2; exit 1; }
+echo "rdzv-etcd ok: $(basename "$etcd_wheel") ($(du -k "$etcd_wheel" | cut -f1) KB) served a c10d job"
 echo "install test ok"
