@@ -75,7 +75,7 @@ if [ -d bindings/python ]; then
     mypy_python=$(scripts/mypy-env.sh) && (cd bindings/python && "$mypy_python" -m mypy --cache-dir=/dev/null)'
 fi
 suite "demo" scripts/demo.sh
-suite "README C quick start, as printed" scripts/readme-quickstart.sh
+suite "README quick starts (C, C++, Go, Python), as printed" scripts/readme-quickstart.sh
 suite "installed: prefix, pkg-config, find_package, Go module, Python wheel" scripts/install-test.sh
 suite "go scheduler example on the installed library: rdzv run launchers added, drained, killed, closed, purged" scripts/go-scheduler-test.sh
 
