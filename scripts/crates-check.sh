@@ -58,6 +58,17 @@ for file in tests/all/*.rs tests/all/*/mod.rs; do
 done
 echo "rdzv-tests: every tests/*.rs is a test target, every tests/all/ area a module of it"
 
+# One version everywhere it is written: the workspace's (Cargo.toml) is the Python package's
+# and the C++/CMake package's; the C header's version macros come from it at build time.
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)
+[ -n "$version" ] || { echo "no version in Cargo.toml's [workspace.package]" >&2; exit 1; }
+python_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' bindings/python/pyproject.toml)
+cmake_version=$(sed -n 's/^project(rdzv_cpp VERSION \([0-9.]*\) .*/\1/p' bindings/cpp/CMakeLists.txt)
+for pair in "bindings/python/pyproject.toml:$python_version" "bindings/cpp/CMakeLists.txt:$cmake_version"; do
+  [ "${pair#*:}" = "$version" ] || { echo "${pair%%:*} says version '${pair#*:}', Cargo.toml $version" >&2; exit 1; }
+done
+echo "version $version in Cargo.toml, pyproject.toml and CMakeLists.txt"
+
 # What `cargo publish` would upload, each built alone from its package (nothing is uploaded).
 # One call for both: rdzv-cli depends on rdzv 0.1.0, which the registry does not have until it
 # is published; published together, cargo resolves it to the package made here (a registry of
