@@ -2,7 +2,7 @@
 # Runs every test of rdzv: installs what is missing, checks formatting and lints, then, against
 # the newest etcd (built from its Go module, cached), the C ABI against the last release's
 # (scripts/abi-check.sh, and its self-test), the Rust unit and integration tests (real
-# etcd, real processes, the C program and header drift, and two minutes of random faults
+# etcd, real processes, the C program and header drift, and 90 s of random faults
 # against a running job: tests/all/chaos), the C++, Go and Python bindings' suites, the demo, the
 # README's quick start, the installed library used from outside the repository and the Go
 # scheduler example on it (launchers added, drained, killed); the Rust integration and fault

@@ -6,7 +6,7 @@
 //! (`checker.rs` lists them). The checker's own tests feed it hand-made histories with each
 //! kind of violation.
 //!
-//! `cargo test --test all chaos::` runs the short run (about two minutes). The long run is opt-in:
+//! `cargo test --test all chaos::` runs the short run (90 s of faults, about 100 s in all). The long run is opt-in:
 //! `scripts/chaos.sh --duration 30m [--nodes 12] [--seed N]`. A failing run prints its seed;
 //! `RDZV_CHAOS_SEED=N` replays the same fault schedule.
 
