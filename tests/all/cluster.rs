@@ -108,10 +108,18 @@ fn a_join_lost_with_the_etcd_leader_is_sent_again_to_the_new_one() {
     let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
     // Connected, with its lease: the next request it sends is the join.
     cluster.kill(victim);
+    let killed = std::time::Instant::now();
     let (info, _store) = node
         .next()
         .expect("the round forms under the new etcd leader");
     assert_eq!((info.rank, info.world_size), (0, 1));
+    // DESIGN's bound: sent again once there is a new leader, not after etcd's own request
+    // timeout (5 s and two election timeouts: 7 s), when etcd would have answered anyway.
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(7),
+        "the join formed {took:?} after the leader died: not before etcd's request timeout"
+    );
     node.shutdown().unwrap();
     let messages = records.lines();
     assert!(

@@ -58,6 +58,7 @@ fn a_killed_member_is_reported_and_survivors_form_a_new_round() {
     let mut dead = nodes.remove(victim);
     dead.child.kill().unwrap();
     dead.child.wait().unwrap();
+    let killed = std::time::Instant::now();
 
     for n in &nodes {
         let change = n.line(30);
@@ -65,6 +66,13 @@ fn a_killed_member_is_reported_and_survivors_form_a_new_round() {
         assert_eq!(
             change["lost"], 1,
             "the dead member must be reported: {change}"
+        );
+        // "Within about one lease_ttl" (2 s here): etcd expires leases on a 500 ms tick, and the
+        // margin is for a loaded 2-core machine (RELIABILITY says so beside the claim).
+        let told = killed.elapsed();
+        assert!(
+            told < Duration::from_secs(2 + 3),
+            "a survivor was told {told:?} after the SIGKILL (lease_ttl 2 s)"
         );
     }
     let second: Vec<Value> = nodes.iter().map(|n| n.line(60)).collect();

@@ -253,7 +253,9 @@ fn connection_error_names_the_endpoint_and_does_not_hang() {
         err.message().contains(&format!("127.0.0.1:{port}")),
         "{err}"
     );
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // Within connect_timeout (1 s; a refusal comes at once), and 1 s for a loaded machine.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{took:?}");
 }
 
 fn run_prefix(url: &str) -> String {
