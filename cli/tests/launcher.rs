@@ -1666,3 +1666,36 @@ fn c10d_is_host_decides_which_node_serves() {
         host.output()
     );
 }
+
+/// The embedded etcd of `--rdzv-backend=c10d` dies with its launcher, even a SIGKILLed one
+/// (PR_SET_PDEATHSIG): nothing keeps serving the port of a job that is gone.
+#[test]
+fn c10d_embedded_etcd_dies_with_a_sigkilled_launcher() {
+    let s = Scratch::new();
+    let port = common::free_port();
+    let endpoint = format!("--rdzv-endpoint=127.0.0.1:{port}");
+    let id_arg = format!("--rdzv-id={}", unique_run_id("c10d-kill"));
+    let w = s.worker();
+    let mut host = rdzv(&[
+        "run",
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        &endpoint,
+        &id_arg,
+        &w,
+        "ok",
+    ]);
+    let serving = host.wait_line(30, |x| x.contains("serving the rendezvous on port"));
+    let etcd_pid: i32 = serving
+        .split("pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no etcd pid in {serving:?}"));
+    host.crash();
+    wait_gone(etcd_pid, 10);
+    assert!(
+        std::net::TcpListener::bind(("0.0.0.0", port)).is_ok(),
+        "port {port} is still served"
+    );
+}
