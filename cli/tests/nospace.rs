@@ -39,6 +39,37 @@ fn fill(etcd: &Etcd) -> usize {
     panic!("64 MiB written and etcd never ran out of space: was the quota applied?")
 }
 
+/// The way out of NOSPACE, as OPERATIONS.md gives it with etcdctl: compact the history,
+/// defragment, disarm `member`'s alarm.
+fn free(etcd: &Etcd, member: u64) {
+    let (rt, mut client) = etcd_client(etcd);
+    let revision = rt
+        .block_on(client.get("/filler", None))
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let compact = CompactionOptions::new().with_physical();
+    rt.block_on(client.compact(revision, Some(compact)))
+        .unwrap();
+    rt.block_on(client.defragment()).unwrap();
+    let mut disarm = AlarmOptions::new();
+    disarm.with_member(member);
+    rt.block_on(client.alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(disarm)))
+        .unwrap();
+}
+
+/// An error of a call refused for lack of space: a connection error that says NOSPACE and what
+/// to do, within the bound RELIABILITY states ("at once": under 5 s on a loaded machine, where
+/// a retried write would wait out its deadline).
+fn refused_for_space(what: &str, took: Duration, err: rdzv::Error) {
+    assert_eq!(err.kind(), ErrorKind::Connection, "{what}: {err}");
+    assert!(took < Duration::from_secs(5), "{what} took {took:?}: {err}");
+    for says in ["NOSPACE", "alarm disarm", "OPERATIONS.md"] {
+        assert!(err.message().contains(says), "{what}: {err}");
+    }
+}
+
 /// `rdzv status` with `args`: (exit code, stdout, stderr).
 fn rdzv_status(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(RDZV)
@@ -124,21 +155,7 @@ fn a_full_etcd_fails_writes_at_once_says_what_to_do_and_status_shows_the_alarm()
 
     // The way out, as OPERATIONS.md gives it with etcdctl: compact the history, defragment,
     // disarm. Then the run writes again and the alarm is gone from its status.
-    let (rt, mut client) = etcd_client(&etcd);
-    let revision = rt
-        .block_on(client.get("/filler", None))
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
-    let compact = CompactionOptions::new().with_physical();
-    rt.block_on(client.compact(revision, Some(compact)))
-        .unwrap();
-    rt.block_on(client.defragment()).unwrap();
-    let mut disarm = AlarmOptions::new();
-    disarm.with_member(member);
-    rt.block_on(client.alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(disarm)))
-        .unwrap();
+    free(&etcd, member);
     store.set("after", b"2").unwrap();
     assert_eq!(store.get("after", None).unwrap(), b"2");
     assert_eq!(admin.status().unwrap().alarms, []);
@@ -188,4 +205,55 @@ fn a_node_that_starts_on_a_full_etcd_fails_at_once_and_one_that_leaves_cleans_up
     for says in ["NOSPACE", "alarm disarm", "OPERATIONS.md"] {
         assert!(err.message().contains(says), "{err}");
     }
+}
+
+/// What an agent and an operator do on a full etcd: a node's `next`, closing the run and
+/// draining a node (from the node and from `Admin`) each fail at once, saying what to do, and
+/// leave nothing half done: once the space is freed, the same calls work.
+#[test]
+fn next_close_and_drain_fail_at_once_on_a_full_etcd_and_work_once_it_is_freed() {
+    let etcd = Etcd::start_with(&[QUOTA]);
+    let url = etcd.url(
+        "nospace-ops",
+        "min_nodes=1&max_nodes=1&lease_ttl=5&join_timeout=30&close_timeout=20",
+    );
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    let admin = BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap();
+    let (first, _store) = node.next().unwrap();
+    fill(&etcd);
+    let timed = |f: &dyn Fn() -> rdzv::Result<()>| {
+        let started = Instant::now();
+        let r = f();
+        (started.elapsed(), r)
+    };
+    let calls: [(&str, &dyn Fn() -> rdzv::Result<()>); 5] = [
+        ("next", &|| node.next().map(|_| ())),
+        ("set_closed", &|| node.set_closed()),
+        ("drain", &|| node.drain("maintenance")),
+        ("Admin::close", &|| admin.close()),
+        ("Admin::drain", &|| {
+            admin.drain(node.node_id(), "maintenance")
+        }),
+    ];
+    for (what, call) in calls {
+        let (took, r) = timed(call);
+        match r {
+            Ok(()) => panic!("{what} succeeded on an etcd out of space"),
+            Err(e) => refused_for_space(what, took, e),
+        }
+    }
+    let status = admin.status().unwrap();
+    assert!(!status.closed, "a refused close closed the run");
+    assert!(
+        status.draining().is_empty() && status.waiting.is_empty(),
+        "{status:?}"
+    );
+    let member = status.alarms[0].member;
+    free(&etcd, member);
+    // The node's lease lived through it; the next round forms, and the run closes.
+    let (second, _store) = node.next().unwrap();
+    assert!(second.round > first.round, "{second:?} after {first:?}");
+    node.set_closed().unwrap();
+    assert!(admin.status().unwrap().closed);
+    node.shutdown().unwrap();
 }
