@@ -20,6 +20,7 @@
 //! operator's `rdzv close`) does.
 
 use crate::cli::{Rendezvous as Mode, RunConfig};
+use crate::exit::Exit;
 use crate::output::say;
 use crate::ranks::{self, NodeInfo, WorkerRanks};
 use crate::watchdog::Watchdog;
@@ -202,7 +203,7 @@ impl Agent {
     }
 
     /// Runs the job to its end and returns the launcher's exit status.
-    pub async fn run(mut self, signals: &mut Signals) -> i32 {
+    pub async fn run(mut self, signals: &mut Signals) -> Exit {
         let status = self.connect_and_run(signals).await;
         // A made-up log directory goes, unless the report points into it.
         if self.temporary_logs && !self.reported_error_file {
@@ -211,7 +212,7 @@ impl Agent {
         status
     }
 
-    async fn connect_and_run(&mut self, signals: &mut Signals) -> i32 {
+    async fn connect_and_run(&mut self, signals: &mut Signals) -> Exit {
         if let Mode::Etcd(params) = &self.cfg.rendezvous {
             let params = (**params).clone();
             match connect(params.clone(), signals).await {
@@ -251,7 +252,7 @@ impl Agent {
         status
     }
 
-    async fn agent_loop(&mut self, signals: &mut Signals) -> i32 {
+    async fn agent_loop(&mut self, signals: &mut Signals) -> Exit {
         // The last group's failures, reported if the job ends before a group succeeds.
         let mut failed: Option<Vec<Failure>> = None;
         // The members of the round whose failure spent the last restart.
@@ -305,7 +306,7 @@ impl Agent {
                 Ok(group) => group,
                 Err(e) => {
                     crate::output::error(e);
-                    return 1;
+                    return Exit::Failure;
                 }
             };
             let outcome = self.monitor(&mut group, &round, signals).await;
@@ -317,7 +318,7 @@ impl Agent {
                 }
                 Outcome::Failed => {
                     if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
-                        return 128 + sig;
+                        return Exit::Signal(sig);
                     }
                     let failures = group.failures();
                     let why = failure_reason(&failures);
@@ -357,29 +358,29 @@ impl Agent {
                     ));
                     self.fail_job(&round, &why).await;
                     self.reported_error_file = report(&self.cfg.command, &failures);
-                    return 1;
+                    return Exit::Failure;
                 }
                 Outcome::Stop(Stop::Changed(why)) => {
                     say(format_args!(
                         "{why}: stopping the workers to form a new round (no restart spent)"
                     ));
                     if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
-                        return 128 + sig;
+                        return Exit::Signal(sig);
                     }
                     failed = None;
                 }
                 Outcome::Stop(Stop::Signal(sig)) => {
                     say(format_args!(
                         "received {}: forwarding it to the workers",
-                        crate::workers::signal_name(sig)
+                        crate::exit::signal_name(sig)
                     ));
                     self.stop(&mut group, sig, signals).await;
-                    return 128 + sig;
+                    return Exit::Signal(sig);
                 }
                 Outcome::Stop(Stop::Drained) => {
                     say("this node was drained (a planned departure): stopping the workers");
                     if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
-                        return 128 + sig;
+                        return Exit::Signal(sig);
                     }
                     return self.stopped(Stop::Drained, None);
                 }
@@ -389,13 +390,13 @@ impl Agent {
                         _ => "the job failed on another node: stopping the workers",
                     });
                     if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
-                        return 128 + sig;
+                        return Exit::Signal(sig);
                     }
                     return self.stopped(stop, None);
                 }
                 Outcome::Stop(stop @ Stop::Error(_)) => {
                     if let Some(sig) = self.stop(&mut group, libc::SIGTERM, signals).await {
-                        return 128 + sig;
+                        return Exit::Signal(sig);
                     }
                     return self.stopped(stop, None);
                 }
@@ -551,31 +552,31 @@ impl Agent {
         if let Some(sig) = interrupted {
             say(format_args!(
                 "received {} while stopping the workers: leaving",
-                crate::workers::signal_name(sig)
+                crate::exit::signal_name(sig)
             ));
         }
         interrupted
     }
 
     /// The exit status for a stop outside a running group.
-    fn stopped(&mut self, stop: Stop, failed: Option<&[Failure]>) -> i32 {
+    fn stopped(&mut self, stop: Stop, failed: Option<&[Failure]>) -> Exit {
         match stop {
             Stop::Signal(sig) => {
                 say(format_args!(
                     "received {}: leaving",
-                    crate::workers::signal_name(sig)
+                    crate::exit::signal_name(sig)
                 ));
-                128 + sig
+                Exit::Signal(sig)
             }
             Stop::Closed(None) => match failed {
                 Some(failures) => {
                     say("the run was closed before the workers could be restarted");
                     self.reported_error_file = report(&self.cfg.command, failures);
-                    1
+                    Exit::Failure
                 }
                 None => {
                     say("the run was closed: exiting");
-                    0
+                    Exit::Success
                 }
             },
             // The job failed elsewhere: a failure here too, so that a scheduler sees it on
@@ -585,19 +586,19 @@ impl Agent {
                     self.reported_error_file = report(&self.cfg.command, failures);
                 }
                 crate::output::error(format_args!("the job failed on another node: {why}"));
-                1
+                Exit::Failure
             }
             Stop::Drained => {
                 say("this node was drained: leaving the run, which goes on without it");
-                0
+                Exit::Success
             }
             Stop::Changed(why) => {
                 crate::output::error(why);
-                1
+                Exit::Failure
             }
             Stop::Error(message) => {
                 crate::output::error(message);
-                1
+                Exit::Failure
             }
         }
     }
@@ -821,10 +822,12 @@ impl Agent {
 
     /// Keeps a node whose workers all succeeded until every node's did (or the bound passes),
     /// so a job does not look finished while some of it still runs.
-    async fn exit_barrier(&self, round: &Round, signals: &mut Signals) -> i32 {
-        let Some(store) = &round.store else { return 0 };
+    async fn exit_barrier(&self, round: &Round, signals: &mut Signals) -> Exit {
+        let Some(store) = &round.store else {
+            return Exit::Success;
+        };
         if round.group_world_size == 1 {
-            return 0;
+            return Exit::Success;
         }
         let timeout = self.cfg.exit_barrier_timeout;
         say(format_args!(
@@ -841,20 +844,20 @@ impl Agent {
         };
         tokio::select! {
             stop = self.peer_failed(round) => {
-                let (Stop::JobFailed(why) | Stop::Closed(Some(why))) = stop else { return 1 };
+                let (Stop::JobFailed(why) | Stop::Closed(Some(why))) = stop else { return Exit::Failure };
                 crate::output::error(format_args!("the job failed on another node: {why}"));
-                return 1;
+                return Exit::Failure;
             }
             r = barrier => match r {
                 Ok(()) => say(format_args!("every node finished ({:.1} s in the exit barrier)", started.elapsed().as_secs_f64())),
                 Err(e) => say(format_args!("leaving the exit barrier without every node: {}", e.message())),
             },
             sig = signals.recv() => {
-                say(format_args!("received {} in the exit barrier: leaving", crate::workers::signal_name(sig)));
-                return 128 + sig;
+                say(format_args!("received {} in the exit barrier: leaving", crate::exit::signal_name(sig)));
+                return Exit::Signal(sig);
             }
         }
-        0
+        Exit::Success
     }
 }
 
@@ -865,11 +868,11 @@ const CONNECT_NOTICE: Duration = Duration::from_secs(5);
 /// refused or unanswered connection is retried until `join_timeout`, with a line every few
 /// seconds naming the endpoint; a host name that does not resolve is a typo until proven
 /// otherwise and fails at once. Err is the launcher's exit status.
-async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rendezvous, i32> {
+async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rendezvous, Exit> {
     let endpoints = params.endpoints.join(",");
     let fail = |message: &str| {
         crate::output::error(format_args!("rendezvous on {endpoints}: {message}"));
-        1
+        Exit::Failure
     };
     for endpoint in &params.endpoints {
         let host_port = endpoint
@@ -883,7 +886,7 @@ async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rendezvo
         };
         let resolved = tokio::select! {
             r = tokio::time::timeout(params.connect_timeout, lookup) => r,
-            sig = signals.recv() => return Err(128 + sig),
+            sig = signals.recv() => return Err(Exit::Signal(sig)),
         };
         match resolved {
             Ok(Ok(n)) if n > 0 => {}
@@ -903,7 +906,7 @@ async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rendezvo
     loop {
         let connected = tokio::select! {
             r = Rendezvous::new(params.clone()) => r,
-            sig = signals.recv() => return Err(128 + sig),
+            sig = signals.recv() => return Err(Exit::Signal(sig)),
         };
         let e = match connected {
             Ok(r) => {
@@ -931,7 +934,7 @@ async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rendezvo
         // A retry interval, not a wait for an event: nothing tells us when etcd comes up.
         tokio::select! {
             _ = tokio::time::sleep_until(deadline.min(Instant::now() + Duration::from_millis(250))) => {}
-            sig = signals.recv() => return Err(128 + sig),
+            sig = signals.recv() => return Err(Exit::Signal(sig)),
         }
     }
 }

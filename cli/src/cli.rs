@@ -2,6 +2,7 @@
 //! variables, flag over variable), and their translation into a checked `RunConfig`. Nothing
 //! here starts a process or talks to etcd; every problem found here is a usage error (exit 2).
 
+use crate::exit::{usage, Usage};
 use clap::builder::FalseyValueParser;
 use clap::{Args, Parser, Subcommand};
 use rdzv::Params;
@@ -562,14 +563,6 @@ pub struct RunConfig {
     pub watchdog: bool,
     /// Lines to tell the user before starting (notes on accepted aliases, defaults taken).
     pub notes: Vec<String>,
-}
-
-/// A usage error: one line naming the flag and what was expected.
-#[derive(Debug)]
-pub struct Usage(pub String);
-
-fn usage(message: impl Into<String>) -> Usage {
-    Usage(message.into())
 }
 
 /// Turns parsed flags into a `RunConfig`, checking everything clap cannot.
@@ -1379,6 +1372,7 @@ mod tests {
         }
         let tests = concat!(
             include_str!("../tests/launcher.rs"),
+            include_str!("../tests/launcher_torch.rs"),
             include_str!("cli.rs"),
             include_str!("workers.rs")
         );

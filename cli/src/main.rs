@@ -1,13 +1,14 @@
 //! `rdzv`: the elastic launcher (`rdzv run`, torchelastic's agent on rdzv's rendezvous) and the
 //! operator commands (`status`, `close`, `purge`). It uses only the library's public Rust API.
 //!
-//! Modules, each depending only on those listed before it: `output` (every line the command
-//! writes), `numa` (the CPUs of `--numa-binding`), `cli` (flags into a checked
+//! Modules, each depending only on those listed before it: `exit` (exit statuses, the usage
+//! error), `output` (every line the command writes), `numa` (the CPUs of `--numa-binding`), `cli` (flags into a checked
 //! configuration), `ranks` (worker ranks from a round), `workers` (one node's worker
 //! processes), `c10d` (the embedded etcd of `--rdzv-backend=c10d`), `watchdog` (the helper
 //! that releases the node if the launcher is killed), `agent` (the elastic agent's state
 //! machine), `ops` (the operator commands).
 
+mod exit;
 mod output;
 
 mod c10d;
@@ -22,6 +23,7 @@ mod ops;
 
 use clap::Parser;
 use cli::{Cli, Command};
+use exit::Exit;
 
 fn main() {
     // The watchdog is this binary in a hidden mode, started by `rdzv run` (watchdog.rs).
@@ -30,11 +32,11 @@ fn main() {
         .is_some_and(|a| a == watchdog::MODE)
     {
         output::route_library_logs();
-        std::process::exit(watchdog::main());
+        std::process::exit(watchdog::main().code());
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => std::process::exit(usage_error(e)),
+        Err(e) => std::process::exit(usage_error(e).code()),
     };
     output::route_library_logs();
     let code = match cli.command {
@@ -44,19 +46,19 @@ fn main() {
         Command::Purge(args) => block_on(ops::purge(args)),
         Command::Drain(args) => block_on(ops::drain(args)),
     };
-    std::process::exit(code);
+    std::process::exit(code.code());
 }
 
-fn run(args: Box<cli::RunArgs>) -> i32 {
+fn run(args: Box<cli::RunArgs>) -> Exit {
     if let Some(shell) = &args.print_completion {
         cli::print_completion(shell);
-        return 0;
+        return Exit::Success;
     }
     let cfg = match cli::run_config(args).and_then(|cfg| cli::check_program(&cfg).map(|()| cfg)) {
         Ok(cfg) => cfg,
-        Err(cli::Usage(message)) => {
+        Err(exit::Usage(message)) => {
             output::error(format_args!("{message} (see rdzv run --help)"));
-            return 2;
+            return Exit::Usage;
         }
     };
     for note in &cfg.notes {
@@ -69,7 +71,7 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
         Ok(served) => served.flatten(),
         Err(message) => {
             output::error(message);
-            return 1;
+            return Exit::Failure;
         }
     };
     let cpu_binding = match cfg.numa_binding {
@@ -91,7 +93,7 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
             }
             Err(message) => {
                 output::error(format_args!("--numa-binding={}: {message}", policy.name()));
-                return 1;
+                return Exit::Failure;
             }
         },
         None => Vec::new(),
@@ -109,7 +111,7 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
         Ok(agent) => agent,
         Err(e) => {
             output::error(format_args!("cannot create the log directory: {e}"));
-            return 1;
+            return Exit::Failure;
         }
     };
     // Workers are spawned from this thread (block_on runs the agent here): their
@@ -119,7 +121,7 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
             Ok(s) => s,
             Err(e) => {
                 output::error(format_args!("cannot handle signals: {e}"));
-                return 1;
+                return Exit::Failure;
             }
         };
         let status = agent.run(&mut signals).await;
@@ -137,7 +139,7 @@ fn run(args: Box<cli::RunArgs>) -> i32 {
 /// stop theirs and release their nodes.
 const C10D_LINGER_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn block_on(f: impl std::future::Future<Output = i32>) -> i32 {
+fn block_on(f: impl std::future::Future<Output = Exit>) -> Exit {
     match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -146,14 +148,14 @@ fn block_on(f: impl std::future::Future<Output = i32>) -> i32 {
         Ok(rt) => rt.block_on(f),
         Err(e) => {
             output::error(format_args!("cannot start the runtime: {e}"));
-            1
+            Exit::Failure
         }
     }
 }
 
 /// Help and version go out as clap writes them (exit 0); every other parse error becomes one
 /// line naming the problem, exit status 2.
-fn usage_error(e: clap::Error) -> i32 {
+fn usage_error(e: clap::Error) -> Exit {
     use clap::error::ErrorKind;
     if matches!(
         e.kind(),
@@ -163,8 +165,8 @@ fn usage_error(e: clap::Error) -> i32 {
     ) {
         let _ = e.print();
         return match e.kind() {
-            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => 2,
-            _ => 0,
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => Exit::Usage,
+            _ => Exit::Success,
         };
     }
     let text = e.render().to_string();
@@ -177,5 +179,5 @@ fn usage_error(e: clap::Error) -> i32 {
         .collect::<Vec<_>>()
         .join(" ");
     output::error(format_args!("{line} (see rdzv --help)"));
-    2
+    Exit::Usage
 }

@@ -3,30 +3,28 @@
 //! so they never read etcd keys themselves.
 
 use crate::cli::{DrainArgs, PurgeArgs, StatusArgs, UrlArg};
+use crate::exit::{Exit, Usage};
 use crate::output::{error, result};
 use rdzv::admin::{Admin, EtcdAlarm, Purge, RunStatus};
 use rdzv::Params;
 
-/// Exit status of an operator command.
-pub type Code = i32;
-
-async fn connect(url: &str) -> Result<Admin, Code> {
+async fn connect(url: &str) -> Result<Admin, Exit> {
     let params = Params::from_url(url).map_err(|e| {
         error(format_args!("URL: {}", e.message()));
-        2
+        Exit::Usage
     })?;
     Admin::connect(params).await.map_err(|e| {
         error(e.message());
-        1
+        Exit::Failure
     })
 }
 
-pub async fn status(a: StatusArgs) -> Code {
+pub async fn status(a: StatusArgs) -> Exit {
     let url = match a.url() {
         Ok(url) => url,
-        Err(crate::cli::Usage(message)) => {
+        Err(Usage(message)) => {
             error(format_args!("{message} (see rdzv status --help)"));
-            return 2;
+            return Exit::Usage;
         }
     };
     let admin = match connect(&url).await {
@@ -40,11 +38,11 @@ pub async fn status(a: StatusArgs) -> Code {
                     true => result(s.to_json()),
                     false => table(&s).iter().for_each(result),
                 }
-                0
+                Exit::Success
             }
             Err(e) => {
                 error(e.message());
-                1
+                Exit::Failure
             }
         };
     }
@@ -55,7 +53,7 @@ pub async fn status(a: StatusArgs) -> Code {
             Ok(s) => s,
             Err(e) => {
                 error(e.message());
-                return 1;
+                return Exit::Failure;
             }
         };
         match a.json {
@@ -70,7 +68,7 @@ pub async fn status(a: StatusArgs) -> Code {
     }
 }
 
-pub async fn close(a: UrlArg) -> Code {
+pub async fn close(a: UrlArg) -> Exit {
     let admin = match connect(&a.url).await {
         Ok(admin) => admin,
         Err(code) => return code,
@@ -81,16 +79,16 @@ pub async fn close(a: UrlArg) -> Code {
                 "run {:?} closed: its launchers stop their workers and exit",
                 admin.params().run_id
             ));
-            0
+            Exit::Success
         }
         Err(e) => {
             error(e.message());
-            1
+            Exit::Failure
         }
     }
 }
 
-pub async fn purge(a: PurgeArgs) -> Code {
+pub async fn purge(a: PurgeArgs) -> Exit {
     let admin = match connect(&a.run.url).await {
         Ok(admin) => admin,
         Err(code) => return code,
@@ -99,26 +97,26 @@ pub async fn purge(a: PurgeArgs) -> Code {
     match admin.purge(a.force).await {
         Ok(Purge::Deleted(0)) => {
             result(format_args!("run {run:?}: nothing in etcd to purge"));
-            0
+            Exit::Success
         }
         Ok(Purge::Deleted(n)) => {
             result(format_args!("run {run:?} purged: {n} keys deleted"));
-            0
+            Exit::Success
         }
         Ok(Purge::Refused { alive }) => {
             error(format_args!(
                 "run {run:?} has {alive} live node(s): not purging a running job (--force deletes anyway)"
             ));
-            1
+            Exit::Failure
         }
         Err(e) => {
             error(e.message());
-            1
+            Exit::Failure
         }
     }
 }
 
-pub async fn drain(a: DrainArgs) -> Code {
+pub async fn drain(a: DrainArgs) -> Exit {
     let admin = match connect(&a.run.url).await {
         Ok(admin) => admin,
         Err(code) => return code,
@@ -130,13 +128,13 @@ pub async fn drain(a: DrainArgs) -> Code {
                 a.node_id,
                 admin.params().run_id
             ));
-            0
+            Exit::Success
         }
         Err(e) => {
             error(e.message());
             match e.kind() {
-                rdzv::ErrorKind::InvalidArgument => 2,
-                _ => 1,
+                rdzv::ErrorKind::InvalidArgument => Exit::Usage,
+                _ => Exit::Failure,
             }
         }
     }

@@ -23,6 +23,7 @@
 //! - A launcher that leaves normally shuts its node down itself and then writes `done`: the
 //!   watchdog exits without a request.
 
+use crate::exit::Exit;
 use crate::output::say;
 use rdzv::admin::Admin;
 use rdzv::{Params, ReleaseTicket};
@@ -152,18 +153,18 @@ fn connect_params(line: &str) -> Result<Params, String> {
 
 /// The watchdog process: reads the connection line, connects, keeps the latest ticket, and
 /// releases it when the pipe ends without a `done`.
-pub fn main() -> i32 {
+pub fn main() -> Exit {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
-        Err(_) => return 1,
+        Err(_) => return Exit::Failure,
     };
     runtime.block_on(watch())
 }
 
-async fn watch() -> i32 {
+async fn watch() -> Exit {
     // The pipe is read by a plain thread; its lines arrive here, and the channel closes at
     // end of file (or a read error: the launcher is gone either way).
     let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
@@ -179,10 +180,10 @@ async fn watch() -> i32 {
             Ok(p) => p,
             Err(e) => {
                 crate::output::error(format_args!("watchdog: bad connection line: {e}"));
-                return 2;
+                return Exit::Usage;
             }
         },
-        _ => return 0,
+        _ => return Exit::Success,
     };
     // Connected ahead of need, while the pipe is read (a `done` does not wait for it); if etcd
     // cannot be reached now, try again when it matters.
@@ -190,7 +191,7 @@ async fn watch() -> i32 {
     let mut ticket: Option<ReleaseTicket> = None;
     loop {
         match lines.recv().await {
-            Some(line) if line == "done" => return 0,
+            Some(line) if line == "done" => return Exit::Success,
             Some(line) => {
                 if let Some(t) = line.strip_prefix("ticket ") {
                     if let Ok(t) = t.parse() {
@@ -202,7 +203,9 @@ async fn watch() -> i32 {
             None => break,
         }
     }
-    let Some(ticket) = ticket else { return 0 };
+    let Some(ticket) = ticket else {
+        return Exit::Success;
+    };
     let mut admin = connecting.await.ok().and_then(Result::ok);
     if admin.is_none() {
         admin = Admin::connect(params).await.ok();
@@ -214,7 +217,7 @@ async fn watch() -> i32 {
                 "watchdog: the launcher of node {} died and etcd cannot be reached: the others notice when its lease expires",
                 ticket.node
             ));
-            return 1;
+            return Exit::Failure;
         }
     };
     match released {
@@ -223,16 +226,16 @@ async fn watch() -> i32 {
                 "watchdog: the launcher of node {} died: released the node (its lease revoked), so the others re-form now",
                 ticket.node
             ));
-            0
+            Exit::Success
         }
-        Ok(false) => 0,
+        Ok(false) => Exit::Success,
         Err(e) => {
             say(format_args!(
                 "watchdog: the launcher of node {} died; could not release it ({}): the others notice when its lease expires",
                 ticket.node,
                 e.message()
             ));
-            1
+            Exit::Failure
         }
     }
 }

@@ -14,6 +14,7 @@
 //! agent reacts to a failure at once instead of at its next monitor tick.
 
 use crate::cli::{Framework, StreamSpec};
+use crate::exit::signal_name;
 use crate::output::{self, plain, say, Console, Destination};
 use crate::ranks::WorkerRanks;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -867,29 +868,6 @@ fn utc(t: SystemTime) -> String {
         rest % 3600 / 60,
         rest % 60
     )
-}
-
-pub fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGXCPU => "SIGXCPU",
-        _ => return format!("{signal}"),
-    };
-    name.to_string()
 }
 
 #[cfg(test)]
