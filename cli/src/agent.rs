@@ -148,7 +148,7 @@ pub struct Agent {
     /// Releases this node if the launcher is killed (`watchdog.rs`).
     watchdog: Option<Watchdog>,
     /// `--numa-binding`: the CPUs of each local rank (empty: no binding).
-    cpu_binding: Vec<crate::numa::Cpus>,
+    cpu_binding: Vec<crate::host::cpus::Cpus>,
 }
 
 /// What the agent does with a worker failure.
@@ -163,11 +163,14 @@ enum Verdict {
 }
 
 impl Agent {
-    pub fn new(cfg: RunConfig, cpu_binding: Vec<crate::numa::Cpus>) -> std::io::Result<Agent> {
+    pub fn new(
+        cfg: RunConfig,
+        cpu_binding: Vec<crate::host::cpus::Cpus>,
+    ) -> std::io::Result<Agent> {
         let tag = format!(
             "{}_{:08x}",
             sanitize(&cfg.run_id),
-            crate::cli::random_u64() as u32
+            crate::host::random_u64() as u32
         );
         let (run_dir, temporary_logs) = match &cfg.log_dir {
             Some(base) => (base.join(tag), false),
@@ -971,9 +974,9 @@ fn failure_reason(failures: &[Failure]) -> String {
             "rank {} (local rank {} on {}) failed with {}",
             f.global_rank,
             f.local_rank,
-            crate::workers::hostname(),
+            crate::host::hostname(),
             f.ended
         ),
-        None => format!("a worker on {} failed", crate::workers::hostname()),
+        None => format!("a worker on {} failed", crate::host::hostname()),
     }
 }

@@ -97,7 +97,7 @@ pub fn serve_if_here(
     let dir = std::env::temp_dir().join(format!(
         "rdzv-c10d-etcd-{}-{:08x}",
         std::process::id(),
-        crate::cli::random_u64() as u32
+        crate::host::random_u64() as u32
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let peer_port = TcpListener::bind(("127.0.0.1", 0))

@@ -66,14 +66,15 @@ pub struct RunArgs {
         value_name = "N|MIN:MAX"
     )]
     pub nnodes: String,
-    /// Workers on this node: a number, `cpu` (one per CPU), `gpu` or `auto` (one per GPU if
-    /// there are any, else one per CPU).
+    /// Workers on this node: a number, `cpu` (one per CPU), `gpu` (one per NVIDIA or AMD GPU),
+    /// `xpu` (one per Intel data-center or discrete GPU) or `auto` (one per GPU, else per XPU,
+    /// else per CPU).
     #[arg(
         long,
         alias = "nproc_per_node",
         env = "PET_NPROC_PER_NODE",
         default_value = "1",
-        value_name = "N|cpu|gpu|auto"
+        value_name = "N|cpu|gpu|xpu|auto"
     )]
     pub nproc_per_node: String,
     /// Rendezvous backend: etcd-v3 (etcd and etcd-v2 are accepted: rdzv speaks etcd's v3 API);
@@ -257,7 +258,7 @@ pub struct RunArgs {
     #[arg(
         long,
         alias = "numa_binding",
-        value_parser = clap::builder::PossibleValuesParser::new(crate::numa::Policy::NAMES)
+        value_parser = clap::builder::PossibleValuesParser::new(crate::host::numa::Policy::NAMES)
     )]
     pub numa_binding: Option<String>,
     /// torchrun's LogsSpecs plugin name: accepted; rdzv has no plugins and keeps torchrun's
@@ -555,7 +556,7 @@ pub struct RunConfig {
     pub signals_to_handle: String,
     pub virtual_local_rank: bool,
     /// `--numa-binding`: the policy and its name.
-    pub numa_binding: Option<crate::numa::Policy>,
+    pub numa_binding: Option<crate::host::numa::Policy>,
     pub log_line_prefix_template: Option<String>,
     pub duplicate_stdout_filters: Vec<String>,
     pub duplicate_stderr_filters: Vec<String>,
@@ -568,10 +569,10 @@ pub struct RunConfig {
 /// Turns parsed flags into a `RunConfig`, checking everything clap cannot.
 pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
     let numa_binding = match a.numa_binding.as_deref() {
-        Some(name) => Some(crate::numa::Policy::parse(name).ok_or_else(|| {
+        Some(name) => Some(crate::host::numa::Policy::parse(name).ok_or_else(|| {
             usage(format!(
                 "--numa-binding: expected one of {}, got {name:?}",
-                crate::numa::Policy::NAMES.join(", ")
+                crate::host::numa::Policy::NAMES.join(", ")
             ))
         })?),
         None => None,
@@ -739,7 +740,9 @@ pub fn run_config(a: Box<RunArgs>) -> Result<RunConfig, Usage> {
     let run_id = match &rendezvous {
         Rendezvous::Etcd(p) => p.run_id.clone(),
         // torchrun's standalone mode makes up a run id too.
-        Rendezvous::Static(s) if s.standalone => format!("standalone-{:016x}", random_u64()),
+        Rendezvous::Static(s) if s.standalone => {
+            format!("standalone-{:016x}", crate::host::random_u64())
+        }
         Rendezvous::Static(_) => a.rdzv_id.clone(),
     };
     Ok(RunConfig {
@@ -912,23 +915,30 @@ pub fn parse_nnodes(s: &str) -> Result<(u32, u32), Usage> {
     Ok((min, max))
 }
 
-/// `--nproc-per-node`: a number, or `cpu`, `gpu`, `auto` as torchrun resolves them.
+/// `--nproc-per-node`: a number, or `cpu`, `gpu`, `xpu`, `auto` as torchrun resolves them
+/// (`auto`: torch's accelerator if there is one, GPUs before XPUs, else the CPUs).
 fn local_world_size(s: &str, notes: &mut Vec<String>) -> Result<u32, Usage> {
+    use crate::host::{accelerators, cpus};
     let n = match s {
-        "cpu" => cpus(),
-        "gpu" => match gpus() {
+        "cpu" => cpus::count(),
+        "gpu" => match accelerators::gpu_count() {
             0 => return Err(usage("--nproc-per-node=gpu: no GPU found on this machine")),
             n => n,
         },
-        "auto" => match gpus() {
-            0 => cpus(),
+        "xpu" => match accelerators::xpu_count() {
+            0 => return Err(usage("--nproc-per-node=xpu: no XPU found on this machine")),
             n => n,
+        },
+        "auto" => match (accelerators::gpu_count(), accelerators::xpu_count()) {
+            (0, 0) => cpus::count(),
+            (0, xpus) => xpus,
+            (gpus, _) => gpus,
         },
         _ => match s.parse::<u32>() {
             Ok(n) if n >= 1 => return Ok(n),
             _ => {
                 return Err(usage(format!(
-                    "--nproc-per-node: expected a number >= 1, cpu, gpu or auto, got {s:?}"
+                    "--nproc-per-node: expected a number >= 1, cpu, gpu, xpu or auto, got {s:?}"
                 )))
             }
         },
@@ -937,28 +947,6 @@ fn local_world_size(s: &str, notes: &mut Vec<String>) -> Result<u32, Usage> {
         "--nproc-per-node={s}: starting {n} workers per node"
     ));
     Ok(n)
-}
-
-fn cpus() -> u32 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
-}
-
-/// GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else NVIDIA device nodes.
-fn gpus() -> u32 {
-    if let Ok(visible) = std::env::var("CUDA_VISIBLE_DEVICES") {
-        return visible.split(',').filter(|d| !d.trim().is_empty()).count() as u32;
-    }
-    let Ok(dir) = std::fs::read_dir("/dev") else {
-        return 0;
-    };
-    dir.filter_map(|e| e.ok())
-        .filter(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.strip_prefix("nvidia")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .count() as u32
 }
 
 /// Plain non-negative seconds (`0.5`, `30`).
@@ -1253,15 +1241,6 @@ pub fn program_name(command: &[String]) -> &str {
         .or_else(|| (command.len() > 2 && command[1] == "-u").then_some(2))
         .unwrap_or(0);
     command.get(skip).map_or("", String::as_str)
-}
-
-/// A random number for ids and directory names.
-pub fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    // RandomState is seeded from the OS: enough for a name that must not collide by accident.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish()
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 //! operator commands (`status`, `close`, `purge`). It uses only the library's public Rust API.
 //!
 //! Modules, each depending only on those listed before it: `exit` (exit statuses, the usage
-//! error), `output` (every line the command writes), `numa` (the CPUs of `--numa-binding`), `cli` (flags into a checked
-//! configuration), `ranks` (worker ranks from a round), `workers` (one node's worker
+//! error), `output` (every line the command writes), `host` (what the machine has: CPUs,
+//! accelerators, NUMA), `cli` (flags into a checked configuration), `ranks` (worker ranks from a round), `workers` (one node's worker
 //! processes), `c10d` (the embedded etcd of `--rdzv-backend=c10d`), `watchdog` (the helper
 //! that releases the node if the launcher is killed), `agent` (the elastic agent's state
 //! machine), `ops` (the operator commands).
@@ -11,9 +11,10 @@
 mod exit;
 mod output;
 
-mod c10d;
 mod cli;
-mod numa;
+mod host;
+
+mod c10d;
 mod ranks;
 mod watchdog;
 mod workers;
@@ -75,13 +76,16 @@ fn run(args: Box<cli::RunArgs>) -> Exit {
         }
     };
     let cpu_binding = match cfg.numa_binding {
-        Some(policy) => match numa::bindings(policy, cfg.nproc_per_node) {
+        Some(policy) => match host::numa::bindings(policy, cfg.nproc_per_node) {
             Ok(binding) => {
                 let each: Vec<String> = binding
                     .iter()
                     .enumerate()
                     .map(|(rank, cpus)| {
-                        format!("local rank {rank} on CPUs {}", numa::format_list(cpus))
+                        format!(
+                            "local rank {rank} on CPUs {}",
+                            host::cpus::format_list(cpus)
+                        )
                     })
                     .collect();
                 output::say(format_args!(

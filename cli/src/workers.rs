@@ -15,6 +15,7 @@
 
 use crate::cli::{Framework, StreamSpec};
 use crate::exit::signal_name;
+use crate::host::hostname;
 use crate::output::{self, plain, say, Console, Destination};
 use crate::ranks::WorkerRanks;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -89,7 +90,7 @@ pub struct GroupSpec<'a> {
     /// `--virtual-local-rank`: LOCAL_RANK 0, CUDA_VISIBLE_DEVICES the worker's own device.
     pub virtual_local_rank: bool,
     /// `--numa-binding`: the CPUs of each local rank (empty: no binding).
-    pub cpu_binding: &'a [crate::numa::Cpus],
+    pub cpu_binding: &'a [crate::host::cpus::Cpus],
 }
 
 /// How a worker ended.
@@ -435,7 +436,7 @@ fn own_session(cmd: &mut Command) {
 
 /// Makes the process `cmd` starts run on `cpus` only (its CPU affinity, which its threads and
 /// children inherit), as `numactl --physcpubind` does.
-fn runs_on(cmd: &mut Command, cpus: &crate::numa::Cpus) {
+fn runs_on(cmd: &mut Command, cpus: &crate::host::cpus::Cpus) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; built here, before the fork.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &cpu in cpus {
@@ -833,17 +834,6 @@ fn copy_error_file(root: &Failure, own: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(own, json.to_string())
-}
-
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match rc {
-        0 => String::from_utf8_lossy(&buf[..len]).into_owned(),
-        _ => "localhost".into(),
-    }
 }
 
 /// `YYYY-MM-DD_HH:MM:SS` in UTC, torchrun's format for failure times.

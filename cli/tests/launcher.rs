@@ -738,7 +738,19 @@ fn pet_variables_configure_the_launcher_and_flags_win() {
 #[test]
 fn standalone_runs_without_etcd() {
     let s = Scratch::new();
-    let mut l = s.standalone(&["--nproc-per-node=3"], "ok");
+    // No etcd on PATH either: --standalone needs none.
+    let bare = s.path("no-etcd-path");
+    std::fs::create_dir_all(&bare).unwrap();
+    for tool in ["sh", "sleep", "grep", "cut", "date", "printf"] {
+        if let Some(found) = which(tool) {
+            let _ = std::os::unix::fs::symlink(found, bare.join(tool));
+        }
+    }
+    let w = s.worker();
+    let mut l = rdzv_env(
+        &["run", "--standalone", "--nproc-per-node=3", &w, "ok"],
+        &[("PATH", bare.to_str().unwrap())],
+    );
     let mut starts: Vec<_> = (0..3).map(|_| l.start(30)).collect();
     l.exits_with(0, 30);
     starts.sort_by_key(|f| num(f, "rank"));
@@ -1697,5 +1709,171 @@ fn c10d_embedded_etcd_dies_with_a_sigkilled_launcher() {
     assert!(
         std::net::TcpListener::bind(("0.0.0.0", port)).is_ok(),
         "port {port} is still served"
+    );
+}
+
+/// The first directory of PATH that has `tool`.
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}
+
+/// `--role`: ROLE_NAME, and role ranks counted over the nodes of the same role only (a prefix
+/// sum in node rank order), as torchelastic assigns them; global ranks stay dense.
+#[test]
+fn roles_get_role_ranks_across_nodes() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    let w = s.worker();
+    let url = etcd.url("roles", &format!("min_nodes=3&max_nodes=3&{FAST}"));
+    let node = |role: &str, nproc: &str| {
+        rdzv(&[
+            "run",
+            "--rdzv",
+            &url,
+            role,
+            nproc,
+            "--local-addr=127.0.0.1",
+            &w,
+            "ok",
+        ])
+    };
+    let mut nodes = [
+        node("--role=trainer", "--nproc-per-node=2"),
+        node("--role=evaluator", "--nproc-per-node=1"),
+        node("--role=trainer", "--nproc-per-node=1"),
+    ];
+    let mut starts = Vec::new();
+    for (n, count) in nodes.iter_mut().zip([2, 1, 1]) {
+        for _ in 0..count {
+            starts.push(n.start(60));
+        }
+    }
+    for n in nodes.iter_mut() {
+        n.exits_with(0, 60);
+    }
+    let mut ranks: Vec<u32> = starts.iter().map(|f| num(f, "rank")).collect();
+    ranks.sort();
+    assert_eq!(ranks, [0, 1, 2, 3]);
+    let of = |role: &str| -> Vec<&Fields> { starts.iter().filter(|f| f["role"] == role).collect() };
+    let (trainers, evaluators) = (of("trainer"), of("evaluator"));
+    assert_eq!((trainers.len(), evaluators.len()), (3, 1), "{starts:?}");
+    let mut role_ranks: Vec<u32> = trainers.iter().map(|f| num(f, "role_rank")).collect();
+    role_ranks.sort();
+    assert_eq!(role_ranks, [0, 1, 2], "trainers count among trainers only");
+    assert!(trainers.iter().all(|f| num(f, "role_world") == 3));
+    assert_eq!(num(evaluators[0], "role_rank"), 0);
+    assert_eq!(num(evaluators[0], "role_world"), 1);
+    // Role ranks follow node ranks, as global ranks do.
+    let mut by_rank = trainers.clone();
+    by_rank.sort_by_key(|f| num(f, "rank"));
+    let in_order: Vec<u32> = by_rank.iter().map(|f| num(f, "role_rank")).collect();
+    assert_eq!(in_order, [0, 1, 2]);
+}
+
+/// `--monitor-interval` is how often a running node checks the membership: with 3 s, a node
+/// that arrives just after the group started is seen at the next check, 3 s after the first
+/// (never sooner; the default 0.1 s would see it within a fraction of a second), and no later
+/// than the interval and a margin for a loaded machine.
+#[test]
+fn the_monitor_interval_paces_the_membership_checks() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    let url = etcd.url("monitor", &format!("min_nodes=1&max_nodes=2&{FAST}"));
+    let mut a = s.node(&url, &["--monitor_interval=3"], "hold");
+    a.start(60);
+    // The first check ran as the group started (just before its START line); the next is due
+    // 3 s after it.
+    let started = Instant::now();
+    let mut b = s.node(&url, &[], "hold");
+    b.wait_line(30, |l| l.contains("joining run"));
+    a.wait_line(30, |l| l.contains("node(s) waiting to join"));
+    let seen = started.elapsed();
+    assert!(
+        seen >= Duration::from_secs(2) && seen < Duration::from_secs(3 + 3),
+        "the arrival was seen {seen:?} after the group started (interval 3 s)"
+    );
+    for n in [&mut a, &mut b] {
+        n.terminate();
+    }
+}
+
+/// `--no-python` runs PROGRAM as it is, even a `.py` file: here an executable `.py` that is
+/// a shell script. Without the flag it runs under PYTHON_EXEC (`echo` here, which prints what
+/// it was given).
+#[test]
+fn no_python_runs_a_py_file_as_it_is() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new();
+    let script = s.path("tool.py");
+    std::fs::write(&script, "#!/bin/sh\necho \"DIRECT $1\"\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = script.to_str().unwrap();
+    let echo = [("PYTHON_EXEC", "echo")];
+    let mut direct = rdzv_env(&["run", "--standalone", "--no-python", path, "x"], &echo);
+    direct.exits_with(0, 30);
+    assert!(direct.said("DIRECT x"), "{}", direct.output());
+    let mut python = rdzv_env(&["run", "--standalone", path, "x"], &echo);
+    python.exits_with(0, 30);
+    assert!(
+        python.said(&format!("-u {path} x")) && !python.said("DIRECT"),
+        "{}",
+        python.output()
+    );
+}
+
+/// `--rdzv-conf` values take effect: `join_timeout=2` ends a node that waits alone for a
+/// second one after 2 s (not the default 600), with a timeout error.
+#[test]
+fn rdzv_conf_values_take_effect() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    let w = s.worker();
+    let endpoint = format!("--rdzv-endpoint={}", etcd.endpoint());
+    let id = format!("--rdzv-id={}", unique_run_id("conf"));
+    let started = Instant::now();
+    let mut alone = rdzv(&[
+        "run",
+        "--nnodes=2",
+        &endpoint,
+        &id,
+        "--rdzv-conf=join_timeout=2,last_call_timeout=1",
+        &w,
+        "ok",
+    ]);
+    alone.exits_with(1, 30);
+    let took = started.elapsed();
+    // 2 s, and a margin for the launcher's start and a loaded machine.
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(2 + 5),
+        "join_timeout=2 ended the node after {took:?}:\n{}",
+        alone.output()
+    );
+    assert!(alone.said("2 s"), "{}", alone.output());
+}
+
+/// `${hostname}` in `--log-line-prefix-template` is the machine's host name, as in torchrun.
+#[test]
+fn the_prefix_template_knows_the_host_name() {
+    let s = Scratch::new();
+    let w = s.worker();
+    let mut l = rdzv(&[
+        "run",
+        "--standalone",
+        "--tee=3",
+        "--log-line-prefix-template=<${hostname}|${rank}>",
+        &w,
+        "ok",
+    ]);
+    l.exits_with(0, 30);
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most len bytes into the buffer.
+    assert_eq!(unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) }, 0);
+    let host = std::ffi::CStr::from_bytes_until_nul(&name).unwrap().to_str().unwrap();
+    assert!(
+        l.said(&format!("<{host}|0>START rank=0 ")),
+        "{}",
+        l.output()
     );
 }

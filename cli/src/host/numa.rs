@@ -1,19 +1,22 @@
 //! `--numa-binding`: each worker runs on the CPUs near its accelerator, with torchrun 2.15's
 //! four policies (torch/numa/binding.py).
 //!
-//! - Local rank i uses device i, as in torchrun. A device is an NVIDIA or AMD GPU on the PCI
-//!   bus, in PCI address order, which is CUDA's order for identical GPUs (workers also get
-//!   `CUDA_DEVICE_ORDER=PCI_BUS_ID` unless it is set, so it is CUDA's for any). When the
-//!   launcher has `CUDA_VISIBLE_DEVICES` (or `HIP_VISIBLE_DEVICES`, `ROCR_VISIBLE_DEVICES`),
-//!   device i is its entry i.
+//! - Local rank i uses device i, as in torchrun. A device is a GPU as `accelerators` finds
+//!   them on the PCI bus (NVIDIA or AMD, in PCI address order, which is CUDA's order for
+//!   identical GPUs; workers also get `CUDA_DEVICE_ORDER=PCI_BUS_ID` unless it is set, so it
+//!   is CUDA's for any). When the launcher has `CUDA_VISIBLE_DEVICES` (or
+//!   `HIP_VISIBLE_DEVICES`, `ROCR_VISIBLE_DEVICES`), device i is its entry i.
 //! - The binding is the worker's CPU affinity, set between fork and exec. torchrun runs the
 //!   worker under `numactl --physcpubind`, which does the same with one more program.
-//! - Everything comes from sysfs, under `RDZV_SYSFS_ROOT` when set (a test's made-up machine).
+//! - Everything comes from sysfs (`sysfs`), under `RDZV_SYSFS_ROOT` when set (a test's made-up
+//!   machine).
 //! - As in torchrun, a binding that cannot be made (no GPU, a UUID in `CUDA_VISIBLE_DEVICES`,
 //!   fewer cores than devices) fails the launch with the reason.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use super::accelerators::{self, visible_devices};
+use super::cpus::{current_affinity, Cpus};
+use super::sysfs::Sysfs;
+use std::collections::BTreeMap;
 
 /// torchrun's `--numa-binding` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,117 +50,18 @@ impl Policy {
     }
 }
 
-/// A set of logical CPU numbers.
-pub type Cpus = BTreeSet<usize>;
-
 /// The CPUs of local ranks `0..n` under `policy`, on this machine, within this process's own
 /// CPU affinity.
 pub fn bindings(policy: Policy, n: u32) -> Result<Vec<Cpus>, String> {
-    let machine = Machine::read(Sysfs::from_env(), current_affinity()?, visible_list())?;
+    let machine = Machine::read(
+        Sysfs::from_env(),
+        current_affinity()?,
+        accelerators::visible_gpus(),
+    )?;
     (0..n as usize)
         .map(|i| machine.cpus_for(policy, i))
         .collect()
 }
-
-/// `0-2,4` for {0, 1, 2, 4}, as sysfs and numactl write CPU lists.
-pub fn format_list(cpus: &Cpus) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut run: Option<(usize, usize)> = None;
-    for &c in cpus {
-        run = match run {
-            Some((start, end)) if c == end + 1 => Some((start, c)),
-            Some(done) => {
-                out.push(range(done));
-                Some((c, c))
-            }
-            None => Some((c, c)),
-        };
-    }
-    out.extend(run.map(range));
-    out.join(",")
-}
-
-fn range((start, end): (usize, usize)) -> String {
-    match start == end {
-        true => start.to_string(),
-        false => format!("{start}-{end}"),
-    }
-}
-
-fn parse_list(text: &str) -> Option<Cpus> {
-    let mut cpus = Cpus::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => cpus.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse().ok()?),
-            None => {
-                cpus.insert(part.trim().parse().ok()?);
-            }
-        }
-    }
-    Some(cpus)
-}
-
-/// The CPUs this process may run on.
-fn current_affinity() -> Result<Cpus, String> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0
-    {
-        return Err(format!(
-            "sched_getaffinity: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok((0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
-}
-
-/// Reads sysfs files under a root.
-struct Sysfs {
-    root: PathBuf,
-}
-
-impl Sysfs {
-    fn from_env() -> Sysfs {
-        let root = std::env::var_os("RDZV_SYSFS_ROOT").map_or_else(|| "/".into(), PathBuf::from);
-        Sysfs { root }
-    }
-
-    fn read(&self, path: &str) -> Result<String, String> {
-        let full = self.root.join(path.trim_start_matches('/'));
-        std::fs::read_to_string(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
-    }
-
-    fn cpus(&self, path: &str) -> Result<Cpus, String> {
-        let text = self.read(path)?;
-        parse_list(&text).ok_or_else(|| format!("{path}: not a CPU list: {:?}", text.trim()))
-    }
-
-    fn number(&self, path: &str) -> Result<i64, String> {
-        let text = self.read(path)?;
-        text.trim()
-            .parse()
-            .map_err(|_| format!("{path}: not a number: {:?}", text.trim()))
-    }
-
-    fn entries(&self, path: &str) -> Vec<String> {
-        let mut names: Vec<String> =
-            std::fs::read_dir(self.root.join(path.trim_start_matches('/')))
-                .map(|dir| {
-                    dir.flatten()
-                        .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .collect()
-                })
-                .unwrap_or_default();
-        names.sort();
-        names
-    }
-}
-
-const PCI_DEVICES: &str = "sys/bus/pci/devices";
-/// PCI vendors of the accelerators torch binds: NVIDIA, AMD.
-const GPU_VENDORS: [&str; 2] = ["0x10de", "0x1002"];
 
 /// What the policies need of the machine.
 struct Machine {
@@ -171,19 +75,7 @@ struct Machine {
 impl Machine {
     /// `visible`: the launcher's visible-devices variable and its value, if it has one.
     fn read(sys: Sysfs, allowed: Cpus, visible: Option<(&str, String)>) -> Result<Machine, String> {
-        // Display controllers (class 0x03xxxx) of the GPU vendors, in PCI address order.
-        let gpus: Vec<String> = sys
-            .entries(PCI_DEVICES)
-            .into_iter()
-            .filter(|d| {
-                let file = |name: &str| {
-                    sys.read(&format!("{PCI_DEVICES}/{d}/{name}"))
-                        .unwrap_or_default()
-                };
-                GPU_VENDORS.contains(&file("vendor").trim())
-                    && file("class").trim().starts_with("0x03")
-            })
-            .collect();
+        let gpus = accelerators::gpus(&sys);
         if gpus.is_empty() {
             return Err(
                 "no GPU on this machine's PCI bus (NVIDIA or AMD): nothing to bind to".into(),
@@ -192,11 +84,7 @@ impl Machine {
         let visible = visible_devices(gpus.len(), visible)?;
         let device_nodes = visible
             .iter()
-            .map(|&g| {
-                // -1 on a machine of one node.
-                sys.number(&format!("{PCI_DEVICES}/{}/numa_node", gpus[g]))
-                    .map(|n| n.max(0) as usize)
-            })
+            .map(|&g| accelerators::numa_node(&sys, &gpus[g]))
             .collect::<Result<_, _>>()?;
         Ok(Machine {
             sys,
@@ -350,39 +238,11 @@ impl Machine {
     }
 }
 
-/// The launcher's visible-devices variable and its value, if it has one.
-fn visible_list() -> Option<(&'static str, String)> {
-    [
-        "CUDA_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-    ]
-    .into_iter()
-    .find_map(|name| std::env::var(name).ok().map(|v| (name, v)))
-}
-
-/// The physical GPU of each device index: the visible-devices list, else all of them.
-fn visible_devices(gpus: usize, listed: Option<(&str, String)>) -> Result<Vec<usize>, String> {
-    let Some((name, list)) = listed else {
-        return Ok((0..gpus).collect());
-    };
-    list.split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .map(|entry| match entry.parse::<usize>() {
-            Ok(g) if g < gpus => Ok(g),
-            Ok(g) => Err(format!("{name} names GPU {g}, but the PCI bus has {gpus}")),
-            Err(_) => Err(format!(
-                "{name}={list}: devices are matched by index; {entry:?} is not one (UUIDs need the \
-                 GPU driver's library, which rdzv does not load)"
-            )),
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::cpus::format_list;
+    use std::path::PathBuf;
 
     /// A made-up machine: `nodes` NUMA nodes of `cores` cores with 2 threads each (CPU c and
     /// c + total cores are siblings), one socket per two nodes, an L3 per 4 cores, and a GPU
@@ -448,20 +308,12 @@ mod tests {
             write(&format!("{dev}/numa_node"), &format!("{node}\n"));
         }
         let allowed: Cpus = (0..2 * total).collect();
-        let m = Machine::read(Sysfs { root: root.clone() }, allowed, None).unwrap();
+        let m = Machine::read(Sysfs::at(root.clone()), allowed, None).unwrap();
         (m, root)
     }
 
     fn list(m: &Machine, policy: Policy, device: usize) -> String {
         format_list(&m.cpus_for(policy, device).unwrap())
-    }
-
-    #[test]
-    fn cpu_lists_parse_and_print_as_sysfs_writes_them() {
-        let cpus = parse_list("0-2,4,6-7\n").unwrap();
-        assert_eq!(cpus, Cpus::from([0, 1, 2, 4, 6, 7]));
-        assert_eq!(format_list(&cpus), "0-2,4,6-7");
-        assert!(parse_list("0-x").is_none());
     }
 
     #[test]
@@ -520,16 +372,5 @@ mod tests {
         let err = m.cpus_for(Policy::Exclusive, 0).unwrap_err();
         assert!(err.contains("1 physical cores for 2 devices"), "{err}");
         let _ = std::fs::remove_dir_all(root);
-    }
-
-    #[test]
-    fn visible_devices_pick_the_gpus_by_index() {
-        assert_eq!(visible_devices(4, None).unwrap(), [0, 1, 2, 3]);
-        let list = |v: &str| Some(("CUDA_VISIBLE_DEVICES", v.to_string()));
-        assert_eq!(visible_devices(4, list("3,1")).unwrap(), [3, 1]);
-        let err = visible_devices(4, list("4")).unwrap_err();
-        assert!(err.contains("names GPU 4, but the PCI bus has 4"), "{err}");
-        let err = visible_devices(4, list("GPU-8f2c")).unwrap_err();
-        assert!(err.contains("\"GPU-8f2c\" is not one"), "{err}");
     }
 }
