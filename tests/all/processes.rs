@@ -71,7 +71,7 @@ fn a_killed_member_is_reported_and_survivors_form_a_new_round() {
         // margin is for a loaded 2-core machine (RELIABILITY says so beside the claim).
         let told = killed.elapsed();
         assert!(
-            told < Duration::from_secs(2 + 3),
+            told < std::time::Duration::from_secs(2 + 3),
             "a survivor was told {told:?} after the SIGKILL (lease_ttl 2 s)"
         );
     }
