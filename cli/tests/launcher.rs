@@ -1869,8 +1869,14 @@ fn the_prefix_template_knows_the_host_name() {
     l.exits_with(0, 30);
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most len bytes into the buffer.
-    assert_eq!(unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) }, 0);
-    let host = std::ffi::CStr::from_bytes_until_nul(&name).unwrap().to_str().unwrap();
+    assert_eq!(
+        unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) },
+        0
+    );
+    let host = std::ffi::CStr::from_bytes_until_nul(&name)
+        .unwrap()
+        .to_str()
+        .unwrap();
     assert!(
         l.said(&format!("<{host}|0>START rank=0 ")),
         "{}",
