@@ -306,3 +306,112 @@ fn a_learner_among_the_endpoints_does_not_fail_requests() {
     }
     assert_eq!(adds, (1..=4).collect(), "each add saw a distinct total");
 }
+
+/// The etcd binary of the pinned version of `minor` (`3.5`) that scripts/etcd-build.sh cached,
+/// if it is there (the test command builds every pinned version first).
+fn cached_etcd(minor: &str) -> Option<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let pinned = std::fs::read_to_string(root.join("scripts/etcd-versions")).ok()?;
+    let version = pinned
+        .lines()
+        .find(|l| l.starts_with(&format!("v{minor}.")))?
+        .trim()
+        .to_string();
+    let cache = std::env::var_os("RDZV_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME").map(|c| std::path::PathBuf::from(c).join("rdzv"))
+        })
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/rdzv"))
+        })?;
+    let binary = cache.join(format!("etcd-{version}")).join("etcd");
+    binary.is_file().then_some(binary)
+}
+
+/// A rolling upgrade under a running job, as docs/OPERATIONS.md describes it: a 3-member etcd
+/// 3.5 is upgraded to 3.6 member by member (SIGTERM, the new binary on the same data
+/// directory, the next once it serves) while two nodes keep forming rounds and using their
+/// store. No call fails, rounds keep forming through each step, and every member ends on 3.6.
+#[test]
+fn a_job_rides_out_a_rolling_upgrade_of_its_etcd() {
+    let (Some(old), Some(new)) = (cached_etcd("3.5"), cached_etcd("3.6")) else {
+        eprintln!("skipped: etcd 3.5 and 3.6 are not built (scripts/etcd-build.sh builds them)");
+        return;
+    };
+    let mut cluster = EtcdCluster::start_from(3, &[], Some(old));
+    let url = cluster.url(
+        "upgrade",
+        "min_nodes=2&max_nodes=2&last_call_timeout=0.5&lease_ttl=5",
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Each node forms round after round until told to stop; any error fails the test.
+    let nodes: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, stop) = (url.clone(), stop.clone());
+            std::thread::spawn(move || -> Result<u64, String> {
+                let node = BlockingRendezvous::new(Params::from_url(&url).unwrap())
+                    .map_err(|e| format!("new: {e}"))?;
+                let mut rounds = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let (info, store) = node.next().map_err(|e| format!("next: {e}"))?;
+                    let key = format!("k{}", info.rank);
+                    store
+                        .set(&key, b"v")
+                        .map_err(|e| format!("store set: {e}"))?;
+                    store
+                        .get(
+                            &format!("k{}", 1 - info.rank),
+                            Some(Duration::from_secs(60)),
+                        )
+                        .map_err(|e| format!("store get: {e}"))?;
+                    rounds += 1;
+                }
+                node.shutdown().map_err(|e| format!("shutdown: {e}"))?;
+                Ok(rounds)
+            })
+        })
+        .collect();
+    // Rounds form before, between and after the steps: the open round number moves on (seen
+    // by an operator's watch).
+    let admin = rdzv::BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap();
+    let round_moves_on = |what: &str| {
+        let mut status = admin.status().unwrap();
+        let target = status.open_round + 3;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while status.open_round < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "no round formed {what}");
+            status = admin
+                .watch_next(left)
+                .unwrap_or_else(|e| panic!("watching the run {what}: {e}"));
+        }
+    };
+    round_moves_on("before the upgrade");
+    for i in 0..cluster.member_count() {
+        cluster.upgrade(i, &new);
+        round_moves_on(&format!("after member {i} was upgraded"));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for n in nodes {
+        let rounds = n
+            .join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("a call failed: {e}"));
+        assert!(rounds >= 12, "only {rounds} rounds");
+    }
+    // Every member now runs 3.6.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for i in 0..cluster.member_count() {
+        let version = rt.block_on(async {
+            let mut c = etcd_client::Client::connect([cluster.endpoint(i)], None)
+                .await
+                .unwrap();
+            c.status().await.unwrap().version().to_string()
+        });
+        assert!(version.starts_with("3.6."), "member {i} runs {version}");
+    }
+}

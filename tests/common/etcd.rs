@@ -41,6 +41,8 @@ pub struct EtcdCommand<'a> {
     pub peer_url: &'a str,
     pub initial_cluster: &'a str,
     pub extra: &'a [std::ffi::OsString],
+    /// The etcd binary; `None`: the first `etcd` on PATH.
+    pub program: Option<&'a std::path::Path>,
 }
 
 /// The server version in one of etcd's startup log lines: `etcd Version: 3.4.23` (3.4) or
@@ -58,7 +60,7 @@ fn version_in_log(line: &str) -> Option<&str> {
 /// or etcd's last lines if it exits before it is ready.
 pub fn spawn_etcd(cmd: EtcdCommand<'_>) -> (Child, mpsc::Receiver<String>) {
     leftovers::remove_data_dirs_of_dead_processes();
-    let mut etcd = Command::new("etcd");
+    let mut etcd = Command::new(cmd.program.unwrap_or(std::path::Path::new("etcd")));
     etcd.args(["--name", cmd.name, "--data-dir"])
         .arg(cmd.data_dir)
         .args(["--listen-client-urls", cmd.client_urls])
@@ -264,6 +266,7 @@ impl Etcd {
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let (child, ready_rx) = spawn_etcd(EtcdCommand {
+            program: None,
             name: &self.name,
             data_dir: &self.data_dir,
             client_urls: &client,

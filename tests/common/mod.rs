@@ -35,6 +35,7 @@ impl Etcd {
             .map(Into::into)
             .collect();
         let (child, ready_rx) = spawn_etcd(EtcdCommand {
+            program: None,
             name: &name,
             data_dir: &data_dir,
             client_urls: &format!("http://127.0.0.1:{client_port}"),
@@ -162,6 +163,8 @@ pub struct EtcdCluster {
     /// `--initial-cluster` and `--initial-cluster-token` of every member.
     initial_cluster: String,
     tag: String,
+    /// The etcd binary members start from (`None`: PATH's); `upgrade` changes it.
+    program: Option<PathBuf>,
 }
 
 struct EtcdMember {
@@ -181,6 +184,11 @@ impl EtcdCluster {
     /// `n` members serving clients on 127.0.0.1 and also on each of `extra_hosts` (addresses
     /// of this machine, such as the host side of a veth pair).
     pub fn start_on(n: usize, extra_hosts: &[&str]) -> EtcdCluster {
+        EtcdCluster::start_from(n, extra_hosts, None)
+    }
+
+    /// `n` members of the etcd binary `program` (PATH's when `None`).
+    pub fn start_from(n: usize, extra_hosts: &[&str], program: Option<PathBuf>) -> EtcdCluster {
         let tag = format!(
             "rdzv-cluster-{}-{}",
             std::process::id(),
@@ -212,6 +220,7 @@ impl EtcdCluster {
             client_hosts,
             initial_cluster,
             tag,
+            program,
         };
         let ready: Vec<_> = (0..n).map(|i| cluster.launch(i)).collect();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -252,6 +261,7 @@ impl EtcdCluster {
         .map(Into::into)
         .collect();
         let (child, ready_rx) = spawn_etcd(EtcdCommand {
+            program: self.program.as_deref(),
             name: &member.name,
             data_dir: &member.data_dir,
             client_urls: &clients,
@@ -271,6 +281,23 @@ impl EtcdCluster {
             .recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| {
                 panic!("etcd member {i} did not report ready within 30 s of a restart")
+            });
+    }
+
+    /// A rolling upgrade's step: stops member `i` as an operator would (SIGTERM, at most 30 s),
+    /// starts it from the binary `program` on the same data directory, and waits, at most 30 s,
+    /// until it serves clients again. Members started after this use `program` too.
+    pub fn upgrade(&mut self, i: usize, program: &std::path::Path) {
+        if let Some(mut child) = self.members[i].child.take() {
+            // SAFETY: plain syscall on a child this process has not reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+        self.program = Some(program.to_path_buf());
+        self.launch(i)
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                panic!("etcd member {i} did not come back within 30 s as {program:?}")
             });
     }
 

@@ -170,6 +170,7 @@ impl EtcdWith {
         let client = format!("{scheme}://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{}", crate::common::free_port());
         let (child, ready_rx) = crate::common::spawn_etcd(crate::common::EtcdCommand {
+            program: None,
             name: &name,
             data_dir: &data_dir,
             client_urls: &client,
