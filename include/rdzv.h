@@ -24,11 +24,17 @@
  *   RDZV_ERR_SHUTDOWN. In every binding, calls on a closed or moved-from handle fail with
  *   RDZV_ERR_SHUTDOWN (ShutdownError).
  * - Threads. Handles are thread-safe (each type below says what may run at once). One
- *   rdzv_next at a time per handle; rdzv_shutdown from another thread wakes it. To cancel a
- *   blocking call, pass it a rdzv_cancel_token_t (the *_with_cancel calls) and cancel the token
- *   from any thread: it stays cancelled, so a cancel racing with the call's start is never lost
- *   (rdzv_cancel and rdzv_store_cancel reach only calls already running). After fork(), create
- *   new handles in the child.
+ *   rdzv_next at a time per handle; rdzv_shutdown from another thread wakes it.
+ * - Cancels. Two kinds, both safe from any thread (not from a signal handler) and never lost.
+ *   A handle's own cancel (rdzv_cancel, rdzv_store_cancel, rdzv_admin_cancel) ends its calls
+ *   that wait (rdzv_next; the store's get, wait and multi_get; the admin watch) that are in
+ *   progress or, if none is, the next one to start; it is used up once a call has returned
+ *   RDZV_ERR_CANCELLED because of it, and the handle stays usable. A cancel token
+ *   (rdzv_cancel_token_t) is passed to the _with_cancel form of any call that talks to etcd;
+ *   once cancelled it stays cancelled, so every call made with it ends, like a Go context.
+ *   A call ended either way returns RDZV_ERR_CANCELLED promptly whatever etcd is doing; a
+ *   rdzv_next withdraws its join request first, a write may or may not have been applied.
+ * - After fork(), create new handles in the child.
  * - Deadlines. Every blocking call has one: join_timeout for rdzv_next, connect_timeout for
  *   rdzv_new and queries, the store timeout for get and wait. No call waits forever, and no
  *   panic crosses into C (it becomes RDZV_ERR_INTERNAL).
@@ -141,7 +147,9 @@ typedef enum {
  * lease, so it is never counted, waited for or sealed into a round). Thread-safe: every
  * function may be called on the same handle from several threads at once, except that only
  * one `rdzv_admin_watch` runs at a time per handle (a second one fails with
- * `RDZV_ERR_INVALID_ARGUMENT`); `rdzv_admin_cancel` from another thread wakes it. Status and
+ * `RDZV_ERR_INVALID_ARGUMENT`); `rdzv_admin_cancel` from another thread ends it (never lost:
+ * with no watch running, the next one to start ends). Every call that talks to etcd has a
+ * `_with_cancel` form that a cancel token ends. Status and
  * watch need read access to the run's prefix in etcd; close, purge and drain need write
  * access (without it they fail with `RDZV_ERR_CONNECTION`, naming the operation etcd
  * refused). A handle belongs to the process that created it (after `fork()`, create a new
@@ -150,14 +158,17 @@ typedef enum {
 typedef struct rdzv_admin_t rdzv_admin_t;
 
 /**
- * A cancel token: the caller makes one, passes it to the calls that wait
- * (`rdzv_next_with_cancel`, `rdzv_store_get_with_cancel`, `rdzv_store_wait_with_cancel`,
- * `rdzv_store_multi_get_with_cancel`, `rdzv_admin_watch_with_cancel`), and cancels it from
- * any thread to end them with `RDZV_ERR_CANCELLED`. Once cancelled it stays cancelled: a
+ * A cancel token: the caller makes one, passes it to the `_with_cancel` form of any call that
+ * talks to etcd (`rdzv_next_with_cancel`, `rdzv_num_lost_with_cancel`,
+ * `rdzv_store_get_with_cancel`, `rdzv_store_set_with_cancel`, `rdzv_admin_watch_with_cancel`,
+ * `rdzv_admin_status_with_cancel`, ...), and cancels it from any thread to end them with
+ * `RDZV_ERR_CANCELLED`, promptly whatever etcd is doing. Once cancelled it stays cancelled: a
  * call made with it afterwards returns `RDZV_ERR_CANCELLED` at once, without touching etcd,
  * so a cancel that races with the start of a call is never lost and no caller needs to
  * repeat it. One token may be passed to any number of calls, on any handles, at once; make
- * a new token for calls that must not be cancelled by the old one.
+ * a new token for calls that must not be cancelled by the old one (a Go context maps to one
+ * token per call). A `rdzv_next` ended by its token withdraws its join request; a write
+ * ended by it may or may not have been applied, as one that times out.
  *
  * Thread-safety: every function may be called from any thread, at any time, concurrently
  * with calls that use the token. `rdzv_cancel_token_cancel` never blocks and takes a lock
@@ -197,19 +208,25 @@ typedef struct rdzv_params_t rdzv_params_t;
  * the run was closed) and nothing is written. A wait whose keys are still missing when the
  * run is closed returns `RDZV_ERR_CLOSED`.
  *
- * A wait (`get`, `wait`, `multi_get`) returns at once when cancelled or when the node shuts
- * down, and within a second of its deadline, whatever etcd is doing (down, frozen or
- * restarting): `RDZV_ERR_TIMEOUT`, or `RDZV_ERR_CONNECTION` if etcd did not answer. A read
- * begun before the deadline may take up to a second past it, so a wait with timeout 0 still
- * returns a key that exists.
+ * A wait (`get`, `wait`, `multi_get`) returns at once when cancelled (`rdzv_store_cancel`, or
+ * its cancel token) or when the node shuts down, and within a second of its deadline,
+ * whatever etcd is doing (down, frozen or restarting): `RDZV_ERR_TIMEOUT`, or
+ * `RDZV_ERR_CONNECTION` if etcd did not answer. A read begun before the deadline may take up
+ * to a second past it, so a wait with timeout 0 still returns a key that exists. Every other
+ * call has a `_with_cancel` form too, which a cancel token ends in the same way; without
+ * one, a call that does not wait takes at most the store's request deadline (the store's
+ * timeout, clamped to 5-30 s).
  */
 typedef struct rdzv_store_t rdzv_store_t;
 
 /**
  * One node's handle on a rendezvous. Thread-safe: every function may be called on the same
  * handle from several threads at once, except that only one `rdzv_next` runs at a time per
- * handle (a second concurrent one fails with `RDZV_ERR_INVALID_ARGUMENT`). `rdzv_shutdown`
- * from another thread wakes a blocked `rdzv_next`, which returns `RDZV_ERR_SHUTDOWN`.
+ * handle (a second concurrent one fails with `RDZV_ERR_INVALID_ARGUMENT`). From another
+ * thread, `rdzv_shutdown` wakes a blocked `rdzv_next` (`RDZV_ERR_SHUTDOWN`) and `rdzv_cancel`
+ * ends it (`RDZV_ERR_CANCELLED`, never lost: with no `rdzv_next` running, the next one to
+ * start ends). Every call that talks to etcd has a `_with_cancel` form that a cancel token
+ * ends.
  * A handle belongs to the process that created it: after `fork()`, create new handles in the
  * child (calls on inherited ones fail with `RDZV_ERR_INVALID_ARGUMENT`).
  */
@@ -401,6 +418,16 @@ rdzv_status_t rdzv_admin_status(const rdzv_admin_t *admin,
                                 rdzv_error_t **error);
 
 /**
+ * `rdzv_admin_status`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled: at
+ * once, without asking etcd, if it already is, and promptly whatever etcd is doing if it is
+ * cancelled during the call. `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_admin_status_with_cancel(const rdzv_admin_t *admin,
+                                            const rdzv_cancel_token_t *cancel,
+                                            rdzv_run_status_t **out,
+                                            rdzv_error_t **error);
+
+/**
  * Watches the run: the first call returns its current status; each later call blocks until
  * the run changes as an operator sees it (a join, a seal, a loss, a drain, a close; not the
  * workers' store traffic) and returns the new status, so successive calls return the changes
@@ -408,7 +435,7 @@ rdzv_status_t rdzv_admin_status(const rdzv_admin_t *admin,
  * come as one status, read once they have passed: at most 200 ms after the first). It waits by etcd watch, never by polling. Returns `RDZV_ERR_TIMEOUT` when
  * nothing changed within `timeout_ms` (0 or more; negative is an invalid argument): the
  * watch stays open and the next call goes on from there, losing nothing. `RDZV_ERR_CANCELLED` when
- * `rdzv_admin_cancel` wakes it. If etcd restarts the watch is reopened and the state read
+ * `rdzv_admin_cancel` ends it (made during the call, or before it while no watch ran). If etcd restarts the watch is reopened and the state read
  * again; an etcd that stays unreachable ends the call with `RDZV_ERR_CONNECTION` after
  * `connect_timeout` (call again to resume). On success `*out` owns the status (free with
  * `rdzv_run_status_free`).
@@ -421,6 +448,7 @@ rdzv_status_t rdzv_admin_watch(const rdzv_admin_t *admin,
 /**
  * `rdzv_admin_watch`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
  * once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ * `rdzv_admin_cancel` ends this call too.
  */
 rdzv_status_t rdzv_admin_watch_with_cancel(const rdzv_admin_t *admin,
                                            int64_t timeout_ms,
@@ -429,10 +457,14 @@ rdzv_status_t rdzv_admin_watch_with_cancel(const rdzv_admin_t *admin,
                                            rdzv_error_t **error);
 
 /**
- * Wakes a `rdzv_admin_watch` blocked on this handle in another thread: it returns
- * `RDZV_ERR_CANCELLED`, and the handle stays usable. No effect when none is running (to
- * cancel without racing the start of a call, pass a cancel token to
- * `rdzv_admin_watch_with_cancel`). Never blocks; safe from any thread.
+ * Ends the `rdzv_admin_watch` running on this handle in another thread (with or without a
+ * cancel token): it returns `RDZV_ERR_CANCELLED`. If none is running, the next one to start
+ * returns `RDZV_ERR_CANCELLED` at once: a cancel made just as another thread starts a watch
+ * is never lost. The cancel is used up once a watch has returned `RDZV_ERR_CANCELLED` because
+ * of it (a watch that returned a status just as the cancel came leaves it for the next one);
+ * the handle stays usable, and its watch loses nothing. Reaches the watch only; the handle's
+ * other calls take a cancel token. Never blocks; safe from any thread, but not
+ * async-signal-safe.
  */
 rdzv_status_t rdzv_admin_cancel(const rdzv_admin_t *admin, rdzv_error_t **error);
 
@@ -441,6 +473,16 @@ rdzv_status_t rdzv_admin_cancel(const rdzv_admin_t *admin, rdzv_error_t **error)
  * return `RDZV_ERR_CLOSED` and later ones fail at once. At most `close_timeout`.
  */
 rdzv_status_t rdzv_admin_close(const rdzv_admin_t *admin, rdzv_error_t **error);
+
+/**
+ * `rdzv_admin_close`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once, writing nothing, if it already is). A close cancelled while it was on its way to etcd
+ * may or may not have been applied; closing again is safe. `cancel` may be NULL (no token).
+ * The token is not consumed.
+ */
+rdzv_status_t rdzv_admin_close_with_cancel(const rdzv_admin_t *admin,
+                                           const rdzv_cancel_token_t *cancel,
+                                           rdzv_error_t **error);
 
 /**
  * Deletes every key of the run (rounds, stores, round counter, closed marker), so its id can
@@ -457,6 +499,19 @@ rdzv_status_t rdzv_admin_purge(const rdzv_admin_t *admin,
                                rdzv_error_t **error);
 
 /**
+ * `rdzv_admin_purge`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once, deleting nothing, if it already is). A purge cancelled while it was on its way to
+ * etcd may or may not have been applied (it is one transaction: all or nothing). `cancel` may
+ * be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_admin_purge_with_cancel(const rdzv_admin_t *admin,
+                                           bool force,
+                                           const rdzv_cancel_token_t *cancel,
+                                           int64_t *deleted,
+                                           uint32_t *alive,
+                                           rdzv_error_t **error);
+
+/**
  * Marks node `node_id` (as `rdzv_node_id` or the status names it) as leaving the run: a
  * planned departure (a preemption notice, maintenance, a scale-down). The other members count
  * it in `rdzv_num_lost` at once, so their agents re-rendezvous without waiting for a lease to
@@ -471,6 +526,18 @@ rdzv_status_t rdzv_admin_drain(const rdzv_admin_t *admin,
                                const char *node_id,
                                const char *reason,
                                rdzv_error_t **error);
+
+/**
+ * `rdzv_admin_drain`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once, writing nothing, if it already is). A mark cancelled while it was on its way to etcd
+ * may or may not have been written; draining again is safe. `cancel` may be NULL (no token).
+ * The token is not consumed.
+ */
+rdzv_status_t rdzv_admin_drain_with_cancel(const rdzv_admin_t *admin,
+                                           const char *node_id,
+                                           const char *reason,
+                                           const rdzv_cancel_token_t *cancel,
+                                           rdzv_error_t **error);
 
 /**
  * Frees a status and everything it points to. NULL is a no-op.
@@ -622,9 +689,10 @@ rdzv_status_t rdzv_new(const rdzv_params_t *params, rdzv_t **out, rdzv_error_t *
  * `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
  * `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
  * while this node waited outside the running round (late or surplus), `RDZV_ERR_SHUTDOWN` if
- * `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is (to cancel
- * without a race, use `rdzv_next_with_cancel`). Each of these, and `join_timeout`, ends the
- * call within about a second whatever etcd is doing (down, frozen or restarting).
+ * `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is (made during
+ * the call, or before it while no `rdzv_next` ran: see `rdzv_cancel`). Each of these, and
+ * `join_timeout`, ends the call within about a second whatever etcd is doing (down, frozen or
+ * restarting).
  *
  * A failed call withdraws this node's join request before it returns, so no round is ever
  * sealed with a node that gave up; a write to etcd already in flight is waited for first (at
@@ -650,7 +718,8 @@ rdzv_status_t rdzv_next(rdzv_t *rdzv,
 /**
  * `rdzv_next`, which also returns `RDZV_ERR_CANCELLED` (withdrawing its join request, as for
  * `rdzv_cancel`) once `cancel` is cancelled: at once, joining nothing, if it already is.
- * `cancel` may be NULL (no token). The token is not consumed.
+ * `cancel` may be NULL (no token). The token is not consumed. `rdzv_cancel` ends this call
+ * too.
  */
 rdzv_status_t rdzv_next_with_cancel(rdzv_t *rdzv,
                                     const rdzv_cancel_token_t *cancel,
@@ -665,10 +734,30 @@ rdzv_status_t rdzv_next_with_cancel(rdzv_t *rdzv,
 rdzv_status_t rdzv_is_closed(const rdzv_t *rdzv, bool *closed, rdzv_error_t **error);
 
 /**
+ * `rdzv_is_closed`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled: at
+ * once, without asking etcd, if it already is, and promptly whatever etcd is doing if it is
+ * cancelled during the call. `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_is_closed_with_cancel(const rdzv_t *rdzv,
+                                         const rdzv_cancel_token_t *cancel,
+                                         bool *closed,
+                                         rdzv_error_t **error);
+
+/**
  * Closes the run for every node: blocked `rdzv_next` calls anywhere return `RDZV_ERR_CLOSED`
  * promptly (they watch for it) and later ones fail at once. At most `close_timeout`.
  */
 rdzv_status_t rdzv_set_closed(const rdzv_t *rdzv, rdzv_error_t **error);
+
+/**
+ * `rdzv_set_closed`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once, writing nothing, if it already is). A close cancelled while it was on its way to etcd
+ * may or may not have been applied, as one that times out; closing again is safe. `cancel`
+ * may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_set_closed_with_cancel(const rdzv_t *rdzv,
+                                          const rdzv_cancel_token_t *cancel,
+                                          rdzv_error_t **error);
 
 /**
  * Sets `*count` to the number of nodes waiting for the round after this node's last round
@@ -682,6 +771,15 @@ rdzv_status_t rdzv_set_closed(const rdzv_t *rdzv, rdzv_error_t **error);
 rdzv_status_t rdzv_num_waiting(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t **error);
 
 /**
+ * `rdzv_num_waiting`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_num_waiting_with_cancel(const rdzv_t *rdzv,
+                                           const rdzv_cancel_token_t *cancel,
+                                           uint32_t *count,
+                                           rdzv_error_t **error);
+
+/**
  * Sets `*count` to the number of members of this node's last round whose lease expired
  * (killed, hung or cut off for longer than `lease_ttl`) or that are leaving (drained by
  * `rdzv_admin_drain` or `rdzv_drain`), including this node if its own lease is gone or it is
@@ -693,12 +791,28 @@ rdzv_status_t rdzv_num_waiting(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t
 rdzv_status_t rdzv_num_lost(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t **error);
 
 /**
- * Wakes a `rdzv_next` blocked on this handle in another thread: it withdraws this node's
- * join request and returns `RDZV_ERR_CANCELLED`. The handle stays usable (call `rdzv_next`
- * again to rejoin). No effect when no `rdzv_next` is running. Never blocks; safe from any
- * thread. A cancel made before `rdzv_next` was entered is not remembered: a caller that may
- * cancel just as another thread enters `rdzv_next` passes a cancel token to
- * `rdzv_next_with_cancel` instead (the bindings do), which stays cancelled.
+ * `rdzv_num_lost`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once if it already is, even when the count would come from memory). `cancel` may be NULL
+ * (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_num_lost_with_cancel(const rdzv_t *rdzv,
+                                        const rdzv_cancel_token_t *cancel,
+                                        uint32_t *count,
+                                        rdzv_error_t **error);
+
+/**
+ * Ends the `rdzv_next` running on this handle in another thread (with or without a cancel
+ * token): it withdraws this node's join request and returns `RDZV_ERR_CANCELLED`. If no
+ * `rdzv_next` is running, the next one to start on this handle returns `RDZV_ERR_CANCELLED`
+ * at once, joining nothing: a cancel made just before another thread enters `rdzv_next` is
+ * never lost, and no caller needs to repeat it. The cancel is used up once a `rdzv_next` has
+ * returned `RDZV_ERR_CANCELLED` because of it; a `rdzv_next` that returned its round just as
+ * the cancel came (a cancel racing the seal) leaves it for the next call. The handle stays
+ * usable: the `rdzv_next` after the cancelled one joins normally. Reaches `rdzv_next` only;
+ * the handle's other calls take a cancel token (their `_with_cancel` forms). Idempotent
+ * until used up (two cancels end one call). Never blocks; safe from any thread, but not
+ * async-signal-safe (it takes a lock briefly): from a signal handler, wake a thread that
+ * calls it.
  */
 rdzv_status_t rdzv_cancel(const rdzv_t *rdzv, rdzv_error_t **error);
 
@@ -715,9 +829,21 @@ rdzv_status_t rdzv_shutdown(rdzv_t *rdzv, rdzv_error_t **error);
 
 /**
  * Marks this node as leaving the run, as `rdzv_admin_drain` does for any node: for a node
- * that learns first that it will go away (a preemption notice). `reason` may be NULL.
+ * that learns first that it will go away (a preemption notice). `reason` may be NULL. At most
+ * `connect_timeout` per etcd request (two: its lease, then the mark).
  */
 rdzv_status_t rdzv_drain(rdzv_t *rdzv, const char *reason, rdzv_error_t **error);
+
+/**
+ * `rdzv_drain`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at once,
+ * writing nothing, if it already is). A mark cancelled while it was on its way to etcd may or
+ * may not have been written; draining again is safe. `cancel` may be NULL (no token). The
+ * token is not consumed.
+ */
+rdzv_status_t rdzv_drain_with_cancel(rdzv_t *rdzv,
+                                     const char *reason,
+                                     const rdzv_cancel_token_t *cancel,
+                                     rdzv_error_t **error);
 
 /**
  * Sets `*draining` to whether this node was drained (by `rdzv_drain`, an operator or a
@@ -725,6 +851,15 @@ rdzv_status_t rdzv_drain(rdzv_t *rdzv, const char *reason, rdzv_error_t **error)
  * `connect_timeout`.
  */
 rdzv_status_t rdzv_is_draining(const rdzv_t *rdzv, bool *draining, rdzv_error_t **error);
+
+/**
+ * `rdzv_is_draining`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_is_draining_with_cancel(const rdzv_t *rdzv,
+                                           const rdzv_cancel_token_t *cancel,
+                                           bool *draining,
+                                           rdzv_error_t **error);
 
 /**
  * Shuts the handle down (as `rdzv_shutdown`, errors ignored) and frees it. NULL is a no-op.
@@ -757,6 +892,19 @@ rdzv_status_t rdzv_store_set(const rdzv_store_t *store,
                              rdzv_error_t **error);
 
 /**
+ * `rdzv_store_set`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once, writing nothing, if it already is). A write cancelled on its way to etcd may or may
+ * not have been applied, as one that times out. `cancel` may be NULL (no token). The token is
+ * not consumed. The same holds for every store write's `_with_cancel` form below.
+ */
+rdzv_status_t rdzv_store_set_with_cancel(const rdzv_store_t *store,
+                                         const char *key,
+                                         const uint8_t *value,
+                                         size_t value_len,
+                                         const rdzv_cancel_token_t *cancel,
+                                         rdzv_error_t **error);
+
+/**
  * Waits up to `timeout_ms` for `key` to be set, then returns its value: `*value` receives a
  * buffer of `*value_len` bytes that the caller frees with `rdzv_bytes_free`. If the key is
  * still absent at the deadline: `RDZV_ERR_TIMEOUT`.
@@ -771,6 +919,7 @@ rdzv_status_t rdzv_store_get(const rdzv_store_t *store,
 /**
  * `rdzv_store_get`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
  * once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ * `rdzv_store_cancel` ends this call too.
  */
 rdzv_status_t rdzv_store_get_with_cancel(const rdzv_store_t *store,
                                          const char *key,
@@ -792,6 +941,17 @@ rdzv_status_t rdzv_store_add(const rdzv_store_t *store,
                              rdzv_error_t **error);
 
 /**
+ * `rdzv_store_add`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (see
+ * `rdzv_store_set_with_cancel`: an add cancelled on its way may have added).
+ */
+rdzv_status_t rdzv_store_add_with_cancel(const rdzv_store_t *store,
+                                         const char *key,
+                                         int64_t delta,
+                                         const rdzv_cancel_token_t *cancel,
+                                         int64_t *new_value,
+                                         rdzv_error_t **error);
+
+/**
  * Sets `key` to `desired` if it currently holds `expected` (or is absent and `expected_len`
  * is 0), atomically. `*value` receives the value the key holds afterwards (when the key is
  * absent and `expected` is not empty: `expected`, unchanged store), freed with
@@ -808,6 +968,21 @@ rdzv_status_t rdzv_store_compare_set(const rdzv_store_t *store,
                                      rdzv_error_t **error);
 
 /**
+ * `rdzv_store_compare_set`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is
+ * cancelled (see `rdzv_store_set_with_cancel`).
+ */
+rdzv_status_t rdzv_store_compare_set_with_cancel(const rdzv_store_t *store,
+                                                 const char *key,
+                                                 const uint8_t *expected,
+                                                 size_t expected_len,
+                                                 const uint8_t *desired,
+                                                 size_t desired_len,
+                                                 const rdzv_cancel_token_t *cancel,
+                                                 uint8_t **value,
+                                                 size_t *value_len,
+                                                 rdzv_error_t **error);
+
+/**
  * Waits up to `timeout_ms` until all `num_keys` keys exist (`RDZV_ERR_TIMEOUT` otherwise).
  */
 rdzv_status_t rdzv_store_wait(const rdzv_store_t *store,
@@ -819,6 +994,7 @@ rdzv_status_t rdzv_store_wait(const rdzv_store_t *store,
 /**
  * `rdzv_store_wait`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
  * once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ * `rdzv_store_cancel` ends this call too.
  */
 rdzv_status_t rdzv_store_wait_with_cancel(const rdzv_store_t *store,
                                           const char *const *keys,
@@ -837,6 +1013,17 @@ rdzv_status_t rdzv_store_check(const rdzv_store_t *store,
                                rdzv_error_t **error);
 
 /**
+ * `rdzv_store_check`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_store_check_with_cancel(const rdzv_store_t *store,
+                                           const char *const *keys,
+                                           size_t num_keys,
+                                           const rdzv_cancel_token_t *cancel,
+                                           bool *all_exist,
+                                           rdzv_error_t **error);
+
+/**
  * Deletes `key`; `*deleted` tells whether it existed. `deleted` may be NULL.
  */
 rdzv_status_t rdzv_store_delete_key(const rdzv_store_t *store,
@@ -845,9 +1032,28 @@ rdzv_status_t rdzv_store_delete_key(const rdzv_store_t *store,
                                     rdzv_error_t **error);
 
 /**
+ * `rdzv_store_delete_key`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
+ * (see `rdzv_store_set_with_cancel`). `deleted` may be NULL.
+ */
+rdzv_status_t rdzv_store_delete_key_with_cancel(const rdzv_store_t *store,
+                                                const char *key,
+                                                const rdzv_cancel_token_t *cancel,
+                                                bool *deleted,
+                                                rdzv_error_t **error);
+
+/**
  * Sets `*count` to the number of keys in this round's store.
  */
 rdzv_status_t rdzv_store_num_keys(const rdzv_store_t *store, int64_t *count, rdzv_error_t **error);
+
+/**
+ * `rdzv_store_num_keys`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
+ * (at once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ */
+rdzv_status_t rdzv_store_num_keys_with_cancel(const rdzv_store_t *store,
+                                              const rdzv_cancel_token_t *cancel,
+                                              int64_t *count,
+                                              rdzv_error_t **error);
 
 /**
  * Waits up to `timeout_ms` for all `num_keys` keys, then returns their values read at one
@@ -865,6 +1071,7 @@ rdzv_status_t rdzv_store_multi_get(const rdzv_store_t *store,
 /**
  * `rdzv_store_multi_get`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
  * (at once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+ * `rdzv_store_cancel` ends this call too.
  */
 rdzv_status_t rdzv_store_multi_get_with_cancel(const rdzv_store_t *store,
                                                const char *const *keys,
@@ -889,17 +1096,34 @@ rdzv_status_t rdzv_store_multi_set(const rdzv_store_t *store,
                                    rdzv_error_t **error);
 
 /**
+ * `rdzv_store_multi_set`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
+ * (see `rdzv_store_set_with_cancel`; beyond 128 keys, the transactions sent before the
+ * cancel stay applied).
+ */
+rdzv_status_t rdzv_store_multi_set_with_cancel(const rdzv_store_t *store,
+                                               const char *const *keys,
+                                               const uint8_t *const *values,
+                                               const size_t *value_lens,
+                                               size_t num_keys,
+                                               const rdzv_cancel_token_t *cancel,
+                                               rdzv_error_t **error);
+
+/**
  * Sets the default timeout of `get`, `wait` and `multi_get` (c10d's `set_timeout`).
  * `timeout_ms` must be >= 0.
  */
 rdzv_status_t rdzv_store_set_timeout(rdzv_store_t *store, int64_t timeout_ms, rdzv_error_t **error);
 
 /**
- * Wakes every `rdzv_store_get`, `rdzv_store_wait` and `rdzv_store_multi_get` blocked on this
+ * Ends every `rdzv_store_get`, `rdzv_store_wait` and `rdzv_store_multi_get` running on this
  * store in other threads (with or without a cancel token): they return `RDZV_ERR_CANCELLED`.
- * Calls that start afterwards are not affected: a caller that may cancel just as a wait
- * starts passes it a cancel token (`rdzv_store_get_with_cancel`, ...) instead, which stays
- * cancelled. Never blocks; safe from any thread.
+ * If none is running, the next one to start returns `RDZV_ERR_CANCELLED` at once: a cancel
+ * made just as another thread starts a wait is never lost. Waits that start while cancelled
+ * ones are still returning end too. The cancel is used up once a wait has returned
+ * `RDZV_ERR_CANCELLED` because of it (a wait that found its keys just as the cancel came
+ * leaves it for the next wait); the store stays usable, and later waits run normally.
+ * Reaches the waits only; the store's other calls take a cancel token. Never blocks; safe
+ * from any thread, but not async-signal-safe.
  */
 rdzv_status_t rdzv_store_cancel(const rdzv_store_t *store, rdzv_error_t **error);
 

@@ -3,7 +3,7 @@
 //! do not exist there); handles made before the fork refuse to work in the child.
 
 use crate::admin::{Admin, Purge, RunStatus, StatusWatch};
-use crate::cancel::CancelToken;
+use crate::cancel::{CancelToken, HandleCancel};
 use crate::error::{Error, ErrorKind, Result};
 use crate::params::Params;
 use crate::rendezvous::{Rendezvous, RoundInfo};
@@ -132,25 +132,55 @@ impl BlockingRendezvous {
     pub fn is_closed(&self) -> Result<bool> {
         self.owned.run(self.inner.is_closed())
     }
+    /// `is_closed`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it is.
+    pub fn is_closed_with(&self, cancel: &CancelToken) -> Result<bool> {
+        self.owned.run(self.inner.is_closed_with(cancel))
+    }
     pub fn set_closed(&self) -> Result<()> {
         self.owned.run(self.inner.set_closed())
+    }
+    /// `set_closed`, ended by `cancel` (a close on its way may still be applied).
+    pub fn set_closed_with(&self, cancel: &CancelToken) -> Result<()> {
+        self.owned.run(self.inner.set_closed_with(cancel))
     }
     pub fn num_waiting(&self) -> Result<u32> {
         self.owned.run(self.inner.num_waiting())
     }
+    /// `num_waiting`, ended by `cancel`.
+    pub fn num_waiting_with(&self, cancel: &CancelToken) -> Result<u32> {
+        self.owned.run(self.inner.num_waiting_with(cancel))
+    }
     pub fn num_lost(&self) -> Result<u32> {
         self.owned.run(self.inner.num_lost())
+    }
+    /// `num_lost`, ended by `cancel`.
+    pub fn num_lost_with(&self, cancel: &CancelToken) -> Result<u32> {
+        self.owned.run(self.inner.num_lost_with(cancel))
     }
     /// The members of this node's last round in rank order (read once, on first use).
     pub fn members(&self) -> Result<Arc<[String]>> {
         self.owned.run(self.inner.members())
     }
+    /// `members`, ended by `cancel`.
+    pub fn members_with(&self, cancel: &CancelToken) -> Result<Arc<[String]>> {
+        self.owned.run(self.inner.members_with(cancel))
+    }
     pub fn drain(&self, reason: &str) -> Result<()> {
         self.owned.run(self.inner.drain(reason))
+    }
+    /// `drain`, ended by `cancel` (a mark on its way may still be written).
+    pub fn drain_with(&self, reason: &str, cancel: &CancelToken) -> Result<()> {
+        self.owned.run(self.inner.drain_with(reason, cancel))
     }
     pub fn is_draining(&self) -> Result<bool> {
         self.owned.run(self.inner.is_draining())
     }
+    /// `is_draining`, ended by `cancel`.
+    pub fn is_draining_with(&self, cancel: &CancelToken) -> Result<bool> {
+        self.owned.run(self.inner.is_draining_with(cancel))
+    }
+    /// Ends the `next` running on this handle or, if none is, the next one to start
+    /// (`Rendezvous::cancel`). Never lost; the handle stays usable.
     pub fn cancel(&self) {
         self.inner.cancel()
     }
@@ -183,8 +213,8 @@ pub struct BlockingAdmin {
     owned: Owned,
     inner: Admin,
     watch: tokio::sync::Mutex<StatusWatch>,
-    /// Bumped by `cancel`; a running `watch_next` returns when it changes.
-    cancel: tokio::sync::watch::Sender<u64>,
+    /// What `cancel` reaches: the `watch_next` in progress, or else the next one to start.
+    cancel: HandleCancel,
 }
 
 impl BlockingAdmin {
@@ -195,11 +225,15 @@ impl BlockingAdmin {
             watch: tokio::sync::Mutex::new(inner.watch()),
             owned,
             inner,
-            cancel: tokio::sync::watch::channel(0).0,
+            cancel: HandleCancel::default(),
         })
     }
     pub fn status(&self) -> Result<RunStatus> {
         self.owned.run(self.inner.status())
+    }
+    /// `status`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it is.
+    pub fn status_with(&self, cancel: &CancelToken) -> Result<RunStatus> {
+        self.owned.run(self.inner.status_with(cancel))
     }
     /// The current status on the first call, then each change, in order (see
     /// `StatusWatch::next`). `Timeout` when nothing changed within `timeout`; the watch stays
@@ -209,41 +243,63 @@ impl BlockingAdmin {
     }
     /// `watch_next`, which also ends (`Cancelled`) once `token` is cancelled, at once if it is.
     pub fn watch_next_with(&self, timeout: Duration, token: &CancelToken) -> Result<RunStatus> {
-        // Subscribe before anything else, so a cancel made once the call is entered is seen.
-        let mut cancel = self.cancel.subscribe();
-        if token.is_cancelled() {
-            return Err(Error::new(
+        // Entered before anything else, so a cancel made once the call is entered is seen.
+        let call = self.cancel.enter();
+        let by_cancel = || {
+            Error::new(
                 ErrorKind::Cancelled,
-                "watch: cancelled by its cancel token",
-            ));
-        }
-        self.owned.run(async {
-            let mut watch = self.watch.try_lock().map_err(|_| {
-                Error::invalid("watch: another watch call is already running on this handle")
-            })?;
-            tokio::select! {
-                status = watch.next() => status,
-                _ = tokio::time::sleep(timeout) => Err(Error::timeout(format!(
-                    "watch: no change within {} ms",
-                    timeout.as_millis()
-                ))),
-                _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "watch: cancelled")),
-                _ = token.cancelled() => Err(Error::new(ErrorKind::Cancelled, "watch: cancelled by its cancel token")),
-            }
-        })
+                "watch: cancelled by rdzv_admin_cancel",
+            )
+        };
+        let result = if call.token().is_cancelled() {
+            Err(by_cancel())
+        } else if token.is_cancelled() {
+            Err(crate::cancel::cancelled_by_token("watch"))
+        } else {
+            self.owned.run(async {
+                let mut watch = self.watch.try_lock().map_err(|_| {
+                    Error::invalid("watch: another watch call is already running on this handle")
+                })?;
+                tokio::select! {
+                    status = watch.next() => status,
+                    _ = tokio::time::sleep(timeout) => Err(Error::timeout(format!(
+                        "watch: no change within {} ms",
+                        timeout.as_millis()
+                    ))),
+                    _ = call.token().cancelled() => Err(by_cancel()),
+                    _ = token.cancelled() => Err(crate::cancel::cancelled_by_token("watch")),
+                }
+            })
+        };
+        call.ended(&result);
+        result
     }
-    /// Wakes a `watch_next` running on this handle (it returns `Cancelled`). Never blocks.
+    /// Ends the `watch_next` running on this handle (it returns `Cancelled`) or, if none is,
+    /// the next one to start: never lost (see `Rendezvous::cancel`); the handle stays usable.
+    /// Never blocks.
     pub fn cancel(&self) {
-        self.cancel.send_modify(|generation| *generation += 1);
+        self.cancel.cancel();
     }
     pub fn close(&self) -> Result<()> {
         self.owned.run(self.inner.close())
     }
+    /// `close`, ended by `cancel` (a close on its way may still be applied).
+    pub fn close_with(&self, cancel: &CancelToken) -> Result<()> {
+        self.owned.run(self.inner.close_with(cancel))
+    }
     pub fn purge(&self, force: bool) -> Result<Purge> {
         self.owned.run(self.inner.purge(force))
     }
+    /// `purge`, ended by `cancel` (a purge on its way may still be applied).
+    pub fn purge_with(&self, force: bool, cancel: &CancelToken) -> Result<Purge> {
+        self.owned.run(self.inner.purge_with(force, cancel))
+    }
     pub fn drain(&self, node: &str, reason: &str) -> Result<()> {
         self.owned.run(self.inner.drain(node, reason))
+    }
+    /// `drain`, ended by `cancel` (a mark on its way may still be written).
+    pub fn drain_with(&self, node: &str, reason: &str, cancel: &CancelToken) -> Result<()> {
+        self.owned.run(self.inner.drain_with(node, reason, cancel))
     }
     pub fn params(&self) -> &Params {
         self.inner.params()
@@ -270,6 +326,11 @@ impl BlockingStore {
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         self.owned.run(self.inner.set(key, value))
     }
+    /// `set`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it is (a
+    /// write on its way may still be applied).
+    pub fn set_with(&self, key: &str, value: &[u8], cancel: &CancelToken) -> Result<()> {
+        self.owned.run(self.inner.set_with(key, value, cancel))
+    }
     pub fn get(&self, key: &str, timeout: Option<Duration>) -> Result<Vec<u8>> {
         self.owned.run(self.inner.get(key, timeout))
     }
@@ -285,9 +346,24 @@ impl BlockingStore {
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
         self.owned.run(self.inner.add(key, delta))
     }
+    /// `add`, ended by `cancel` (an add on its way may still be applied).
+    pub fn add_with(&self, key: &str, delta: i64, cancel: &CancelToken) -> Result<i64> {
+        self.owned.run(self.inner.add_with(key, delta, cancel))
+    }
     pub fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
         self.owned
             .run(self.inner.compare_set(key, expected, desired))
+    }
+    /// `compare_set`, ended by `cancel` (a write on its way may still be applied).
+    pub fn compare_set_with(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+        cancel: &CancelToken,
+    ) -> Result<Vec<u8>> {
+        self.owned
+            .run(self.inner.compare_set_with(key, expected, desired, cancel))
     }
     pub fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<()> {
         self.owned.run(self.inner.wait(keys, timeout))
@@ -303,11 +379,23 @@ impl BlockingStore {
     pub fn check(&self, keys: &[&str]) -> Result<bool> {
         self.owned.run(self.inner.check(keys))
     }
+    /// `check`, ended by `cancel`.
+    pub fn check_with(&self, keys: &[&str], cancel: &CancelToken) -> Result<bool> {
+        self.owned.run(self.inner.check_with(keys, cancel))
+    }
     pub fn delete_key(&self, key: &str) -> Result<bool> {
         self.owned.run(self.inner.delete_key(key))
     }
+    /// `delete_key`, ended by `cancel` (a delete on its way may still be applied).
+    pub fn delete_key_with(&self, key: &str, cancel: &CancelToken) -> Result<bool> {
+        self.owned.run(self.inner.delete_key_with(key, cancel))
+    }
     pub fn num_keys(&self) -> Result<i64> {
         self.owned.run(self.inner.num_keys())
+    }
+    /// `num_keys`, ended by `cancel`.
+    pub fn num_keys_with(&self, cancel: &CancelToken) -> Result<i64> {
+        self.owned.run(self.inner.num_keys_with(cancel))
     }
     pub fn multi_get(&self, keys: &[&str], timeout: Option<Duration>) -> Result<Vec<Vec<u8>>> {
         self.owned.run(self.inner.multi_get(keys, timeout))
@@ -324,13 +412,24 @@ impl BlockingStore {
     pub fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
         self.owned.run(self.inner.multi_set(keys, values))
     }
+    /// `multi_set`, ended by `cancel` (writes on their way may still be applied).
+    pub fn multi_set_with(
+        &self,
+        keys: &[&str],
+        values: &[&[u8]],
+        cancel: &CancelToken,
+    ) -> Result<()> {
+        self.owned
+            .run(self.inner.multi_set_with(keys, values, cancel))
+    }
     pub fn timeout(&self) -> Duration {
         self.inner.timeout()
     }
     pub fn set_timeout(&self, timeout: Duration) {
         self.inner.set_timeout(timeout)
     }
-    /// Wakes waits running on this store in other threads with `Cancelled`.
+    /// Ends the waits running on this store in other threads (`Cancelled`) or, if none is, the
+    /// next one to start (`Store::cancel`). Never lost; the store stays usable.
     pub fn cancel(&self) {
         self.inner.cancel()
     }

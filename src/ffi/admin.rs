@@ -16,7 +16,9 @@ use std::ffi::{c_char, CString};
 /// lease, so it is never counted, waited for or sealed into a round). Thread-safe: every
 /// function may be called on the same handle from several threads at once, except that only
 /// one `rdzv_admin_watch` runs at a time per handle (a second one fails with
-/// `RDZV_ERR_INVALID_ARGUMENT`); `rdzv_admin_cancel` from another thread wakes it. Status and
+/// `RDZV_ERR_INVALID_ARGUMENT`); `rdzv_admin_cancel` from another thread ends it (never lost:
+/// with no watch running, the next one to start ends). Every call that talks to etcd has a
+/// `_with_cancel` form that a cancel token ends. Status and
 /// watch need read access to the run's prefix in etcd; close, purge and drain need write
 /// access (without it they fail with `RDZV_ERR_CONNECTION`, naming the operation etcd
 /// refused). A handle belongs to the process that created it (after `fork()`, create a new
@@ -208,10 +210,23 @@ pub extern "C" fn rdzv_admin_status(
     out: *mut *mut rdzv_run_status_t,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_admin_status_with_cancel(admin, std::ptr::null(), out, error)
+}
+
+/// `rdzv_admin_status`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled: at
+/// once, without asking etcd, if it already is, and promptly whatever etcd is doing if it is
+/// cancelled during the call. `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_admin_status_with_cancel(
+    admin: *const rdzv_admin_t,
+    cancel: *const rdzv_cancel_token_t,
+    out: *mut *mut rdzv_run_status_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(admin, "admin")?;
         let out = arg_out(out, "out")?;
-        *out = give_status(&handle.0.status()?);
+        *out = give_status(&handle.0.status_with(&arg_cancel(cancel))?);
         Ok(())
     })
 }
@@ -223,7 +238,7 @@ pub extern "C" fn rdzv_admin_status(
 /// come as one status, read once they have passed: at most 200 ms after the first). It waits by etcd watch, never by polling. Returns `RDZV_ERR_TIMEOUT` when
 /// nothing changed within `timeout_ms` (0 or more; negative is an invalid argument): the
 /// watch stays open and the next call goes on from there, losing nothing. `RDZV_ERR_CANCELLED` when
-/// `rdzv_admin_cancel` wakes it. If etcd restarts the watch is reopened and the state read
+/// `rdzv_admin_cancel` ends it (made during the call, or before it while no watch ran). If etcd restarts the watch is reopened and the state read
 /// again; an etcd that stays unreachable ends the call with `RDZV_ERR_CONNECTION` after
 /// `connect_timeout` (call again to resume). On success `*out` owns the status (free with
 /// `rdzv_run_status_free`).
@@ -239,6 +254,7 @@ pub extern "C" fn rdzv_admin_watch(
 
 /// `rdzv_admin_watch`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
 /// once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+/// `rdzv_admin_cancel` ends this call too.
 #[no_mangle]
 pub extern "C" fn rdzv_admin_watch_with_cancel(
     admin: *const rdzv_admin_t,
@@ -260,10 +276,14 @@ pub extern "C" fn rdzv_admin_watch_with_cancel(
     })
 }
 
-/// Wakes a `rdzv_admin_watch` blocked on this handle in another thread: it returns
-/// `RDZV_ERR_CANCELLED`, and the handle stays usable. No effect when none is running (to
-/// cancel without racing the start of a call, pass a cancel token to
-/// `rdzv_admin_watch_with_cancel`). Never blocks; safe from any thread.
+/// Ends the `rdzv_admin_watch` running on this handle in another thread (with or without a
+/// cancel token): it returns `RDZV_ERR_CANCELLED`. If none is running, the next one to start
+/// returns `RDZV_ERR_CANCELLED` at once: a cancel made just as another thread starts a watch
+/// is never lost. The cancel is used up once a watch has returned `RDZV_ERR_CANCELLED` because
+/// of it (a watch that returned a status just as the cancel came leaves it for the next one);
+/// the handle stays usable, and its watch loses nothing. Reaches the watch only; the handle's
+/// other calls take a cancel token. Never blocks; safe from any thread, but not
+/// async-signal-safe.
 #[no_mangle]
 pub extern "C" fn rdzv_admin_cancel(
     admin: *const rdzv_admin_t,
@@ -282,7 +302,22 @@ pub extern "C" fn rdzv_admin_close(
     admin: *const rdzv_admin_t,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
-    boundary(error, || arg_ref(admin, "admin")?.0.close())
+    rdzv_admin_close_with_cancel(admin, std::ptr::null(), error)
+}
+
+/// `rdzv_admin_close`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once, writing nothing, if it already is). A close cancelled while it was on its way to etcd
+/// may or may not have been applied; closing again is safe. `cancel` may be NULL (no token).
+/// The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_admin_close_with_cancel(
+    admin: *const rdzv_admin_t,
+    cancel: *const rdzv_cancel_token_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        arg_ref(admin, "admin")?.0.close_with(&arg_cancel(cancel))
+    })
 }
 
 /// Deletes every key of the run (rounds, stores, round counter, closed marker), so its id can
@@ -299,9 +334,25 @@ pub extern "C" fn rdzv_admin_purge(
     alive: *mut u32,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_admin_purge_with_cancel(admin, force, std::ptr::null(), deleted, alive, error)
+}
+
+/// `rdzv_admin_purge`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once, deleting nothing, if it already is). A purge cancelled while it was on its way to
+/// etcd may or may not have been applied (it is one transaction: all or nothing). `cancel` may
+/// be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_admin_purge_with_cancel(
+    admin: *const rdzv_admin_t,
+    force: bool,
+    cancel: *const rdzv_cancel_token_t,
+    deleted: *mut i64,
+    alive: *mut u32,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(admin, "admin")?;
-        let (n, refused) = match handle.0.purge(force)? {
+        let (n, refused) = match handle.0.purge_with(force, &arg_cancel(cancel))? {
             Purge::Deleted(n) => (n, 0),
             Purge::Refused { alive } => (0, alive.min(u32::MAX as usize) as u32),
         };
@@ -334,11 +385,26 @@ pub extern "C" fn rdzv_admin_drain(
     reason: *const c_char,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_admin_drain_with_cancel(admin, node_id, reason, std::ptr::null(), error)
+}
+
+/// `rdzv_admin_drain`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once, writing nothing, if it already is). A mark cancelled while it was on its way to etcd
+/// may or may not have been written; draining again is safe. `cancel` may be NULL (no token).
+/// The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_admin_drain_with_cancel(
+    admin: *const rdzv_admin_t,
+    node_id: *const c_char,
+    reason: *const c_char,
+    cancel: *const rdzv_cancel_token_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(admin, "admin")?;
         let node = arg_str(node_id, "node_id")?;
         let reason = optional_str(reason, "reason")?;
-        handle.0.drain(node, reason)
+        handle.0.drain_with(node, reason, &arg_cancel(cancel))
     })
 }
 

@@ -1,16 +1,19 @@
-//! `rdzv_cancel_token_t`: a cancel that cannot be lost, handed to the calls that wait.
+//! `rdzv_cancel_token_t`: a cancel that cannot be lost, handed to any call that talks to etcd.
 
 use super::boundary::{arg_out, arg_ref, boundary, rdzv_error_t, rdzv_status_t};
 use crate::cancel::CancelToken;
 
-/// A cancel token: the caller makes one, passes it to the calls that wait
-/// (`rdzv_next_with_cancel`, `rdzv_store_get_with_cancel`, `rdzv_store_wait_with_cancel`,
-/// `rdzv_store_multi_get_with_cancel`, `rdzv_admin_watch_with_cancel`), and cancels it from
-/// any thread to end them with `RDZV_ERR_CANCELLED`. Once cancelled it stays cancelled: a
+/// A cancel token: the caller makes one, passes it to the `_with_cancel` form of any call that
+/// talks to etcd (`rdzv_next_with_cancel`, `rdzv_num_lost_with_cancel`,
+/// `rdzv_store_get_with_cancel`, `rdzv_store_set_with_cancel`, `rdzv_admin_watch_with_cancel`,
+/// `rdzv_admin_status_with_cancel`, ...), and cancels it from any thread to end them with
+/// `RDZV_ERR_CANCELLED`, promptly whatever etcd is doing. Once cancelled it stays cancelled: a
 /// call made with it afterwards returns `RDZV_ERR_CANCELLED` at once, without touching etcd,
 /// so a cancel that races with the start of a call is never lost and no caller needs to
 /// repeat it. One token may be passed to any number of calls, on any handles, at once; make
-/// a new token for calls that must not be cancelled by the old one.
+/// a new token for calls that must not be cancelled by the old one (a Go context maps to one
+/// token per call). A `rdzv_next` ended by its token withdraws its join request; a write
+/// ended by it may or may not have been applied, as one that times out.
 ///
 /// Thread-safety: every function may be called from any thread, at any time, concurrently
 /// with calls that use the token. `rdzv_cancel_token_cancel` never blocks and takes a lock

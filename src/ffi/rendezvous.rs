@@ -12,8 +12,11 @@ pub const RDZV_ADDR_CAPACITY: usize = 256;
 
 /// One node's handle on a rendezvous. Thread-safe: every function may be called on the same
 /// handle from several threads at once, except that only one `rdzv_next` runs at a time per
-/// handle (a second concurrent one fails with `RDZV_ERR_INVALID_ARGUMENT`). `rdzv_shutdown`
-/// from another thread wakes a blocked `rdzv_next`, which returns `RDZV_ERR_SHUTDOWN`.
+/// handle (a second concurrent one fails with `RDZV_ERR_INVALID_ARGUMENT`). From another
+/// thread, `rdzv_shutdown` wakes a blocked `rdzv_next` (`RDZV_ERR_SHUTDOWN`) and `rdzv_cancel`
+/// ends it (`RDZV_ERR_CANCELLED`, never lost: with no `rdzv_next` running, the next one to
+/// start ends). Every call that talks to etcd has a `_with_cancel` form that a cancel token
+/// ends.
 /// A handle belongs to the process that created it: after `fork()`, create new handles in the
 /// child (calls on inherited ones fail with `RDZV_ERR_INVALID_ARGUMENT`).
 pub struct rdzv_t {
@@ -76,9 +79,10 @@ pub extern "C" fn rdzv_new(
 /// `rdzv_next` again. Blocks for at most `join_timeout` (`RDZV_ERR_TIMEOUT`). Returns
 /// `RDZV_ERR_CLOSED` if the run is or becomes closed, `RDZV_ERR_GRACEFUL_EXIT` if it closes
 /// while this node waited outside the running round (late or surplus), `RDZV_ERR_SHUTDOWN` if
-/// `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is (to cancel
-/// without a race, use `rdzv_next_with_cancel`). Each of these, and `join_timeout`, ends the
-/// call within about a second whatever etcd is doing (down, frozen or restarting).
+/// `rdzv_shutdown` is called meanwhile, `RDZV_ERR_CANCELLED` if `rdzv_cancel` is (made during
+/// the call, or before it while no `rdzv_next` ran: see `rdzv_cancel`). Each of these, and
+/// `join_timeout`, ends the call within about a second whatever etcd is doing (down, frozen or
+/// restarting).
 ///
 /// A failed call withdraws this node's join request before it returns, so no round is ever
 /// sealed with a node that gave up; a write to etcd already in flight is waited for first (at
@@ -107,7 +111,8 @@ pub extern "C" fn rdzv_next(
 
 /// `rdzv_next`, which also returns `RDZV_ERR_CANCELLED` (withdrawing its join request, as for
 /// `rdzv_cancel`) once `cancel` is cancelled: at once, joining nothing, if it already is.
-/// `cancel` may be NULL (no token). The token is not consumed.
+/// `cancel` may be NULL (no token). The token is not consumed. `rdzv_cancel` ends this call
+/// too.
 #[no_mangle]
 pub extern "C" fn rdzv_next_with_cancel(
     rdzv: *mut rdzv_t,
@@ -160,10 +165,23 @@ pub extern "C" fn rdzv_is_closed(
     closed: *mut bool,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_is_closed_with_cancel(rdzv, std::ptr::null(), closed, error)
+}
+
+/// `rdzv_is_closed`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled: at
+/// once, without asking etcd, if it already is, and promptly whatever etcd is doing if it is
+/// cancelled during the call. `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_is_closed_with_cancel(
+    rdzv: *const rdzv_t,
+    cancel: *const rdzv_cancel_token_t,
+    closed: *mut bool,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(rdzv, "rdzv")?;
         let out = arg_out(closed, "closed")?;
-        *out = handle.inner.is_closed()?;
+        *out = handle.inner.is_closed_with(&arg_cancel(cancel))?;
         Ok(())
     })
 }
@@ -175,7 +193,24 @@ pub extern "C" fn rdzv_set_closed(
     rdzv: *const rdzv_t,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
-    boundary(error, || arg_ref(rdzv, "rdzv")?.inner.set_closed())
+    rdzv_set_closed_with_cancel(rdzv, std::ptr::null(), error)
+}
+
+/// `rdzv_set_closed`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once, writing nothing, if it already is). A close cancelled while it was on its way to etcd
+/// may or may not have been applied, as one that times out; closing again is safe. `cancel`
+/// may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_set_closed_with_cancel(
+    rdzv: *const rdzv_t,
+    cancel: *const rdzv_cancel_token_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        arg_ref(rdzv, "rdzv")?
+            .inner
+            .set_closed_with(&arg_cancel(cancel))
+    })
 }
 
 /// Sets `*count` to the number of nodes waiting for the round after this node's last round
@@ -191,10 +226,22 @@ pub extern "C" fn rdzv_num_waiting(
     count: *mut u32,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_num_waiting_with_cancel(rdzv, std::ptr::null(), count, error)
+}
+
+/// `rdzv_num_waiting`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_num_waiting_with_cancel(
+    rdzv: *const rdzv_t,
+    cancel: *const rdzv_cancel_token_t,
+    count: *mut u32,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(rdzv, "rdzv")?;
         let out = arg_out(count, "count")?;
-        *out = handle.inner.num_waiting()?;
+        *out = handle.inner.num_waiting_with(&arg_cancel(cancel))?;
         Ok(())
     })
 }
@@ -212,20 +259,39 @@ pub extern "C" fn rdzv_num_lost(
     count: *mut u32,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_num_lost_with_cancel(rdzv, std::ptr::null(), count, error)
+}
+
+/// `rdzv_num_lost`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once if it already is, even when the count would come from memory). `cancel` may be NULL
+/// (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_num_lost_with_cancel(
+    rdzv: *const rdzv_t,
+    cancel: *const rdzv_cancel_token_t,
+    count: *mut u32,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(rdzv, "rdzv")?;
         let out = arg_out(count, "count")?;
-        *out = handle.inner.num_lost()?;
+        *out = handle.inner.num_lost_with(&arg_cancel(cancel))?;
         Ok(())
     })
 }
 
-/// Wakes a `rdzv_next` blocked on this handle in another thread: it withdraws this node's
-/// join request and returns `RDZV_ERR_CANCELLED`. The handle stays usable (call `rdzv_next`
-/// again to rejoin). No effect when no `rdzv_next` is running. Never blocks; safe from any
-/// thread. A cancel made before `rdzv_next` was entered is not remembered: a caller that may
-/// cancel just as another thread enters `rdzv_next` passes a cancel token to
-/// `rdzv_next_with_cancel` instead (the bindings do), which stays cancelled.
+/// Ends the `rdzv_next` running on this handle in another thread (with or without a cancel
+/// token): it withdraws this node's join request and returns `RDZV_ERR_CANCELLED`. If no
+/// `rdzv_next` is running, the next one to start on this handle returns `RDZV_ERR_CANCELLED`
+/// at once, joining nothing: a cancel made just before another thread enters `rdzv_next` is
+/// never lost, and no caller needs to repeat it. The cancel is used up once a `rdzv_next` has
+/// returned `RDZV_ERR_CANCELLED` because of it; a `rdzv_next` that returned its round just as
+/// the cancel came (a cancel racing the seal) leaves it for the next call. The handle stays
+/// usable: the `rdzv_next` after the cancelled one joins normally. Reaches `rdzv_next` only;
+/// the handle's other calls take a cancel token (their `_with_cancel` forms). Idempotent
+/// until used up (two cancels end one call). Never blocks; safe from any thread, but not
+/// async-signal-safe (it takes a lock briefly): from a signal handler, wake a thread that
+/// calls it.
 #[no_mangle]
 pub extern "C" fn rdzv_cancel(rdzv: *const rdzv_t, error: *mut *mut rdzv_error_t) -> rdzv_status_t {
     boundary(error, || {
@@ -250,17 +316,32 @@ pub extern "C" fn rdzv_shutdown(rdzv: *mut rdzv_t, error: *mut *mut rdzv_error_t
 }
 
 /// Marks this node as leaving the run, as `rdzv_admin_drain` does for any node: for a node
-/// that learns first that it will go away (a preemption notice). `reason` may be NULL.
+/// that learns first that it will go away (a preemption notice). `reason` may be NULL. At most
+/// `connect_timeout` per etcd request (two: its lease, then the mark).
 #[no_mangle]
 pub extern "C" fn rdzv_drain(
     rdzv: *mut rdzv_t,
     reason: *const c_char,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_drain_with_cancel(rdzv, reason, std::ptr::null(), error)
+}
+
+/// `rdzv_drain`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at once,
+/// writing nothing, if it already is). A mark cancelled while it was on its way to etcd may or
+/// may not have been written; draining again is safe. `cancel` may be NULL (no token). The
+/// token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_drain_with_cancel(
+    rdzv: *mut rdzv_t,
+    reason: *const c_char,
+    cancel: *const rdzv_cancel_token_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(rdzv.cast_const(), "rdzv")?;
         let reason = optional_str(reason, "reason")?;
-        handle.inner.drain(reason)
+        handle.inner.drain_with(reason, &arg_cancel(cancel))
     })
 }
 
@@ -273,10 +354,22 @@ pub extern "C" fn rdzv_is_draining(
     draining: *mut bool,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_is_draining_with_cancel(rdzv, std::ptr::null(), draining, error)
+}
+
+/// `rdzv_is_draining`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_is_draining_with_cancel(
+    rdzv: *const rdzv_t,
+    cancel: *const rdzv_cancel_token_t,
+    draining: *mut bool,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let handle = arg_ref(rdzv, "rdzv")?;
         let out = arg_out(draining, "draining")?;
-        *out = handle.inner.is_draining()?;
+        *out = handle.inner.is_draining_with(&arg_cancel(cancel))?;
         Ok(())
     })
 }

@@ -25,11 +25,14 @@ use std::time::Duration;
 /// the run was closed) and nothing is written. A wait whose keys are still missing when the
 /// run is closed returns `RDZV_ERR_CLOSED`.
 ///
-/// A wait (`get`, `wait`, `multi_get`) returns at once when cancelled or when the node shuts
-/// down, and within a second of its deadline, whatever etcd is doing (down, frozen or
-/// restarting): `RDZV_ERR_TIMEOUT`, or `RDZV_ERR_CONNECTION` if etcd did not answer. A read
-/// begun before the deadline may take up to a second past it, so a wait with timeout 0 still
-/// returns a key that exists.
+/// A wait (`get`, `wait`, `multi_get`) returns at once when cancelled (`rdzv_store_cancel`, or
+/// its cancel token) or when the node shuts down, and within a second of its deadline,
+/// whatever etcd is doing (down, frozen or restarting): `RDZV_ERR_TIMEOUT`, or
+/// `RDZV_ERR_CONNECTION` if etcd did not answer. A read begun before the deadline may take up
+/// to a second past it, so a wait with timeout 0 still returns a key that exists. Every other
+/// call has a `_with_cancel` form too, which a cancel token ends in the same way; without
+/// one, a call that does not wait takes at most the store's request deadline (the store's
+/// timeout, clamped to 5-30 s).
 pub struct rdzv_store_t(pub(crate) BlockingStore);
 
 fn store_ref<'a>(s: *const rdzv_store_t) -> crate::Result<&'a BlockingStore> {
@@ -45,8 +48,28 @@ pub extern "C" fn rdzv_store_set(
     value_len: usize,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_store_set_with_cancel(store, key, value, value_len, std::ptr::null(), error)
+}
+
+/// `rdzv_store_set`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once, writing nothing, if it already is). A write cancelled on its way to etcd may or may
+/// not have been applied, as one that times out. `cancel` may be NULL (no token). The token is
+/// not consumed. The same holds for every store write's `_with_cancel` form below.
+#[no_mangle]
+pub extern "C" fn rdzv_store_set_with_cancel(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    value: *const u8,
+    value_len: usize,
+    cancel: *const rdzv_cancel_token_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
-        store_ref(store)?.set(arg_str(key, "key")?, arg_bytes(value, value_len, "value")?)
+        store_ref(store)?.set_with(
+            arg_str(key, "key")?,
+            arg_bytes(value, value_len, "value")?,
+            &arg_cancel(cancel),
+        )
     })
 }
 
@@ -75,6 +98,7 @@ pub extern "C" fn rdzv_store_get(
 
 /// `rdzv_store_get`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
 /// once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+/// `rdzv_store_cancel` ends this call too.
 #[no_mangle]
 pub extern "C" fn rdzv_store_get_with_cancel(
     store: *const rdzv_store_t,
@@ -120,9 +144,23 @@ pub extern "C" fn rdzv_store_add(
     new_value: *mut i64,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_store_add_with_cancel(store, key, delta, std::ptr::null(), new_value, error)
+}
+
+/// `rdzv_store_add`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (see
+/// `rdzv_store_set_with_cancel`: an add cancelled on its way may have added).
+#[no_mangle]
+pub extern "C" fn rdzv_store_add_with_cancel(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    delta: i64,
+    cancel: *const rdzv_cancel_token_t,
+    new_value: *mut i64,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let out = arg_out(new_value, "new_value")?;
-        *out = store_ref(store)?.add(arg_str(key, "key")?, delta)?;
+        *out = store_ref(store)?.add_with(arg_str(key, "key")?, delta, &arg_cancel(cancel))?;
         Ok(())
     })
 }
@@ -143,12 +181,42 @@ pub extern "C" fn rdzv_store_compare_set(
     value_len: *mut usize,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_store_compare_set_with_cancel(
+        store,
+        key,
+        expected,
+        expected_len,
+        desired,
+        desired_len,
+        std::ptr::null(),
+        value,
+        value_len,
+        error,
+    )
+}
+
+/// `rdzv_store_compare_set`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is
+/// cancelled (see `rdzv_store_set_with_cancel`).
+#[no_mangle]
+pub extern "C" fn rdzv_store_compare_set_with_cancel(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    expected: *const u8,
+    expected_len: usize,
+    desired: *const u8,
+    desired_len: usize,
+    cancel: *const rdzv_cancel_token_t,
+    value: *mut *mut u8,
+    value_len: *mut usize,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let (value, value_len) = (arg_out(value, "value")?, arg_out(value_len, "value_len")?);
-        let bytes = store_ref(store)?.compare_set(
+        let bytes = store_ref(store)?.compare_set_with(
             arg_str(key, "key")?,
             arg_bytes(expected, expected_len, "expected")?,
             arg_bytes(desired, desired_len, "desired")?,
+            &arg_cancel(cancel),
         )?;
         (*value, *value_len) = give_bytes(bytes);
         Ok(())
@@ -169,6 +237,7 @@ pub extern "C" fn rdzv_store_wait(
 
 /// `rdzv_store_wait`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
 /// once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+/// `rdzv_store_cancel` ends this call too.
 #[no_mangle]
 pub extern "C" fn rdzv_store_wait_with_cancel(
     store: *const rdzv_store_t,
@@ -196,9 +265,24 @@ pub extern "C" fn rdzv_store_check(
     all_exist: *mut bool,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_store_check_with_cancel(store, keys, num_keys, std::ptr::null(), all_exist, error)
+}
+
+/// `rdzv_store_check`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_store_check_with_cancel(
+    store: *const rdzv_store_t,
+    keys: *const *const c_char,
+    num_keys: usize,
+    cancel: *const rdzv_cancel_token_t,
+    all_exist: *mut bool,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let out = arg_out(all_exist, "all_exist")?;
-        *out = store_ref(store)?.check(&arg_strs(keys, num_keys, "keys")?)?;
+        *out = store_ref(store)?
+            .check_with(&arg_strs(keys, num_keys, "keys")?, &arg_cancel(cancel))?;
         Ok(())
     })
 }
@@ -211,8 +295,22 @@ pub extern "C" fn rdzv_store_delete_key(
     deleted: *mut bool,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_store_delete_key_with_cancel(store, key, std::ptr::null(), deleted, error)
+}
+
+/// `rdzv_store_delete_key`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
+/// (see `rdzv_store_set_with_cancel`). `deleted` may be NULL.
+#[no_mangle]
+pub extern "C" fn rdzv_store_delete_key_with_cancel(
+    store: *const rdzv_store_t,
+    key: *const c_char,
+    cancel: *const rdzv_cancel_token_t,
+    deleted: *mut bool,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
-        let existed = store_ref(store)?.delete_key(arg_str(key, "key")?)?;
+        let existed =
+            store_ref(store)?.delete_key_with(arg_str(key, "key")?, &arg_cancel(cancel))?;
         if let Some(out) = unsafe { deleted.as_mut() } {
             *out = existed;
         }
@@ -227,9 +325,21 @@ pub extern "C" fn rdzv_store_num_keys(
     count: *mut i64,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_store_num_keys_with_cancel(store, std::ptr::null(), count, error)
+}
+
+/// `rdzv_store_num_keys`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
+/// (at once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_store_num_keys_with_cancel(
+    store: *const rdzv_store_t,
+    cancel: *const rdzv_cancel_token_t,
+    count: *mut i64,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let out = arg_out(count, "count")?;
-        *out = store_ref(store)?.num_keys()?;
+        *out = store_ref(store)?.num_keys_with(&arg_cancel(cancel))?;
         Ok(())
     })
 }
@@ -261,6 +371,7 @@ pub extern "C" fn rdzv_store_multi_get(
 
 /// `rdzv_store_multi_get`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
 /// (at once if it already is). `cancel` may be NULL (no token). The token is not consumed.
+/// `rdzv_store_cancel` ends this call too.
 #[no_mangle]
 pub extern "C" fn rdzv_store_multi_get_with_cancel(
     store: *const rdzv_store_t,
@@ -306,6 +417,30 @@ pub extern "C" fn rdzv_store_multi_set(
     num_keys: usize,
     error: *mut *mut rdzv_error_t,
 ) -> rdzv_status_t {
+    rdzv_store_multi_set_with_cancel(
+        store,
+        keys,
+        values,
+        value_lens,
+        num_keys,
+        std::ptr::null(),
+        error,
+    )
+}
+
+/// `rdzv_store_multi_set`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled
+/// (see `rdzv_store_set_with_cancel`; beyond 128 keys, the transactions sent before the
+/// cancel stay applied).
+#[no_mangle]
+pub extern "C" fn rdzv_store_multi_set_with_cancel(
+    store: *const rdzv_store_t,
+    keys: *const *const c_char,
+    values: *const *const u8,
+    value_lens: *const usize,
+    num_keys: usize,
+    cancel: *const rdzv_cancel_token_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
     boundary(error, || {
         let keys = arg_strs(keys, num_keys, "keys")?;
         let mut bufs = Vec::with_capacity(num_keys);
@@ -321,7 +456,7 @@ pub extern "C" fn rdzv_store_multi_set(
                 bufs.push(arg_bytes(ptr, len, &format!("values[{i}]"))?);
             }
         }
-        store_ref(store)?.multi_set(&keys, &bufs)
+        store_ref(store)?.multi_set_with(&keys, &bufs, &arg_cancel(cancel))
     })
 }
 
@@ -345,11 +480,15 @@ pub extern "C" fn rdzv_store_set_timeout(
     })
 }
 
-/// Wakes every `rdzv_store_get`, `rdzv_store_wait` and `rdzv_store_multi_get` blocked on this
+/// Ends every `rdzv_store_get`, `rdzv_store_wait` and `rdzv_store_multi_get` running on this
 /// store in other threads (with or without a cancel token): they return `RDZV_ERR_CANCELLED`.
-/// Calls that start afterwards are not affected: a caller that may cancel just as a wait
-/// starts passes it a cancel token (`rdzv_store_get_with_cancel`, ...) instead, which stays
-/// cancelled. Never blocks; safe from any thread.
+/// If none is running, the next one to start returns `RDZV_ERR_CANCELLED` at once: a cancel
+/// made just as another thread starts a wait is never lost. Waits that start while cancelled
+/// ones are still returning end too. The cancel is used up once a wait has returned
+/// `RDZV_ERR_CANCELLED` because of it (a wait that found its keys just as the cancel came
+/// leaves it for the next wait); the store stays usable, and later waits run normally.
+/// Reaches the waits only; the store's other calls take a cancel token. Never blocks; safe
+/// from any thread, but not async-signal-safe.
 #[no_mangle]
 pub extern "C" fn rdzv_store_cancel(
     store: *const rdzv_store_t,

@@ -24,7 +24,7 @@ pub(crate) use records::{chunk_count, FinalRecord, JoinRecord};
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Lease};
-use crate::cancel::CancelToken;
+use crate::cancel::{cancelled_by_token, CancelToken, HandleCall, HandleCancel};
 use crate::error::{Error, ErrorKind, Result};
 use crate::params::Params;
 use crate::store::Store;
@@ -62,8 +62,8 @@ pub struct Rendezvous {
     state: Mutex<NodeState>,
     next_running: tokio::sync::Mutex<()>,
     shutdown: watch::Sender<bool>,
-    /// Bumped by `cancel`; a running `next` returns when it changes.
-    cancel: watch::Sender<u64>,
+    /// What `cancel` reaches: the `next` in progress, or else the next one to start.
+    cancel: HandleCancel,
     /// Writes that change a round (join, leadership claim, seal) run in tasks of their own that
     /// hold this gate. A `next` abandoned in the middle of one (cancel, shutdown, timeout) thus
     /// never leaves a write of unknown outcome behind: withdrawing takes the gate first.
@@ -125,7 +125,7 @@ impl Rendezvous {
             state: Mutex::new(NodeState::default()),
             next_running: tokio::sync::Mutex::new(()),
             shutdown: watch::channel(false).0,
-            cancel: watch::channel(0).0,
+            cancel: HandleCancel::default(),
             writes: Arc::new(tokio::sync::Mutex::new(())),
             give_up: watch::channel(false).0,
         };
@@ -168,8 +168,9 @@ impl Rendezvous {
     /// node that gave up: a failed `next` withdraws its join request, and if the round was
     /// sealed with this node in it first, `next` returns that round instead of the error.
     ///
-    /// A `cancel` made once `next` is called ends it, even before the returned future is first
-    /// polled: a caller may race the future against a signal and cancel on the signal.
+    /// `cancel` ends it: a cancel made once `next` is called, even before the returned future
+    /// is first polled (a caller may race the future against a signal and cancel on the
+    /// signal), and one made before, when no `next` was running (see `cancel`).
     pub fn next(&self) -> impl std::future::Future<Output = Result<(RoundInfo, Store)>> + '_ {
         self.next_with(&CancelToken::new())
     }
@@ -180,26 +181,31 @@ impl Rendezvous {
         &self,
         token: &CancelToken,
     ) -> impl std::future::Future<Output = Result<(RoundInfo, Store)>> + '_ {
-        // Subscribed here, not in the future's body, which runs only when first polled.
-        let cancel = self.cancel.subscribe();
+        // Entered here, not in the future's body, which runs only when first polled.
+        let call = self.cancel.enter();
         let shutdown = self.shutdown.subscribe();
-        self.next_subscribed(cancel, shutdown, token.clone())
+        let token = token.clone();
+        async move {
+            let result = self.next_entered(&call, shutdown, token).await;
+            call.ended(&result);
+            result
+        }
     }
 
-    async fn next_subscribed(
+    async fn next_entered(
         &self,
-        mut cancel: watch::Receiver<u64>,
+        call: &HandleCall<'_>,
         mut shutdown: watch::Receiver<bool>,
         token: CancelToken,
     ) -> Result<(RoundInfo, Store)> {
         if self.is_shut_down() {
             return Err(Error::shutdown());
         }
+        if call.token().is_cancelled() {
+            return Err(cancelled_by_handle());
+        }
         if token.is_cancelled() {
-            return Err(Error::new(
-                ErrorKind::Cancelled,
-                "next: cancelled by its cancel token",
-            ));
+            return Err(cancelled_by_token("next"));
         }
         // shutdown() also takes this lock, to wait for a running next to let go.
         let _only_one = self
@@ -216,8 +222,8 @@ impl Rendezvous {
         let result = tokio::select! {
             r = self.join_until_member(deadline) => r,
             _ = shutdown.wait_for(|down| *down) => Err(Error::shutdown()),
-            _ = cancel.changed() => Err(Error::new(ErrorKind::Cancelled, "next: cancelled by rdzv_cancel")),
-            _ = token.cancelled() => Err(Error::new(ErrorKind::Cancelled, "next: cancelled by its cancel token")),
+            _ = call.token().cancelled() => Err(cancelled_by_handle()),
+            _ = token.cancelled() => Err(cancelled_by_token("next")),
         };
         // The round a failed next was in, for the log (withdrawing forgets it). A join key of
         // the round this node last completed is not this call's.
@@ -893,11 +899,16 @@ impl Rendezvous {
         Ok(resp.count() > 0)
     }
 
-    /// Makes a `next` running on this handle return `Cancelled` and withdraw its join request;
-    /// the handle stays usable. "Running" starts when `next` is called, not when its future is
-    /// first polled. No effect when no `next` is running.
+    /// Makes the `next` running on this handle return `Cancelled` (withdrawing its join
+    /// request) or, if none is running, the next one to start: that one returns `Cancelled` at
+    /// once, joining nothing. A cancel is never lost: it stays pending until a `next` has
+    /// ended with `Cancelled` because of it (a `next` that returned its round just as the
+    /// cancel came leaves it for the next call). Then it is used up and the handle stays
+    /// usable: the `next` after that one runs normally. "Running" starts when `next` is called,
+    /// not when its future is first polled. Reaches `next` only (with or without a token of
+    /// the caller's); the other calls take a token. Never blocks; needs no runtime.
     pub fn cancel(&self) {
-        self.cancel.send_modify(|generation| *generation += 1);
+        self.cancel.cancel();
     }
 
     /// True once any node has called `set_closed`.
@@ -919,7 +930,7 @@ impl Rendezvous {
     /// Closes the run for every node: blocked `next` calls return closed, later ones fail fast.
     /// The marker expires after `retention`, so the run id can be used again later.
     pub async fn set_closed(&self) -> Result<()> {
-        self.close_with(None).await
+        self.close_run(None).await
     }
 
     /// Closes the run as `set_closed` does and records that the job failed, with `reason`
@@ -927,10 +938,10 @@ impl Rendezvous {
     /// ended (`failure`, `Admin::status`), so a supervisor whose own workers were healthy
     /// still reports the job's failure. A later close of either kind replaces the record.
     pub async fn set_failed(&self, reason: &str) -> Result<()> {
-        self.close_with(Some(reason)).await
+        self.close_run(Some(reason)).await
     }
 
-    async fn close_with(&self, failure: Option<&str>) -> Result<()> {
+    async fn close_run(&self, failure: Option<&str>) -> Result<()> {
         self.check_not_shut_down()?;
         let deadline = Instant::now() + self.params.close_timeout;
         let what = match failure {
@@ -994,6 +1005,48 @@ impl Rendezvous {
         let n = self.count_lost().await?;
         self.report_change(n, |s| &mut s.seen_lost, "members of the round lost");
         Ok(n)
+    }
+
+    // The calls above with a cancel token of the caller's: each returns `Cancelled` once the
+    // token is cancelled (at once, without touching etcd, if it already is), whatever etcd is
+    // doing. A write cancelled while it was on its way (`set_closed`, `set_failed`, `drain`)
+    // may or may not have been applied, as one that times out; calling it again is safe.
+
+    /// `is_closed`, ended by `token`.
+    pub async fn is_closed_with(&self, token: &CancelToken) -> Result<bool> {
+        token.run("is_closed", self.is_closed()).await
+    }
+    /// `set_closed`, ended by `token` (the close may still have been applied).
+    pub async fn set_closed_with(&self, token: &CancelToken) -> Result<()> {
+        token.run("set_closed", self.set_closed()).await
+    }
+    /// `set_failed`, ended by `token` (the close may still have been applied).
+    pub async fn set_failed_with(&self, reason: &str, token: &CancelToken) -> Result<()> {
+        token.run("set_failed", self.set_failed(reason)).await
+    }
+    /// `failure`, ended by `token`.
+    pub async fn failure_with(&self, token: &CancelToken) -> Result<Option<String>> {
+        token.run("failure", self.failure()).await
+    }
+    /// `num_waiting`, ended by `token`.
+    pub async fn num_waiting_with(&self, token: &CancelToken) -> Result<u32> {
+        token.run("num_waiting", self.num_waiting()).await
+    }
+    /// `num_lost`, ended by `token`.
+    pub async fn num_lost_with(&self, token: &CancelToken) -> Result<u32> {
+        token.run("num_lost", self.num_lost()).await
+    }
+    /// `members`, ended by `token`.
+    pub async fn members_with(&self, token: &CancelToken) -> Result<Arc<[String]>> {
+        token.run("members", self.members()).await
+    }
+    /// `drain`, ended by `token` (the mark may still have been written).
+    pub async fn drain_with(&self, reason: &str, token: &CancelToken) -> Result<()> {
+        token.run("drain", self.drain(reason)).await
+    }
+    /// `is_draining`, ended by `token`.
+    pub async fn is_draining_with(&self, token: &CancelToken) -> Result<bool> {
+        token.run("is_draining", self.is_draining()).await
     }
 
     /// Logs a count that supervisors poll, once each time it changes.
@@ -1179,6 +1232,14 @@ impl Rendezvous {
     pub(crate) fn closed_err(&self, left_out: bool) -> Error {
         self.closed_error(left_out)
     }
+}
+
+/// The error of a `next` ended by the handle's `cancel`.
+fn cancelled_by_handle() -> Error {
+    Error::new(
+        ErrorKind::Cancelled,
+        "next: cancelled by the handle's cancel (rdzv_cancel)",
+    )
 }
 
 enum Joined {

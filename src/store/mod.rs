@@ -13,7 +13,7 @@
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Target, RDZV_MAX_VALUE_BYTES};
-use crate::cancel::CancelToken;
+use crate::cancel::{cancelled_by_token, CancelToken, HandleCall, HandleCancel};
 use crate::error::{Error, ErrorKind, Result};
 use etcd_client::{Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnResponse};
 use std::collections::HashSet;
@@ -41,11 +41,12 @@ const READ_KEYS_PER_TXN: usize = 126;
 const WRITE_KEYS_PER_TXN: usize = 128;
 
 /// A store wait as it was called: see `Store::waiting`.
-struct Waiting {
+struct Waiting<'a> {
     deadline: Instant,
     /// As the caller gave it (None: the store's default), for the timeout's message.
     timeout: Option<Duration>,
-    cancel: watch::Receiver<u64>,
+    /// Its hold on the store's own cancel.
+    call: HandleCall<'a>,
     token: CancelToken,
 }
 
@@ -63,8 +64,9 @@ pub struct Store {
     timeout: Arc<Mutex<Duration>>,
     /// The owning node's shutdown flag: once set, every call fails with `Shutdown`.
     shutdown: watch::Receiver<bool>,
-    /// Bumped by `cancel`: waits running on this store return `Cancelled`.
-    cancel: Arc<watch::Sender<u64>>,
+    /// What `cancel` reaches: the waits in progress on this store (or a clone), or else the
+    /// next one to start.
+    cancel: Arc<HandleCancel>,
 }
 
 /// What one read of the store saw.
@@ -91,7 +93,7 @@ impl Store {
             lease,
             timeout: Arc::new(Mutex::new(timeout)),
             shutdown,
-            cancel: Arc::new(watch::channel(0).0),
+            cancel: Arc::new(HandleCancel::default()),
         }
     }
 
@@ -108,11 +110,15 @@ impl Store {
         *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = timeout.min(MAX_WAIT);
     }
 
-    /// Makes `get`, `wait` and `multi_get` calls running on this store (or a clone) return
-    /// `Cancelled`; a call is running from the moment it is made, before its future is first
-    /// polled. No effect on calls that start later.
+    /// Makes the `get`, `wait` and `multi_get` calls running on this store (or a clone) return
+    /// `Cancelled` or, if none is running, the next one to start (at once). A call is running
+    /// from the moment it is made, before its future is first polled. Never lost: the cancel
+    /// stays pending until a wait has ended with `Cancelled` because of it (waits that start
+    /// meanwhile end too); then it is used up and later waits run normally. Reaches the waits
+    /// only (with or without a token of the caller's); the other calls take a token. Never
+    /// blocks; needs no runtime.
     pub fn cancel(&self) {
-        self.cancel.send_modify(|generation| *generation += 1);
+        self.cancel.cancel();
     }
 
     fn usable(&self) -> Result<()> {
@@ -146,14 +152,14 @@ impl Store {
                 .clamp(Duration::from_secs(5), Duration::from_secs(30))
     }
 
-    /// A wait that starts now: its deadline, and a subscription to `cancel` taken at the call,
-    /// not when the wait's future is first polled, so a cancel in between is not lost.
-    fn waiting(&self, timeout: Option<Duration>, token: &CancelToken) -> Waiting {
+    /// A wait that starts now: its deadline, and its hold on `cancel` taken at the call, not
+    /// when the wait's future is first polled, so a cancel in between reaches it.
+    fn waiting(&self, timeout: Option<Duration>, token: &CancelToken) -> Waiting<'_> {
         let waited = timeout.unwrap_or_else(|| self.timeout()).min(MAX_WAIT);
         Waiting {
             deadline: Instant::now() + waited,
             timeout,
-            cancel: self.cancel.subscribe(),
+            call: self.cancel.enter(),
             token: token.clone(),
         }
     }
@@ -452,6 +458,55 @@ impl Store {
         Ok(())
     }
 
+    // The calls that do not wait, with a cancel token of the caller's: each returns
+    // `Cancelled` once the token is cancelled (at once, without touching etcd, if it already
+    // is), whatever etcd is doing. A write cancelled on its way may or may not have been
+    // applied, as one that times out (an `add` so cancelled may have added).
+
+    /// `set`, ended by `token`.
+    pub async fn set_with(&self, key: &str, value: &[u8], token: &CancelToken) -> Result<()> {
+        token.run("store set", self.set(key, value)).await
+    }
+    /// `add`, ended by `token`.
+    pub async fn add_with(&self, key: &str, delta: i64, token: &CancelToken) -> Result<i64> {
+        token.run("store add", self.add(key, delta)).await
+    }
+    /// `compare_set`, ended by `token`.
+    pub async fn compare_set_with(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+        token: &CancelToken,
+    ) -> Result<Vec<u8>> {
+        let call = self.compare_set(key, expected, desired);
+        token.run("store compare_set", call).await
+    }
+    /// `check`, ended by `token`.
+    pub async fn check_with(&self, keys: &[&str], token: &CancelToken) -> Result<bool> {
+        token.run("store check", self.check(keys)).await
+    }
+    /// `delete_key`, ended by `token`.
+    pub async fn delete_key_with(&self, key: &str, token: &CancelToken) -> Result<bool> {
+        token.run("store delete_key", self.delete_key(key)).await
+    }
+    /// `num_keys`, ended by `token`.
+    pub async fn num_keys_with(&self, token: &CancelToken) -> Result<i64> {
+        token.run("store num_keys", self.num_keys()).await
+    }
+    /// `multi_set`, ended by `token` (with more than 128 keys, the transactions sent before
+    /// the cancel stay applied).
+    pub async fn multi_set_with(
+        &self,
+        keys: &[&str],
+        values: &[&[u8]],
+        token: &CancelToken,
+    ) -> Result<()> {
+        token
+            .run("store multi_set", self.multi_set(keys, values))
+            .await
+    }
+
     /// Reads keys in one snapshot (each value, None where absent) with the run's state.
     ///
     /// etcd refuses a transaction of more than 128 operations (`--max-txn-ops`), so a read of
@@ -517,9 +572,19 @@ impl Store {
     /// Read, then watch the store until every missing key appears. Ends early, with the
     /// matching error, when the keys can no longer appear for this caller: the run was closed
     /// with keys still missing, the round's data was deleted, the node shut down, or `cancel`.
-    async fn wait_for(&self, keys: &[&str], waiting: Waiting) -> Result<Vec<Vec<u8>>> {
+    async fn wait_for(&self, keys: &[&str], waiting: Waiting<'_>) -> Result<Vec<Vec<u8>>> {
         let started = Instant::now();
-        let result = self.wait_for_keys(keys, waiting).await;
+        let call = &waiting.call;
+        let result = self
+            .wait_for_keys(
+                keys,
+                waiting.deadline,
+                waiting.timeout,
+                call.token(),
+                &waiting.token,
+            )
+            .await;
+        call.ended(&result);
         let who = self.etcd.who();
         tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
             keys = %keys.join(","), waited_ms = started.elapsed().as_millis() as u64,
@@ -529,19 +594,24 @@ impl Store {
 
     /// Shutdown, `cancel` and the token end the wait in whichever step it is (a read, a
     /// watch's set-up, the watch), so none of them waits for etcd.
-    async fn wait_for_keys(&self, keys: &[&str], waiting: Waiting) -> Result<Vec<Vec<u8>>> {
-        let Waiting {
-            deadline,
-            timeout,
-            mut cancel,
-            token,
-        } = waiting;
-        let by_token = || {
+    async fn wait_for_keys(
+        &self,
+        keys: &[&str],
+        deadline: Instant,
+        timeout: Option<Duration>,
+        cancel: &CancelToken,
+        token: &CancelToken,
+    ) -> Result<Vec<Vec<u8>>> {
+        let by_cancel = || {
             Error::new(
                 ErrorKind::Cancelled,
-                "store: wait cancelled by its cancel token",
+                "store: wait cancelled by rdzv_store_cancel",
             )
         };
+        let by_token = || cancelled_by_token("store: wait");
+        if cancel.is_cancelled() {
+            return Err(by_cancel());
+        }
         if token.is_cancelled() {
             return Err(by_token());
         }
@@ -555,10 +625,7 @@ impl Store {
                 ErrorKind::Shutdown,
                 "store: the node that joined this round was shut down",
             )),
-            _ = cancel.changed() => Err(Error::new(
-                ErrorKind::Cancelled,
-                "store: wait cancelled by rdzv_store_cancel",
-            )),
+            _ = cancel.cancelled() => Err(by_cancel()),
             _ = token.cancelled() => Err(by_token()),
         }
     }
