@@ -13,14 +13,33 @@ fn library_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
+/// A directory of this test's own where the library has its installed names: the programs
+/// record the SONAME, `librdzv.so.0`, and the build leaves only `librdzv.so` (a build script
+/// may not write outside its OUT_DIR), so they are linked against and find at run time a
+/// `librdzv.so.0` link here to the built library, as an installed one would be.
+fn soname_dir() -> PathBuf {
+    let built = library_dir().join("librdzv.so");
+    assert!(built.exists(), "librdzv.so not found at {built:?}");
+    let dir = library_dir().join("c-api-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["librdzv.so.0", "librdzv.so"] {
+        let link = dir.join(name);
+        // Tests run in parallel: the first makes each link, and one already there is kept.
+        if std::fs::read_link(&link).is_err() {
+            let made = std::os::unix::fs::symlink(&built, &link);
+            assert!(
+                made.is_ok() || std::fs::read_link(&link).is_ok(),
+                "cannot link {link:?}: {made:?}"
+            );
+        }
+    }
+    dir
+}
+
 fn compile(source: &str, output: &str) -> PathBuf {
     // The repository: this test belongs to tests/ (the rdzv-tests package).
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let lib = library_dir();
-    assert!(
-        lib.join("librdzv.so").exists(),
-        "librdzv.so not found in {lib:?}"
-    );
+    let lib = soname_dir();
     let out = lib.join(output);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let mut cmd = Command::new(cc);

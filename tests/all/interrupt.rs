@@ -1,7 +1,8 @@
 //! Every blocking call (a store wait, `next`, the admin watch) ends within about a second of
 //! its cancel, its handle's shutdown or its own deadline, whatever etcd is doing: killed
-//! (SIGKILL), frozen (SIGSTOP) or restarting, before the call or while it waits. Each case
-//! prints how long the call took to return after its trigger.
+//! (SIGKILL), frozen (SIGSTOP) or restarting, before the call or while it waits; and so does
+//! every other call that asks etcd, on its cancel token. Each case prints how long the call
+//! took to return after its trigger.
 
 use crate::common;
 
@@ -31,8 +32,8 @@ enum Fault {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Trigger {
-    /// The handle's cancel call (`Store::cancel`, `Rendezvous::cancel`), which reaches a call
-    /// that is running.
+    /// The handle's cancel call (`Store::cancel`, `Rendezvous::cancel`, the admin's), which
+    /// reaches the call running or, if it has not started yet, the call when it starts.
     Cancel,
     /// The call's cancel token.
     Token,
@@ -165,7 +166,7 @@ fn store_wait(fault: Fault, when: When, trigger: Trigger) -> Ended {
         })
     };
     if when == When::Before && fault == Fault::Killed {
-        // The handle's cancel reaches only a call that runs: this one, retrying its read.
+        // The call is running: retrying its read.
         log.await_line(since, &run, "retrying");
     }
     if when == When::Waiting {
@@ -250,6 +251,7 @@ store_cases! {
     store_wait_after_a_kill_ends_on_its_token: Killed, Before, Token;
     store_wait_after_a_kill_ends_on_shutdown: Killed, Before, Shutdown;
     store_wait_after_a_kill_ends_at_its_deadline: Killed, Before, Deadline;
+    store_wait_after_a_freeze_ends_on_cancel: Frozen, Before, Cancel;
     store_wait_after_a_freeze_ends_on_its_token: Frozen, Before, Token;
     store_wait_after_a_freeze_ends_on_shutdown: Frozen, Before, Shutdown;
     store_wait_after_a_freeze_ends_at_its_deadline: Frozen, Before, Deadline;
@@ -374,13 +376,18 @@ fn admin_watch(fault: Fault, trigger: Trigger) -> Ended {
         })
     };
     let fired = match trigger {
+        Trigger::Cancel => {
+            let at = Instant::now();
+            admin.cancel();
+            at
+        }
         Trigger::Token => {
             let at = Instant::now();
             token.cancel();
             at
         }
         Trigger::Deadline => started + timeout,
-        _ => unreachable!("an admin handle has no shutdown; its cancel is racy by design"),
+        Trigger::Shutdown => unreachable!("an admin handle has no shutdown"),
     };
     let (got, returned) = waiting.join().unwrap();
     let late = returned.saturating_duration_since(fired);
@@ -407,14 +414,15 @@ macro_rules! admin_cases {
 }
 
 admin_cases! {
+    admin_watch_killed_under_it_ends_on_cancel: Killed, Cancel;
+    admin_watch_frozen_under_it_ends_on_cancel: Frozen, Cancel;
     admin_watch_killed_under_it_ends_on_its_token: Killed, Token;
     admin_watch_killed_under_it_ends_at_its_deadline: Killed, Deadline;
     admin_watch_frozen_under_it_ends_on_its_token: Frozen, Token;
     admin_watch_frozen_under_it_ends_at_its_deadline: Frozen, Deadline;
 }
 
-/// The race a handle's cancel loses (made just before the call starts) cannot happen with a
-/// token: one cancelled before the call is made ends it at once, and joins nothing.
+/// A token cancelled before the call is made ends it at once, and joins nothing.
 #[test]
 fn a_token_cancelled_before_the_call_ends_it_at_once() {
     let etcd = Etcd::start();
@@ -486,4 +494,179 @@ fn one_token_ends_every_call_waiting_with_it() {
     );
     assert!(fired.elapsed() < PROMPT);
     assert!(token.is_cancelled());
+}
+
+/// One call of a handle that asks etcd without waiting on other nodes, made with a token.
+type TokenCall = Box<dyn Fn(&CancelToken) -> rdzv::Result<()> + Send + Sync>;
+
+/// Each call that asks etcd (reads and writes of a node, its store and an admin handle) ends
+/// on its cancel token within about a second, whatever etcd is doing. Without the token each
+/// took its request deadline: `connect_timeout` (60 s here) or the store's (30 s).
+fn calls_that_ask_etcd_end_on_their_token(fault: Fault) {
+    let mut server = Server {
+        etcd: Some(Etcd::start()),
+        restarting: None,
+    };
+    let url = server.etcd().url(
+        "token-calls",
+        "min_nodes=1&max_nodes=1&close_timeout=2&connect_timeout=60",
+    );
+    let node = Arc::new(BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap());
+    let store = Arc::new(node.next().unwrap().1);
+    let admin = Arc::new(BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap());
+    let node_id = node.node_id().to_string();
+    server.break_it(fault);
+    // Each call, the name of its etcd request (in the records of its retries) and the call.
+    let calls: Vec<(&str, &str, TokenCall)> = vec![
+        ("is_closed", "is_closed", {
+            let n = node.clone();
+            Box::new(move |t| n.is_closed_with(t).map(|_| ()))
+        }),
+        ("set_closed", "set_closed", {
+            let n = node.clone();
+            Box::new(move |t| n.set_closed_with(t))
+        }),
+        ("num_waiting", "num_waiting", {
+            let n = node.clone();
+            Box::new(move |t| n.num_waiting_with(t).map(|_| ()))
+        }),
+        ("drain", "drain", {
+            let n = node.clone();
+            Box::new(move |t| n.drain_with("no", t))
+        }),
+        ("is_draining", "is_draining", {
+            let n = node.clone();
+            Box::new(move |t| n.is_draining_with(t).map(|_| ()))
+        }),
+        ("store set", "store set", {
+            let s = store.clone();
+            Box::new(move |t| s.set_with("k", b"v", t))
+        }),
+        ("store add", "store add", {
+            let s = store.clone();
+            Box::new(move |t| s.add_with("n", 1, t).map(|_| ()))
+        }),
+        ("store compare_set", "store compare_set", {
+            let s = store.clone();
+            Box::new(move |t| s.compare_set_with("k", b"", b"v", t).map(|_| ()))
+        }),
+        ("store check", "store get", {
+            let s = store.clone();
+            Box::new(move |t| s.check_with(&["k"], t).map(|_| ()))
+        }),
+        ("store delete_key", "store delete_key", {
+            let s = store.clone();
+            Box::new(move |t| s.delete_key_with("k", t).map(|_| ()))
+        }),
+        ("store num_keys", "store num_keys", {
+            let s = store.clone();
+            Box::new(move |t| s.num_keys_with(t).map(|_| ()))
+        }),
+        ("store multi_set", "store set", {
+            let s = store.clone();
+            Box::new(move |t| s.multi_set_with(&["k"], &[b"v"], t))
+        }),
+        ("admin status", "status", {
+            let a = admin.clone();
+            Box::new(move |t| a.status_with(t).map(|_| ()))
+        }),
+        ("admin close", "close", {
+            let a = admin.clone();
+            Box::new(move |t| a.close_with(t))
+        }),
+        ("admin purge", "purge", {
+            let a = admin.clone();
+            Box::new(move |t| a.purge_with(false, t).map(|_| ()))
+        }),
+        ("admin drain", "drain", {
+            let a = admin.clone();
+            Box::new(move |t| a.drain_with(&node_id, "no", t))
+        }),
+    ];
+    let log = crate::records::records();
+    for (what, request, call) in calls {
+        let token = CancelToken::new();
+        let since = log.mark();
+        let running = {
+            let token = token.clone();
+            std::thread::spawn(move || (call(&token), Instant::now()))
+        };
+        if fault == Fault::Killed {
+            // The call is running: etcd refused its request, and it retries.
+            log.await_line(since, &format!("what={request:?}"), "retrying");
+        }
+        let fired = Instant::now();
+        token.cancel();
+        let (got, returned) = running.join().unwrap();
+        let late = returned.saturating_duration_since(fired);
+        eprintln!(
+            "{what}, etcd {fault:?}, its token: returned {:.2} s after it ({:?})",
+            late.as_secs_f64(),
+            got.as_ref().map_err(|e| e.to_string())
+        );
+        assert_eq!(
+            got.err().map(|e| e.kind()),
+            Some(ErrorKind::Cancelled),
+            "{what}"
+        );
+        assert!(
+            late < PROMPT,
+            "{what}: returned {:.1} s after its token",
+            late.as_secs_f64()
+        );
+    }
+    server.heal(fault);
+}
+
+#[test]
+fn calls_that_ask_a_frozen_etcd_end_on_their_token() {
+    calls_that_ask_etcd_end_on_their_token(Fault::Frozen);
+}
+
+#[test]
+fn calls_that_ask_a_killed_etcd_end_on_their_token() {
+    calls_that_ask_etcd_end_on_their_token(Fault::Killed);
+}
+
+/// A handle's cancel made before the call starts, in another thread, ends that call (the race
+/// C callers of `rdzv_cancel` used to lose), even with etcd frozen; it is then used up.
+#[test]
+fn handle_cancels_made_before_the_call_end_it_even_with_etcd_frozen() {
+    let mut server = Server {
+        etcd: Some(Etcd::start()),
+        restarting: None,
+    };
+    let (node, store, _) = member(server.etcd(), "cancel-first");
+    let url = server.etcd().url("cancel-first-admin", "");
+    let admin = Arc::new(BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap());
+    admin.watch_next(LONG).unwrap();
+    server.break_it(Fault::Frozen);
+    let started = Instant::now();
+    node.cancel();
+    store.cancel();
+    admin.cancel();
+    let next = {
+        let node = node.clone();
+        std::thread::spawn(move || node.next().map(|_| ()))
+    };
+    let get = {
+        let store = store.clone();
+        std::thread::spawn(move || store.get("never-set", Some(LONG)).map(|_| ()))
+    };
+    let watch = {
+        let admin = admin.clone();
+        std::thread::spawn(move || admin.watch_next(LONG).map(|_| ()))
+    };
+    for (what, call) in [("next", next), ("store get", get), ("admin watch", watch)] {
+        let err = call.join().unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Cancelled, "{what}: {err}");
+    }
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+    server.heal(Fault::Frozen);
+    // Used up: the waits run again (and time out, nothing being set or changed).
+    let short = Duration::from_millis(300);
+    let err = store.get("never-set", Some(short)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    let err = admin.watch_next(short).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
 }

@@ -80,16 +80,44 @@ fn cancel_ends_a_store_wait_and_the_store_stays_usable() {
     let member = node(&url);
     let store = Arc::new(member.next().unwrap().1);
     let rx = blocked_get(&store);
-    // Repeat until the get returns: a cancel before the wait began is not remembered.
-    let result = loop {
-        store.cancel();
-        if let Ok(r) = rx.recv_timeout(Duration::from_millis(20)) {
-            break r;
-        }
-    };
+    // Once: a cancel made before the wait began ends it as soon as it starts.
+    store.cancel();
+    let result = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the cancelled get kept waiting");
     assert_eq!(result.unwrap_err().kind(), ErrorKind::Cancelled);
     store.set("after", b"1").unwrap();
     assert_eq!(store.get("after", Some(Duration::ZERO)).unwrap(), b"1");
+    // The cancel was used up: a wait that starts now waits (and times out).
+    let err = store
+        .get("never-set", Some(Duration::from_millis(300)))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+}
+
+/// A store's cancel made while no wait runs is kept for the next wait to start, which ends at
+/// once, whichever of the three it is; the wait after it runs normally.
+#[test]
+fn a_store_cancel_made_before_a_wait_ends_the_next_wait() {
+    let etcd = Etcd::start();
+    let url = etcd.url("store-cancel-before", "min_nodes=1");
+    let member = node(&url);
+    let (_, store) = member.next().unwrap();
+    store.set("here", b"v").unwrap();
+    let long = Some(Duration::from_secs(60));
+    for what in ["get", "wait", "multi_get"] {
+        store.cancel();
+        let started = Instant::now();
+        let err = match what {
+            "get" => store.get("here", long).map(|_| ()),
+            "wait" => store.wait(&["never-set"], long),
+            _ => store.multi_get(&["here", "never-set"], long).map(|_| ()),
+        }
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Cancelled, "{what}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(3), "{what}");
+        assert_eq!(store.get("here", long).unwrap(), b"v", "after {what}");
+    }
 }
 
 /// A cancel made after a store wait is called, before its future is first polled, ends it

@@ -192,11 +192,57 @@ fn a_cancel_made_before_next_is_first_polled_is_not_lost() {
         .block_on(async { tokio::time::timeout(Duration::from_secs(20), next).await })
         .expect("a next cancelled before its first poll kept waiting");
     assert_eq!(got.map(|_| ()).unwrap_err().kind(), ErrorKind::Cancelled);
-    // A cancel before `next` is called is for no call: this next waits for its partner.
+    // A cancel before `next` is called is kept for the next call, which ends at once, joining
+    // nothing; the cancel is then used up and the call after waits for its partner.
     n.cancel();
+    let got = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(20), n.next()).await })
+        .expect("a next called after a cancel kept waiting");
+    assert_eq!(got.map(|_| ()).unwrap_err().kind(), ErrorKind::Cancelled);
     let other = rt.block_on(rdzv::Rendezvous::new(params())).unwrap();
     let (a, b) = rt.block_on(async { tokio::join!(n.next(), other.next()) });
     assert_one_world(&[a.unwrap().0, b.unwrap().0]);
+}
+
+/// The race C callers lost: a cancel made just before another thread enters `next` ends that
+/// `next` (at once, joining nothing), and the handle joins normally afterwards.
+#[test]
+fn a_cancel_made_before_another_thread_enters_next_ends_that_next() {
+    let etcd = Etcd::start();
+    let url = etcd.url("cancel-before", "min_nodes=2&max_nodes=2&join_timeout=60");
+    let n = Arc::new(node(&url));
+    n.cancel();
+    let started = Instant::now();
+    let blocked = {
+        let n = n.clone();
+        std::thread::spawn(move || n.next().map(|_| ()))
+    };
+    let err = blocked.join().unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let (rt, mut client) = etcd_client(&etcd);
+    let rounds = format!("/rdzv/{}/r/", common::node::run_of(&url));
+    let all = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_keys_only();
+    let joined = rt.block_on(client.get(rounds.as_str(), Some(all))).unwrap();
+    assert!(
+        !joined
+            .kvs()
+            .iter()
+            .any(|kv| kv.key_str().unwrap().contains("/join/")),
+        "a cancelled next joined: {:?}",
+        joined.kvs()
+    );
+    // Used up: the handle's next call forms a round with a partner.
+    let other = node(&url);
+    let peer = std::thread::spawn(move || other.next().map(|(info, _)| info));
+    let (info, _) = n.next().unwrap();
+    assert_one_world(&[info, peer.join().unwrap().unwrap()]);
 }
 
 #[test]

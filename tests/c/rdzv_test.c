@@ -97,8 +97,7 @@ static void *get_never(void *arg) {
 }
 
 /* A cancel token stays cancelled: a call made with one that is already cancelled returns
- * RDZV_ERR_CANCELLED at once (the race the handles' cancel calls lose cannot happen), and one
- * that waits returns when another thread cancels it. */
+ * RDZV_ERR_CANCELLED at once, and one that waits returns when another thread cancels it. */
 static void cancel_tokens(const char *endpoint, const char *run, rdzv_store_t *s) {
     rdzv_cancel_token_t *token = NULL;
     bool cancelled = true;
@@ -155,6 +154,151 @@ static void cancel_tokens(const char *endpoint, const char *run, rdzv_store_t *s
     rdzv_free(h);
     rdzv_params_free(p);
     rdzv_cancel_token_free(token);
+}
+
+/* Every call that talks to etcd has a _with_cancel form: with a cancelled token each returns
+ * RDZV_ERR_CANCELLED at once and changes nothing; with NULL it is the plain call. */
+static void every_call_takes_a_token(const char *endpoint, const char *run, rdzv_store_t *s) {
+    char token_url[512];
+    snprintf(token_url, sizeof token_url, "etcd://%s/%s-every?min_nodes=1&max_nodes=1%s", endpoint, run, extra);
+    rdzv_params_t *p = NULL;
+    rdzv_t *h = NULL;
+    rdzv_admin_t *a = NULL;
+    rdzv_cancel_token_t *token = NULL;
+    rdzv_round_t round;
+    CHECK(rdzv_params_from_url(token_url, &p, NULL) == RDZV_OK, "params");
+    CHECK(rdzv_new(p, &h, NULL) == RDZV_OK, "handle");
+    CHECK(rdzv_admin_new(p, &a, NULL) == RDZV_OK, "admin handle");
+    CHECK(rdzv_next(h, &round, NULL, NULL) == RDZV_OK, "round");
+    CHECK(rdzv_cancel_token_new(&token, NULL) == RDZV_OK, "token");
+    CHECK(rdzv_cancel_token_cancel(token, NULL) == RDZV_OK, "cancel");
+    bool yes = true;
+    uint32_t count = 7;
+    int64_t n = 0;
+    uint8_t *v = NULL;
+    size_t len = 0;
+    const char *keys[] = {"k"};
+    const uint8_t *vals[] = {(const uint8_t *)"x"};
+    const size_t lens[] = {1};
+    rdzv_run_status_t *status = NULL;
+    int64_t deleted = 0;
+    uint32_t alive = 0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    EXPECT(rdzv_is_closed_with_cancel(h, token, &yes, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_set_closed_with_cancel(h, token, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_num_waiting_with_cancel(h, token, &count, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_num_lost_with_cancel(h, token, &count, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_drain_with_cancel(h, "no", token, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_is_draining_with_cancel(h, token, &yes, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_store_set_with_cancel(s, "cancelled", (const uint8_t *)"x", 1, token, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_store_add_with_cancel(s, "cancelled-count", 1, token, &n, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_store_compare_set_with_cancel(s, "cancelled", NULL, 0, (const uint8_t *)"x", 1, token, &v, &len, &err),
+           RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_store_check_with_cancel(s, keys, 1, token, &yes, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_store_delete_key_with_cancel(s, "k", token, &yes, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_store_num_keys_with_cancel(s, token, &n, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_store_multi_set_with_cancel(s, keys, vals, lens, 1, token, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_admin_status_with_cancel(a, token, &status, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_admin_close_with_cancel(a, token, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_admin_purge_with_cancel(a, true, token, &deleted, &alive, &err), RDZV_ERR_CANCELLED, "token");
+    EXPECT(rdzv_admin_drain_with_cancel(a, rdzv_node_id(h), "no", token, &err), RDZV_ERR_CANCELLED, "token");
+    CHECK(seconds_since(&t0) < 3, "cancelled calls took %.1f s", seconds_since(&t0));
+    /* Nothing was changed, and without a token (NULL) the calls work. */
+    CHECK(rdzv_is_closed_with_cancel(h, NULL, &yes, NULL) == RDZV_OK && !yes, "closed by a cancelled close");
+    CHECK(rdzv_is_draining_with_cancel(h, NULL, &yes, NULL) == RDZV_OK && !yes, "drained by a cancelled drain");
+    CHECK(rdzv_num_lost_with_cancel(h, NULL, &count, NULL) == RDZV_OK && count == 0, "num lost");
+    CHECK(rdzv_num_waiting_with_cancel(h, NULL, &count, NULL) == RDZV_OK && count == 0, "num waiting");
+    CHECK(rdzv_store_check_with_cancel(s, keys, 1, NULL, &yes, NULL) == RDZV_OK && yes, "check k");
+    const char *unset[] = {"cancelled", "cancelled-count"};
+    CHECK(rdzv_store_check_with_cancel(s, unset, 2, NULL, &yes, NULL) == RDZV_OK && !yes,
+          "a cancelled write was applied");
+    CHECK(rdzv_store_add_with_cancel(s, "counted", 2, NULL, &n, NULL) == RDZV_OK && n == 2, "add");
+    CHECK(rdzv_store_num_keys_with_cancel(s, NULL, &n, NULL) == RDZV_OK && n > 0, "num keys");
+    CHECK(rdzv_admin_status_with_cancel(a, NULL, &status, NULL) == RDZV_OK && status->num_alive == 1 &&
+          !status->closed, "status");
+    rdzv_run_status_free(status);
+    CHECK(rdzv_admin_purge_with_cancel(a, false, NULL, &deleted, &alive, NULL) == RDZV_OK && alive == 1,
+          "purge refused while a node lives");
+    rdzv_cancel_token_free(token);
+    rdzv_admin_free(a);
+    rdzv_free(h);
+    rdzv_params_free(p);
+}
+
+struct next_call { rdzv_t *h; rdzv_status_t status; rdzv_round_t round; };
+
+static void *call_next(void *arg) {
+    struct next_call *c = arg;
+    c->status = rdzv_next(c->h, &c->round, NULL, NULL);
+    return NULL;
+}
+
+struct watch_call { rdzv_admin_t *a; rdzv_status_t status; };
+
+static void *call_watch(void *arg) {
+    struct watch_call *c = arg;
+    rdzv_run_status_t *status = NULL;
+    c->status = rdzv_admin_watch(c->a, 60000, &status, NULL);
+    rdzv_run_status_free(status);
+    return NULL;
+}
+
+/* A handle's cancel made before another thread enters the call ends that call (the race C
+ * callers used to lose), once: the handle's next call runs normally. */
+static void handle_cancels_are_never_lost(const char *endpoint, const char *run, rdzv_store_t *s) {
+    char cancel_url[512];
+    snprintf(cancel_url, sizeof cancel_url, "etcd://%s/%s-handle?min_nodes=2&max_nodes=2&join_timeout=60%s",
+             endpoint, run, extra);
+    rdzv_params_t *p = NULL;
+    rdzv_t *h = NULL, *other = NULL;
+    CHECK(rdzv_params_from_url(cancel_url, &p, NULL) == RDZV_OK, "params");
+    CHECK(rdzv_new(p, &h, NULL) == RDZV_OK, "handle");
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK(rdzv_cancel(h, NULL) == RDZV_OK, "cancel");
+    struct next_call c = { h, RDZV_OK, {0} };
+    pthread_t t;
+    pthread_create(&t, NULL, call_next, &c);
+    pthread_join(t, NULL);
+    CHECK(c.status == RDZV_ERR_CANCELLED, "next after rdzv_cancel: %s", rdzv_status_name(c.status));
+    CHECK(seconds_since(&t0) < 3, "the cancelled next took %.1f s", seconds_since(&t0));
+    /* Used up: the handle's next call forms a round with another node. */
+    CHECK(rdzv_new(p, &other, NULL) == RDZV_OK, "other handle");
+    struct next_call o = { other, RDZV_OK, {0} };
+    pthread_create(&t, NULL, call_next, &o);
+    rdzv_round_t round;
+    CHECK(rdzv_next(h, &round, NULL, NULL) == RDZV_OK && round.world_size == 2, "next after the cancel");
+    pthread_join(t, NULL);
+    CHECK(o.status == RDZV_OK && o.round.world_size == 2, "the other node: %s", rdzv_status_name(o.status));
+
+    /* A store's cancel made before a wait starts in another thread ends it. */
+    CHECK(rdzv_store_cancel(s, NULL) == RDZV_OK, "store cancel");
+    struct blocked_get g = { s, NULL, RDZV_OK };
+    pthread_create(&t, NULL, get_never, &g);
+    pthread_join(t, NULL);
+    CHECK(g.status == RDZV_ERR_CANCELLED, "get after rdzv_store_cancel: %s", rdzv_status_name(g.status));
+    uint8_t *v = NULL;
+    size_t len = 0;
+    CHECK(rdzv_store_get(s, "k", 60000, &v, &len, NULL) == RDZV_OK && len == 1, "get after the cancel");
+    rdzv_bytes_free(v, len);
+
+    /* An admin's cancel made before a watch starts in another thread ends it. */
+    rdzv_admin_t *a = NULL;
+    CHECK(rdzv_admin_new(p, &a, NULL) == RDZV_OK, "admin handle");
+    CHECK(rdzv_admin_cancel(a, NULL) == RDZV_OK, "admin cancel");
+    struct watch_call w = { a, RDZV_OK };
+    pthread_create(&t, NULL, call_watch, &w);
+    pthread_join(t, NULL);
+    CHECK(w.status == RDZV_ERR_CANCELLED, "watch after rdzv_admin_cancel: %s", rdzv_status_name(w.status));
+    rdzv_run_status_t *status = NULL;
+    CHECK(rdzv_admin_watch(a, 60000, &status, NULL) == RDZV_OK && status->exists, "watch after the cancel");
+    rdzv_run_status_free(status);
+    CHECK(seconds_since(&t0) < 30, "handle cancels took %.1f s", seconds_since(&t0));
+    rdzv_admin_free(a);
+    rdzv_free(other);
+    rdzv_free(h);
+    rdzv_params_free(p);
 }
 
 struct result { rdzv_status_t status; rdzv_round_t round; char peers[NODES][16]; };
@@ -260,6 +404,8 @@ static void edge_cases(const char *endpoint, const char *run) {
     rdzv_bytes_free(v, len);
     EXPECT(rdzv_store_set_timeout(s, -5, &err), RDZV_ERR_INVALID_ARGUMENT, "timeout_ms");
     cancel_tokens(endpoint, run, s);
+    every_call_takes_a_token(endpoint, run, s);
+    handle_cancels_are_never_lost(endpoint, run, s);
     /* Random bytes into the parsers: a status, never a crash. */
     unsigned seed = 12345;
     for (int i = 0; i < 3000; i++) {
