@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -459,6 +460,79 @@ TEST(Cancel, HandleCancelBeforeAStoreWaitEndsItAndIsUsedUp) {
   EXPECT_EQ(one.store.get("here", 5s), "v");
 }
 
+// The handles' cancel() is the C library's (rdzv_cancel, rdzv_store_cancel,
+// rdzv_admin_cancel): a C call made on the raw handle after it ends too.
+TEST(Cancel, HandleCancelIsKeptByTheLibrary) {
+  rdzv::Rendezvous node(rdzv::Params::from_url(run_url("cancel-in-c", 2)));
+  node.cancel();
+  rdzv_round_t round{};
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(rdzv_next(const_cast<rdzv_t*>(node.raw()), &round, nullptr, nullptr),
+            RDZV_ERR_CANCELLED);
+  auto one = single_node_store();
+  one.store.set("here", "v");
+  one.store.cancel();
+  uint8_t* data = nullptr;
+  size_t len = 0;
+  EXPECT_EQ(rdzv_store_get(one.store.raw(), "here", 60000, &data, &len, nullptr),
+            RDZV_ERR_CANCELLED);
+  rdzv::Admin admin(rdzv::Params::from_url(etcd().url("cancel-in-c-admin")));
+  admin.cancel();
+  rdzv_run_status_t* status = nullptr;
+  EXPECT_EQ(rdzv_admin_watch(admin.raw(), 60000, &status, nullptr), RDZV_ERR_CANCELLED);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  // Each cancel was used up: the handles work again.
+  EXPECT_EQ(one.store.get("here", 5s), "v");
+  EXPECT_TRUE(admin.watch_next(10s).has_value());
+}
+
+// Every call that talks to etcd takes a CancelToken: one cancelled before the call ends it at
+// once and changes nothing.
+TEST(Cancel, EveryCallTakesAToken) {
+  rdzv::CancelToken token;
+  token.cancel();
+  const std::string url = run_url("every-call", 1);
+  rdzv::Rendezvous node(rdzv::Params::from_url(url));
+  rdzv::Store store = node.next().store;
+  store.set("here", "v");
+  rdzv::Admin admin(rdzv::Params::from_url(url));
+  const std::vector<std::string> keys = {"k"};
+  const std::vector<std::string> values = {"v"};
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(node.is_closed(token), rdzv::CancelledError);
+  EXPECT_THROW(node.set_closed(token), rdzv::CancelledError);
+  EXPECT_THROW(node.num_waiting(token), rdzv::CancelledError);
+  EXPECT_THROW(node.num_lost(token), rdzv::CancelledError);
+  EXPECT_THROW(node.drain("no", token), rdzv::CancelledError);
+  EXPECT_THROW(node.is_draining(token), rdzv::CancelledError);
+  EXPECT_THROW(store.set("k", "v", token), rdzv::CancelledError);
+  EXPECT_THROW(store.add("n", 1, token), rdzv::CancelledError);
+  EXPECT_THROW(store.compare_set("k", "", "v", token), rdzv::CancelledError);
+  EXPECT_THROW(store.check(keys, token), rdzv::CancelledError);
+  EXPECT_THROW(store.delete_key("here", token), rdzv::CancelledError);
+  EXPECT_THROW(store.num_keys(token), rdzv::CancelledError);
+  EXPECT_THROW(store.multi_set(keys, values, token), rdzv::CancelledError);
+  EXPECT_THROW(admin.status(token), rdzv::CancelledError);
+  EXPECT_THROW(admin.close_run(token), rdzv::CancelledError);
+  EXPECT_THROW(admin.purge(true, token), rdzv::CancelledError);
+  EXPECT_THROW(admin.drain(node.node_id(), "no", token), rdzv::CancelledError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  // Nothing changed; a live token is no token.
+  rdzv::CancelToken live;
+  EXPECT_FALSE(node.is_closed(live));
+  EXPECT_FALSE(node.is_draining(live));
+  EXPECT_EQ(node.num_lost(live), 0u);
+  EXPECT_EQ(node.num_waiting(live), 0u);
+  EXPECT_FALSE(store.check(keys, live));
+  EXPECT_EQ(store.num_keys(live), 1);
+  EXPECT_TRUE(store.delete_key("here", live));
+  EXPECT_EQ(store.add("n", 2, live), 2);
+  store.multi_set(keys, values, live);
+  EXPECT_EQ(store.compare_set("k", "v", "w", live), "w");
+  EXPECT_EQ(admin.status(live).num_alive, 1u);
+  EXPECT_TRUE(admin.purge(false, live).refused());
+}
+
 TEST(Cancel, TokenCancelledBeforeTheCallEndsItAtOnce) {
   rdzv::CancelToken token;
   EXPECT_FALSE(token.is_cancelled());
@@ -638,6 +712,45 @@ TEST(Faults, NextEndsOnCancelWhenEtcdIsFrozen) {
   std::fprintf(stderr, "next, etcd SIGSTOP under it, cancel(): returned %.2f s after it\n", late);
   server.signal(SIGCONT);
   EXPECT_LT(late, 3.0);
+}
+
+// A call that does not wait on other nodes but on etcd alone (here: frozen, connect_timeout
+// 60 s) ends on its token within about a second. Without one it took connect_timeout.
+TEST(Faults, CallsThatAskEtcdEndOnTheirTokenWhenEtcdIsFrozen) {
+  rdzv_test::EtcdServer server;
+  const std::string url = server.url(
+      "faults-token", "min_nodes=1&max_nodes=1&join_timeout=60&close_timeout=2&connect_timeout=60");
+  rdzv::Rendezvous node(rdzv::Params::from_url(url));
+  rdzv::Store store = node.next().store;
+  rdzv::Admin admin(rdzv::Params::from_url(url));
+  server.signal(SIGSTOP);
+  const std::vector<std::pair<const char*, std::function<void(const rdzv::CancelToken&)>>> calls = {
+      {"is_closed", [&](const rdzv::CancelToken& t) { node.is_closed(t); }},
+      {"num_waiting", [&](const rdzv::CancelToken& t) { node.num_waiting(t); }},
+      {"set_closed", [&](const rdzv::CancelToken& t) { node.set_closed(t); }},
+      {"store set", [&](const rdzv::CancelToken& t) { store.set("k", "v", t); }},
+      {"store add", [&](const rdzv::CancelToken& t) { store.add("n", 1, t); }},
+      {"admin status", [&](const rdzv::CancelToken& t) { admin.status(t); }},
+  };
+  for (const auto& [what, call] : calls) {
+    rdzv::CancelToken token;
+    auto fut = std::async(std::launch::async, [&call = call, token] {
+      try {
+        call(token);
+        return std::string("returned");
+      } catch (const rdzv::Error& e) {
+        return rdzv::status_name(e.status());
+      }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    token.cancel();
+    EXPECT_EQ(get_within(fut, 10s), "RDZV_ERR_CANCELLED") << what;
+    const double late = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "%s, etcd SIGSTOP under it, its token: returned %.2f s after it\n", what,
+                 late);
+    EXPECT_LT(late, 3.0) << what;
+  }
+  server.signal(SIGCONT);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@
 // cancel(), shutdown() and set_closed() may be called from another thread to wake a blocked
 // next(), Store::cancel() its blocked waits and Admin::cancel() a blocked watch_next(). A
 // handle's cancel() is never lost: it ends the calls in progress, or, if none is, the next one
-// to start (see detail::HandleCancel). For a cancel of your own, pass a CancelToken to the
-// call. Params must not be changed while it is being read. Destroying a handle while another
+// to start (the C library keeps it: rdzv_cancel). For a cancel of your own, pass a CancelToken
+// as the last argument of any call that talks to etcd. Params must not be changed while it is
+// being read. Destroying a handle while another
 // thread uses it is undefined, as in C: call shutdown() and join the other threads first.
 //
 // A moved-from object holds no handle; calls on it throw ShutdownError, as calls on a closed
@@ -296,8 +297,9 @@ inline void set_log_handler(LogHandler handler) {
 // Cancel tokens
 // ---------------------------------------------------------------------------------------------
 
-/// A cancel that cannot be lost: pass it to next(), a store wait or watch_next(), and cancel()
-/// it from any thread to end them with CancelledError. It stays cancelled, so a call made
+/// A cancel that cannot be lost: pass it to any call that talks to etcd (next(), a store's
+/// get() or set(), num_lost(), watch_next(), status(), ...), and cancel() it from any thread to
+/// end them with CancelledError, promptly whatever etcd is doing. It stays cancelled, so a call made
 /// with it afterwards throws CancelledError at once: cancelling just before another thread
 /// enters the call is no race. Copies share one token (copy it into the thread that cancels);
 /// the last copy frees it, and a call holds its own reference while it runs. cancel() never
@@ -339,56 +341,10 @@ class CancelToken {
 
 namespace detail {
 
-/// What a handle's cancel() reaches: the token its calls in progress share. The first call
-/// (or cancel()) makes it; cancel() cancels it; once every call that holds a cancelled token
-/// has returned, the next call gets a new one. So cancel() ends the calls in progress and
-/// any that start before they have returned, and, when no call is in progress, the next one
-/// to start: a cancel racing with the start of a call is never lost.
-class HandleCancel {
- public:
-  /// The token for a call that starts now; release() it when the call returns.
-  CancelToken acquire() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!current_) current_.emplace();
-    ++users_;
-    return *current_;
-  }
-
-  void release() noexcept {
-    std::lock_guard<std::mutex> lock(mu_);
-    bool cancelled = false;
-    if (--users_ == 0 && current_ &&
-        rdzv_cancel_token_is_cancelled(current_->raw(), &cancelled, nullptr) == RDZV_OK &&
-        cancelled) {
-      current_.reset();  // used up: the next call starts afresh
-    }
-  }
-
-  void cancel() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!current_) current_.emplace();
-    current_->cancel();
-  }
-
- private:
-  std::mutex mu_;
-  std::optional<CancelToken> current_;
-  size_t users_ = 0;
-};
-
-/// The handle's token for the duration of one call.
-class HandleCall {
- public:
-  explicit HandleCall(HandleCancel& handle) : handle_(handle), token_(handle.acquire()) {}
-  HandleCall(const HandleCall&) = delete;
-  HandleCall& operator=(const HandleCall&) = delete;
-  ~HandleCall() { handle_.release(); }
-  const rdzv_cancel_token_t* raw() const noexcept { return token_.raw(); }
-
- private:
-  HandleCancel& handle_;
-  CancelToken token_;
-};
+/// The C token of an optional CancelToken (NULL: none).
+inline const rdzv_cancel_token_t* token_of(const CancelToken* cancel) {
+  return cancel != nullptr ? cancel->checked() : nullptr;
+}
 
 }  // namespace detail
 
@@ -401,7 +357,8 @@ class HandleCall {
 /// wait". Values are bytes: the std::string methods carry them unchanged (NULs included), the
 /// *_bytes methods return std::vector<uint8_t>. The waits (get, wait, multi_get) end at once
 /// on cancel() or a shutdown of the node and within a second of their timeout, whatever etcd
-/// is doing; each also takes a CancelToken of your own.
+/// is doing. Every call also takes a CancelToken of your own as its last argument, which ends
+/// it in the same way (a write so ended may or may not have been applied).
 class Store {
  public:
   Store(Store&&) noexcept = default;
@@ -410,7 +367,7 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   /// Adopts a handle returned by rdzv_next (ownership moves to this object).
-  explicit Store(rdzv_store_t* raw) : ptr_(raw), cancel_(std::make_unique<detail::HandleCancel>()) {}
+  explicit Store(rdzv_store_t* raw) : ptr_(raw) {}
 
   // --- set ---
   void set(const std::string& key, std::string_view value) const {
@@ -421,6 +378,16 @@ class Store {
   }
   void set(const std::string& key, const std::vector<uint8_t>& value) const {
     set_raw(key, value.data(), value.size());
+  }
+  void set(const std::string& key, std::string_view value, const CancelToken& cancel) const {
+    set_raw(key, detail::bytes_of(value), value.size(), &cancel);
+  }
+  void set(const std::string& key, const char* value, const CancelToken& cancel) const {
+    set(key, std::string_view(value), cancel);
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value,
+           const CancelToken& cancel) const {
+    set_raw(key, value.data(), value.size(), &cancel);
   }
 
   // --- get: waits for the key to be set ---
@@ -451,12 +418,9 @@ class Store {
   }
 
   /// Atomically adds `delta` to the decimal integer at `key` (absent = 0); returns the sum.
-  int64_t add(const std::string& key, int64_t delta) const {
-    int64_t out = 0;
-    detail::call([&](rdzv_error_t** e) {
-      return rdzv_store_add(ptr(), key.c_str(), delta, &out, e);
-    });
-    return out;
+  int64_t add(const std::string& key, int64_t delta) const { return add_raw(key, delta, nullptr); }
+  int64_t add(const std::string& key, int64_t delta, const CancelToken& cancel) const {
+    return add_raw(key, delta, &cancel);
   }
 
   /// Sets `key` to `desired` if it holds `expected` (or is absent and `expected` is empty);
@@ -470,6 +434,17 @@ class Store {
                                    const std::vector<uint8_t>& desired) const {
     return compare_set_raw<std::vector<uint8_t>>(key, expected.data(), expected.size(),
                                                  desired.data(), desired.size());
+  }
+  std::string compare_set(const std::string& key, std::string_view expected,
+                          std::string_view desired, const CancelToken& cancel) const {
+    return compare_set_raw<std::string>(key, detail::bytes_of(expected), expected.size(),
+                                        detail::bytes_of(desired), desired.size(), &cancel);
+  }
+  std::vector<uint8_t> compare_set(const std::string& key, const std::vector<uint8_t>& expected,
+                                   const std::vector<uint8_t>& desired,
+                                   const CancelToken& cancel) const {
+    return compare_set_raw<std::vector<uint8_t>>(key, expected.data(), expected.size(),
+                                                 desired.data(), desired.size(), &cancel);
   }
 
   // --- wait: until all keys exist, else TimeoutError ---
@@ -488,30 +463,20 @@ class Store {
   }
 
   /// Whether all keys exist now. Does not wait.
-  bool check(const std::vector<std::string>& keys) const {
-    auto ks = detail::c_keys(keys);
-    bool out = false;
-    detail::call([&](rdzv_error_t** e) {
-      return rdzv_store_check(ptr(), ks.data(), ks.size(), &out, e);
-    });
-    return out;
+  bool check(const std::vector<std::string>& keys) const { return check_raw(keys, nullptr); }
+  bool check(const std::vector<std::string>& keys, const CancelToken& cancel) const {
+    return check_raw(keys, &cancel);
   }
 
   /// Deletes `key`; returns whether it existed.
-  bool delete_key(const std::string& key) const {
-    bool deleted = false;
-    detail::call([&](rdzv_error_t** e) {
-      return rdzv_store_delete_key(ptr(), key.c_str(), &deleted, e);
-    });
-    return deleted;
+  bool delete_key(const std::string& key) const { return delete_key_raw(key, nullptr); }
+  bool delete_key(const std::string& key, const CancelToken& cancel) const {
+    return delete_key_raw(key, &cancel);
   }
 
   /// Number of keys in this round's store.
-  int64_t num_keys() const {
-    int64_t out = 0;
-    detail::call([&](rdzv_error_t** e) { return rdzv_store_num_keys(ptr(), &out, e); });
-    return out;
-  }
+  int64_t num_keys() const { return num_keys_raw(nullptr); }
+  int64_t num_keys(const CancelToken& cancel) const { return num_keys_raw(&cancel); }
 
   // --- multi_get: waits for all keys, returns their values read at one revision ---
   std::vector<std::string> multi_get(const std::vector<std::string>& keys) const {
@@ -553,15 +518,23 @@ class Store {
                  const std::vector<std::vector<uint8_t>>& values) const {
     multi_set_raw(keys, values);
   }
+  void multi_set(const std::vector<std::string>& keys, const std::vector<std::string>& values,
+                 const CancelToken& cancel) const {
+    multi_set_raw(keys, values, &cancel);
+  }
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::vector<uint8_t>>& values,
+                 const CancelToken& cancel) const {
+    multi_set_raw(keys, values, &cancel);
+  }
 
   /// Ends the get(), wait() and multi_get() calls in progress on this store in other threads
-  /// (they throw CancelledError), and any that start before they have returned; with none in
-  /// progress, the next one to start. Never lost, never blocks. Calls made with a CancelToken
-  /// of your own are woken too if they are running, but only their token sticks.
+  /// (they throw CancelledError), with or without a CancelToken of your own, and any that start
+  /// before they have returned; with none in progress, the next one to start
+  /// (rdzv_store_cancel). Never lost, never blocks; used up once a wait has thrown
+  /// CancelledError because of it, and the store stays usable.
   void cancel() const {
-    const rdzv_store_t* p = ptr();
-    cancel_->cancel();
-    detail::call([&](rdzv_error_t** e) { return rdzv_store_cancel(p, e); });
+    detail::call([&](rdzv_error_t** e) { return rdzv_store_cancel(ptr(), e); });
   }
 
   /// Sets the default timeout of get, wait and multi_get (must be >= 0).
@@ -586,66 +559,103 @@ class Store {
     return ptr_.get();
   }
 
-  void set_raw(const std::string& key, const uint8_t* data, size_t len) const {
+  // Each call below passes the C token of `cancel` (NULL: none).
+
+  void set_raw(const std::string& key, const uint8_t* data, size_t len,
+               const CancelToken* cancel = nullptr) const {
+    const rdzv_store_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
     detail::call([&](rdzv_error_t** e) {
-      return rdzv_store_set(ptr(), key.c_str(), data, len, e);
+      return rdzv_store_set_with_cancel(p, key.c_str(), data, len, token, e);
     });
   }
 
-  /// Runs `fn(token)` with `own`'s C token, or, without one, the token cancel() reaches.
-  template <class Fn>
-  void with_token(const CancelToken* own, Fn&& fn) const {
+  int64_t add_raw(const std::string& key, int64_t delta, const CancelToken* cancel) const {
     const rdzv_store_t* p = ptr();
-    if (own != nullptr) return fn(p, own->checked());
-    detail::HandleCall call(*cancel_);
-    fn(p, call.raw());
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    int64_t out = 0;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_add_with_cancel(p, key.c_str(), delta, token, &out, e);
+    });
+    return out;
+  }
+
+  bool check_raw(const std::vector<std::string>& keys, const CancelToken* cancel) const {
+    const rdzv_store_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    auto ks = detail::c_keys(keys);
+    bool out = false;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_check_with_cancel(p, ks.data(), ks.size(), token, &out, e);
+    });
+    return out;
+  }
+
+  bool delete_key_raw(const std::string& key, const CancelToken* cancel) const {
+    const rdzv_store_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    bool deleted = false;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_delete_key_with_cancel(p, key.c_str(), token, &deleted, e);
+    });
+    return deleted;
+  }
+
+  int64_t num_keys_raw(const CancelToken* cancel) const {
+    const rdzv_store_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    int64_t out = 0;
+    detail::call([&](rdzv_error_t** e) { return rdzv_store_num_keys_with_cancel(p, token, &out, e); });
+    return out;
   }
 
   template <class T>
-  T get_raw(const std::string& key, int64_t timeout_ms, const CancelToken* own = nullptr) const {
+  T get_raw(const std::string& key, int64_t timeout_ms, const CancelToken* cancel = nullptr) const {
+    const rdzv_store_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
     detail::Buffer buf;
-    with_token(own, [&](const rdzv_store_t* p, const rdzv_cancel_token_t* token) {
-      detail::call([&](rdzv_error_t** e) {
-        return rdzv_store_get_with_cancel(p, key.c_str(), timeout_ms, token, &buf.data, &buf.len,
-                                          e);
-      });
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_get_with_cancel(p, key.c_str(), timeout_ms, token, &buf.data, &buf.len, e);
     });
     return buf.to<T>();
   }
 
   template <class T>
   T compare_set_raw(const std::string& key, const uint8_t* expected, size_t expected_len,
-                    const uint8_t* desired, size_t desired_len) const {
+                    const uint8_t* desired, size_t desired_len,
+                    const CancelToken* cancel = nullptr) const {
+    const rdzv_store_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
     detail::Buffer buf;
     detail::call([&](rdzv_error_t** e) {
-      return rdzv_store_compare_set(ptr(), key.c_str(), expected, expected_len, desired,
-                                    desired_len, &buf.data, &buf.len, e);
+      return rdzv_store_compare_set_with_cancel(p, key.c_str(), expected, expected_len, desired,
+                                                desired_len, token, &buf.data, &buf.len, e);
     });
     return buf.to<T>();
   }
 
   void wait_raw(const std::vector<std::string>& keys, int64_t timeout_ms,
-                const CancelToken* own = nullptr) const {
+                const CancelToken* cancel = nullptr) const {
+    const rdzv_store_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
     auto ks = detail::c_keys(keys);
-    with_token(own, [&](const rdzv_store_t* p, const rdzv_cancel_token_t* token) {
-      detail::call([&](rdzv_error_t** e) {
-        return rdzv_store_wait_with_cancel(p, ks.data(), ks.size(), timeout_ms, token, e);
-      });
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_wait_with_cancel(p, ks.data(), ks.size(), timeout_ms, token, e);
     });
   }
 
   template <class T>
   std::vector<T> multi_get_raw(const std::vector<std::string>& keys, int64_t timeout_ms,
-                               const CancelToken* own = nullptr) const {
+                               const CancelToken* cancel = nullptr) const {
+    const rdzv_store_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
     auto ks = detail::c_keys(keys);
     std::vector<detail::Buffer> bufs(keys.size());
     std::vector<uint8_t*> data(keys.size(), nullptr);
     std::vector<size_t> lens(keys.size(), 0);
-    with_token(own, [&](const rdzv_store_t* p, const rdzv_cancel_token_t* token) {
-      detail::call([&](rdzv_error_t** e) {
-        return rdzv_store_multi_get_with_cancel(p, ks.data(), ks.size(), timeout_ms, token,
-                                                data.data(), lens.data(), e);
-      });
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_store_multi_get_with_cancel(p, ks.data(), ks.size(), timeout_ms, token,
+                                              data.data(), lens.data(), e);
     });
     // Hand every buffer to its owner first, so none leaks if a copy below throws.
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -659,7 +669,10 @@ class Store {
   }
 
   template <class V>
-  void multi_set_raw(const std::vector<std::string>& keys, const std::vector<V>& values) const {
+  void multi_set_raw(const std::vector<std::string>& keys, const std::vector<V>& values,
+                     const CancelToken* cancel = nullptr) const {
+    const rdzv_store_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
     if (keys.size() != values.size()) {
       throw InvalidArgumentError(RDZV_ERR_INVALID_ARGUMENT,
                                  "multi_set: " + std::to_string(keys.size()) + " keys but " +
@@ -675,12 +688,12 @@ class Store {
       lens.push_back(v.size());
     }
     detail::call([&](rdzv_error_t** e) {
-      return rdzv_store_multi_set(ptr(), ks.data(), vs.data(), lens.data(), ks.size(), e);
+      return rdzv_store_multi_set_with_cancel(p, ks.data(), vs.data(), lens.data(), ks.size(), token,
+                                              e);
     });
   }
 
   std::unique_ptr<rdzv_store_t, detail::StoreDeleter> ptr_;
-  std::unique_ptr<detail::HandleCancel> cancel_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -708,7 +721,7 @@ class Rendezvous {
  public:
   /// Connects to etcd and registers this node (at most connect_timeout). Does not consume
   /// `params`.
-  explicit Rendezvous(const Params& params) : cancel_(std::make_unique<detail::HandleCancel>()) {
+  explicit Rendezvous(const Params& params) {
     rdzv_t* out = nullptr;
     detail::call([&](rdzv_error_t** e) { return rdzv_new(params.checked(), &out, e); });
     ptr_.reset(out);
@@ -722,14 +735,10 @@ class Rendezvous {
   /// Joins the next round and blocks until this node is a member of a completed round (at
   /// most join_timeout). Throws ClosedError, GracefulExitError, TimeoutError, ShutdownError,
   /// CancelledError (cancel() from another thread, made before or during the call), ...
-  Round next() {
-    rdzv_t* p = mut_ptr();
-    detail::HandleCall call(*cancel_);
-    return next_raw(p, call.raw());
-  }
+  Round next() { return next_raw(mut_ptr(), nullptr); }
 
   /// next(), which also throws CancelledError once `cancel` is cancelled (at once, joining
-  /// nothing, if it already is).
+  /// nothing, if it already is). cancel() ends it too.
   Round next(const CancelToken& cancel) { return next_raw(mut_ptr(), cancel.checked()); }
 
  private:
@@ -752,40 +761,32 @@ class Rendezvous {
 
  public:
 
+  // Each call below also takes a CancelToken of your own as its last argument: it throws
+  // CancelledError once the token is cancelled, at once if it already is (a write so ended
+  // may or may not have been applied).
+
   /// Whether any node has closed the run.
-  bool is_closed() const {
-    bool out = false;
-    detail::call([&](rdzv_error_t** e) { return rdzv_is_closed(ptr(), &out, e); });
-    return out;
-  }
+  bool is_closed() const { return is_closed_raw(nullptr); }
+  bool is_closed(const CancelToken& cancel) const { return is_closed_raw(&cancel); }
 
   /// Closes the run for every node; blocked next() calls anywhere throw ClosedError.
-  void set_closed() const {
-    detail::call([&](rdzv_error_t** e) { return rdzv_set_closed(ptr(), e); });
-  }
+  void set_closed() const { set_closed_raw(nullptr); }
+  void set_closed(const CancelToken& cancel) const { set_closed_raw(&cancel); }
 
   /// Nodes waiting for a round after this node's last one (non-zero: call next()).
-  uint32_t num_waiting() const {
-    uint32_t out = 0;
-    detail::call([&](rdzv_error_t** e) { return rdzv_num_waiting(ptr(), &out, e); });
-    return out;
-  }
+  uint32_t num_waiting() const { return num_waiting_raw(nullptr); }
+  uint32_t num_waiting(const CancelToken& cancel) const { return num_waiting_raw(&cancel); }
 
   /// Members of this node's last round whose lease expired (non-zero: call next()).
-  uint32_t num_lost() const {
-    uint32_t out = 0;
-    detail::call([&](rdzv_error_t** e) { return rdzv_num_lost(ptr(), &out, e); });
-    return out;
-  }
+  uint32_t num_lost() const { return num_lost_raw(nullptr); }
+  uint32_t num_lost(const CancelToken& cancel) const { return num_lost_raw(&cancel); }
 
-  /// Ends the next() in progress in another thread (it throws CancelledError) or, if none
-  /// is, the next one to start: a cancel just before another thread enters next() is not
-  /// lost. The handle stays usable. A next() made with a CancelToken of your own is woken too
-  /// if it is running, but only its token sticks. Never blocks.
+  /// Ends the next() in progress in another thread (it throws CancelledError), with or without
+  /// a CancelToken of your own, or, if none is, the next one to start: a cancel just before
+  /// another thread enters next() is not lost (rdzv_cancel). Used up once a next() has thrown
+  /// CancelledError because of it; the handle stays usable. Never blocks.
   void cancel() const {
-    const rdzv_t* p = ptr();
-    cancel_->cancel();
-    detail::call([&](rdzv_error_t** e) { return rdzv_cancel(p, e); });
+    detail::call([&](rdzv_error_t** e) { return rdzv_cancel(ptr(), e); });
   }
 
   /// Releases this node (wakes a blocked next(), revokes the lease). Idempotent; later calls
@@ -800,18 +801,13 @@ class Rendezvous {
   /// as Admin::drain() does for any node: the other members count it in num_lost() at once
   /// and re-form without it, and this node's next() throws GracefulExitError. Does not close
   /// the run. `reason` is shown in that error and in logs.
-  void drain(const std::string& reason = "") {
-    rdzv_t* p = mut_ptr();
-    detail::call([&](rdzv_error_t** e) { return rdzv_drain(p, reason.c_str(), e); });
-  }
+  void drain(const std::string& reason = "") { drain_raw(reason, nullptr); }
+  void drain(const std::string& reason, const CancelToken& cancel) { drain_raw(reason, &cancel); }
 
   /// Whether this node was drained (by drain(), an operator or a scheduler): its agent should
   /// stop its workers and leave. One etcd read.
-  bool is_draining() const {
-    bool out = false;
-    detail::call([&](rdzv_error_t** e) { return rdzv_is_draining(ptr(), &out, e); });
-    return out;
-  }
+  bool is_draining() const { return is_draining_raw(nullptr); }
+  bool is_draining(const CancelToken& cancel) const { return is_draining_raw(&cancel); }
 
   std::string run_id() const { return rdzv_run_id(ptr()); }
   std::string backend() const { return rdzv_backend(ptr()); }
@@ -831,8 +827,48 @@ class Rendezvous {
     return ptr_.get();
   }
 
+  bool is_closed_raw(const CancelToken* cancel) const {
+    const rdzv_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    bool out = false;
+    detail::call([&](rdzv_error_t** e) { return rdzv_is_closed_with_cancel(p, token, &out, e); });
+    return out;
+  }
+  void set_closed_raw(const CancelToken* cancel) const {
+    const rdzv_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    detail::call([&](rdzv_error_t** e) { return rdzv_set_closed_with_cancel(p, token, e); });
+  }
+  uint32_t num_waiting_raw(const CancelToken* cancel) const {
+    const rdzv_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    uint32_t out = 0;
+    detail::call([&](rdzv_error_t** e) { return rdzv_num_waiting_with_cancel(p, token, &out, e); });
+    return out;
+  }
+  uint32_t num_lost_raw(const CancelToken* cancel) const {
+    const rdzv_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    uint32_t out = 0;
+    detail::call([&](rdzv_error_t** e) { return rdzv_num_lost_with_cancel(p, token, &out, e); });
+    return out;
+  }
+  void drain_raw(const std::string& reason, const CancelToken* cancel) {
+    rdzv_t* p = mut_ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_drain_with_cancel(p, reason.c_str(), token, e);
+    });
+  }
+  bool is_draining_raw(const CancelToken* cancel) const {
+    const rdzv_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    bool out = false;
+    detail::call([&](rdzv_error_t** e) { return rdzv_is_draining_with_cancel(p, token, &out, e); });
+    return out;
+  }
+
   std::unique_ptr<rdzv_t, detail::RendezvousDeleter> ptr_;
-  std::unique_ptr<detail::HandleCancel> cancel_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -963,7 +999,7 @@ class Admin {
  public:
   /// Connects to etcd (at most connect_timeout) and registers nothing. Does not consume
   /// `params`.
-  explicit Admin(const Params& params) : cancel_(std::make_unique<detail::HandleCancel>()) {
+  explicit Admin(const Params& params) {
     rdzv_admin_t* out = nullptr;
     detail::call([&](rdzv_error_t** e) { return rdzv_admin_new(params.checked(), &out, e); });
     ptr_.reset(out);
@@ -974,12 +1010,13 @@ class Admin {
   Admin(const Admin&) = delete;
   Admin& operator=(const Admin&) = delete;
 
+  // Each call below also takes a CancelToken of your own as its last argument: it throws
+  // CancelledError once the token is cancelled, at once if it already is (a write so ended
+  // may or may not have been applied).
+
   /// The run's status now (two or three etcd reads, at most connect_timeout).
-  RunStatus status() const {
-    rdzv_run_status_t* out = nullptr;
-    detail::call([&](rdzv_error_t** e) { return rdzv_admin_status(ptr(), &out, e); });
-    return detail::take_status(out);
-  }
+  RunStatus status() const { return status_raw(nullptr); }
+  RunStatus status(const CancelToken& cancel) const { return status_raw(&cancel); }
 
   /// The run's current status on the handle's first call; after that, waits for the next
   /// change an operator would see (a join, a seal, a loss, a drain, a close; not the workers'
@@ -990,45 +1027,36 @@ class Admin {
   /// InvalidArgumentError for a negative timeout or when another watch_next() is running.
   template <class Rep, class Period>
   std::optional<RunStatus> watch_next(std::chrono::duration<Rep, Period> timeout) const {
-    const rdzv_admin_t* p = ptr();
-    detail::HandleCall call(*cancel_);
-    return watch_raw(p, timeout, call.raw());
+    return watch_raw(ptr(), timeout, nullptr);
   }
 
   /// watch_next(), which also throws CancelledError once `cancel` is cancelled (at once if it
-  /// already is).
+  /// already is). cancel() ends it too.
   template <class Rep, class Period>
   std::optional<RunStatus> watch_next(std::chrono::duration<Rep, Period> timeout,
                                       const CancelToken& cancel) const {
     return watch_raw(ptr(), timeout, cancel.checked());
   }
 
-  /// Ends the watch_next() in progress in another thread (it throws CancelledError) or, if
-  /// none is, the next one to start: never lost. The handle stays usable. A watch_next()
-  /// made with a CancelToken of your own is woken too if it is running. Never blocks.
+  /// Ends the watch_next() in progress in another thread (it throws CancelledError), with or
+  /// without a CancelToken of your own, or, if none is, the next one to start: never lost
+  /// (rdzv_admin_cancel). Used up once a watch_next() has thrown CancelledError because of
+  /// it; the handle stays usable and its watch loses nothing. Never blocks.
   void cancel() const {
-    const rdzv_admin_t* p = ptr();
-    cancel_->cancel();
-    detail::call([&](rdzv_error_t** e) { return rdzv_admin_cancel(p, e); });
+    detail::call([&](rdzv_error_t** e) { return rdzv_admin_cancel(ptr(), e); });
   }
 
   /// Closes the run for every node, as Rendezvous::set_closed() does: blocked and later
   /// next() calls throw ClosedError.
-  void close_run() const {
-    detail::call([&](rdzv_error_t** e) { return rdzv_admin_close(ptr(), e); });
-  }
+  void close_run() const { close_run_raw(nullptr); }
+  void close_run(const CancelToken& cancel) const { close_run_raw(&cancel); }
 
   /// Deletes every key of the run (rounds, stores, round counter, closed marker), so its id
   /// can be used again at once. While any node of the run is alive it deletes nothing and says
   /// how many are (refused_alive), unless `force`, which leaves running nodes without their
   /// keys (they fail). The check and the delete are one transaction.
-  PurgeResult purge(bool force = false) const {
-    PurgeResult out;
-    detail::call([&](rdzv_error_t** e) {
-      return rdzv_admin_purge(ptr(), force, &out.deleted, &out.refused_alive, e);
-    });
-    return out;
-  }
+  PurgeResult purge(bool force = false) const { return purge_raw(force, nullptr); }
+  PurgeResult purge(bool force, const CancelToken& cancel) const { return purge_raw(force, &cancel); }
 
   /// Marks node `node_id` (a Rendezvous's node_id(), or as the status names it) as leaving the
   /// run: a planned departure (preemption notice, maintenance, scale-down). The other members
@@ -1037,9 +1065,11 @@ class Admin {
   /// shown to the node and in logs. Throws InvalidArgumentError naming the node if it is not a
   /// live node of the run.
   void drain(const std::string& node_id, const std::string& reason = "") const {
-    detail::call([&](rdzv_error_t** e) {
-      return rdzv_admin_drain(ptr(), node_id.c_str(), reason.c_str(), e);
-    });
+    drain_raw(node_id, reason, nullptr);
+  }
+  void drain(const std::string& node_id, const std::string& reason,
+             const CancelToken& cancel) const {
+    drain_raw(node_id, reason, &cancel);
   }
 
   const rdzv_admin_t* raw() const noexcept { return ptr_.get(); }
@@ -1049,6 +1079,36 @@ class Admin {
   const rdzv_admin_t* ptr() const {
     if (!ptr_) detail::throw_empty("rdzv::Admin");
     return ptr_.get();
+  }
+
+  RunStatus status_raw(const CancelToken* cancel) const {
+    const rdzv_admin_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    rdzv_run_status_t* out = nullptr;
+    detail::call([&](rdzv_error_t** e) { return rdzv_admin_status_with_cancel(p, token, &out, e); });
+    return detail::take_status(out);
+  }
+  void close_run_raw(const CancelToken* cancel) const {
+    const rdzv_admin_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    detail::call([&](rdzv_error_t** e) { return rdzv_admin_close_with_cancel(p, token, e); });
+  }
+  PurgeResult purge_raw(bool force, const CancelToken* cancel) const {
+    const rdzv_admin_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    PurgeResult out;
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_admin_purge_with_cancel(p, force, token, &out.deleted, &out.refused_alive, e);
+    });
+    return out;
+  }
+  void drain_raw(const std::string& node_id, const std::string& reason,
+                 const CancelToken* cancel) const {
+    const rdzv_admin_t* p = ptr();
+    const rdzv_cancel_token_t* token = detail::token_of(cancel);
+    detail::call([&](rdzv_error_t** e) {
+      return rdzv_admin_drain_with_cancel(p, node_id.c_str(), reason.c_str(), token, e);
+    });
   }
 
   template <class Rep, class Period>
@@ -1066,7 +1126,6 @@ class Admin {
   }
 
   std::unique_ptr<rdzv_admin_t, detail::AdminDeleter> ptr_;
-  std::unique_ptr<detail::HandleCancel> cancel_;
 };
 
 }  // namespace rdzv
