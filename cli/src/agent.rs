@@ -19,10 +19,11 @@
 //! across rounds. Leaving never closes the run for others; only a spent budget (or an
 //! operator's `rdzv close`) does.
 
-use crate::cli::{Rendezvous as Mode, RunConfig};
 use crate::exit::Exit;
 use crate::output::say;
 use crate::ranks::{self, NodeInfo, WorkerRanks};
+use crate::settings::rendezvous::Rendezvous as Mode;
+use crate::settings::RunConfig;
 use crate::watchdog::Watchdog;
 use crate::workers::{Failure, Group, GroupSpec, LogPlan};
 use rdzv::{ErrorKind, Rendezvous, Store};
@@ -291,7 +292,7 @@ impl Agent {
                 round.master_port
             ));
             let spec = GroupSpec {
-                command: &self.cfg.command,
+                command: &self.cfg.program.command,
                 role: &self.cfg.role,
                 run_id: &self.cfg.run_id,
                 group_rank: round.group_rank,
@@ -360,7 +361,7 @@ impl Agent {
                         }
                     ));
                     self.fail_job(&round, &why).await;
-                    self.reported_error_file = report(&self.cfg.command, &failures);
+                    self.reported_error_file = report(&self.cfg.program, &failures);
                     return Exit::Failure;
                 }
                 Outcome::Stop(Stop::Changed(why)) => {
@@ -574,7 +575,7 @@ impl Agent {
             Stop::Closed(None) => match failed {
                 Some(failures) => {
                     say("the run was closed before the workers could be restarted");
-                    self.reported_error_file = report(&self.cfg.command, failures);
+                    self.reported_error_file = report(&self.cfg.program, failures);
                     Exit::Failure
                 }
                 None => {
@@ -586,7 +587,7 @@ impl Agent {
             // every node, healthy ones included.
             Stop::Closed(Some(why)) | Stop::JobFailed(why) => {
                 if let Some(failures) = failed {
-                    self.reported_error_file = report(&self.cfg.command, failures);
+                    self.reported_error_file = report(&self.cfg.program, failures);
                 }
                 crate::output::error(format_args!("the job failed on another node: {why}"));
                 Exit::Failure
@@ -611,7 +612,9 @@ impl Agent {
             // No rendezvous (standalone or static): the layout is fixed.
             let number = self.standalone_round;
             self.standalone_round += 1;
-            let fixed = self.cfg.static_round();
+            let Mode::Static(fixed) = &self.cfg.rendezvous else {
+                unreachable!("a node on etcd has a rendezvous handle")
+            };
             return Ok(Round {
                 number,
                 group_rank: fixed.node_rank,
@@ -944,8 +947,8 @@ async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rendezvo
 
 /// The failure report (workers.rs), named by the program the workers ran. True if it named
 /// an error file.
-fn report(command: &[String], failures: &[Failure]) -> bool {
-    crate::workers::report(crate::cli::program_name(command), failures)
+fn report(program: &crate::settings::program::Program, failures: &[Failure]) -> bool {
+    crate::workers::report(program.name(), failures)
 }
 
 /// A run id as a directory name.

@@ -1,29 +1,43 @@
 //! `rdzv`: the elastic launcher (`rdzv run`, torchelastic's agent on rdzv's rendezvous) and the
-//! operator commands (`status`, `close`, `purge`). It uses only the library's public Rust API.
+//! operator commands (`status`, `close`, `purge`, `drain`). It uses only the library's public
+//! Rust API.
 //!
-//! Modules, each depending only on those listed before it: `exit` (exit statuses, the usage
-//! error), `output` (every line the command writes), `host` (what the machine has: CPUs,
-//! accelerators, NUMA), `cli` (flags into a checked configuration), `ranks` (worker ranks from a round), `workers` (one node's worker
-//! processes), `c10d` (the embedded etcd of `--rdzv-backend=c10d`), `watchdog` (the helper
-//! that releases the node if the launcher is killed), `agent` (the elastic agent's state
-//! machine), `ops` (the operator commands).
+//! Modules, each using only those listed before it:
+//! - `exit`: exit statuses, the usage error, signal names;
+//! - `output`: every line the command writes;
+//! - `host`: what the machine has (CPUs, accelerators, NUMA, its name);
+//! - `args`: the command line, each flag parsed into its type;
+//! - `settings`: `rdzv run`'s flags combined and checked into a `RunConfig`;
+//! - `ranks`: worker ranks from a round;
+//! - `workers`: one node's worker processes;
+//! - `c10d`: the embedded etcd of `--rdzv-backend=c10d`;
+//! - `watchdog`: the helper that releases the node if the launcher is killed;
+//! - `agent`: the elastic agent's state machine;
+//! - `ops`: the operator commands.
 
 mod exit;
+
 mod output;
 
-mod cli;
 mod host;
 
-mod c10d;
+mod args;
+
+mod settings;
+
 mod ranks;
-mod watchdog;
+
 mod workers;
 
+mod c10d;
+
+mod watchdog;
+
 mod agent;
+
 mod ops;
 
-use clap::Parser;
-use cli::{Cli, Command};
+use args::Command;
 use exit::Exit;
 
 fn main() {
@@ -35,9 +49,9 @@ fn main() {
         output::route_library_logs();
         std::process::exit(watchdog::main().code());
     }
-    let cli = match Cli::try_parse() {
+    let cli = match args::parse() {
         Ok(cli) => cli,
-        Err(e) => std::process::exit(usage_error(e).code()),
+        Err(exit) => std::process::exit(exit.code()),
     };
     output::route_library_logs();
     let code = match cli.command {
@@ -50,12 +64,14 @@ fn main() {
     std::process::exit(code.code());
 }
 
-fn run(args: Box<cli::RunArgs>) -> Exit {
-    if let Some(shell) = &args.print_completion {
-        cli::print_completion(shell);
+fn run(args: Box<args::run::RunArgs>) -> Exit {
+    if let Some(shell) = args.print_completion {
+        args::print_completion(shell);
         return Exit::Success;
     }
-    let cfg = match cli::run_config(args).and_then(|cfg| cli::check_program(&cfg).map(|()| cfg)) {
+    let checked =
+        settings::RunConfig::from_args(*args).and_then(|cfg| cfg.program.check().map(|()| cfg));
+    let cfg = match checked {
         Ok(cfg) => cfg,
         Err(exit::Usage(message)) => {
             output::error(format_args!("{message} (see rdzv run --help)"));
@@ -67,8 +83,8 @@ fn run(args: Box<cli::RunArgs>) -> Exit {
     }
     // Started here, on the main thread: its PR_SET_PDEATHSIG follows this thread. Stopped when
     // this function returns, after the agent is through.
-    let serve = |endpoint: &str| c10d::serve_if_here(endpoint, cfg.c10d_is_host);
-    let _served = match cfg.c10d.as_deref().map(serve).transpose() {
+    let serve = |c: &settings::rendezvous::C10d| c10d::serve_if_here(&c.endpoint, c.is_host);
+    let _served = match cfg.c10d.as_ref().map(serve).transpose() {
         Ok(served) => served.flatten(),
         Err(message) => {
             output::error(message);
@@ -105,7 +121,7 @@ fn run(args: Box<cli::RunArgs>) -> Exit {
     let handled = cfg.signals.clone();
     // The embedded etcd outlives this node's part until the others have left.
     let linger = match (&_served, &cfg.rendezvous) {
-        (Some(_), cli::Rendezvous::Etcd(params)) => Some((
+        (Some(_), settings::rendezvous::Rendezvous::Etcd(params)) => Some((
             (**params).clone(),
             cfg.shutdown_timeout + C10D_LINGER_MARGIN,
         )),
@@ -155,33 +171,4 @@ fn block_on(f: impl std::future::Future<Output = Exit>) -> Exit {
             Exit::Failure
         }
     }
-}
-
-/// Help and version go out as clap writes them (exit 0); every other parse error becomes one
-/// line naming the problem, exit status 2.
-fn usage_error(e: clap::Error) -> Exit {
-    use clap::error::ErrorKind;
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
-        let _ = e.print();
-        return match e.kind() {
-            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => Exit::Usage,
-            _ => Exit::Success,
-        };
-    }
-    let text = e.render().to_string();
-    // clap's message is its first paragraph (a list of missing arguments continues on the
-    // next lines); the usage and tips that follow are left to --help.
-    let first = text.split("\n\n").next().unwrap_or("");
-    let line = first
-        .trim_start_matches("error: ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    output::error(format_args!("{line} (see rdzv --help)"));
-    Exit::Usage
 }

@@ -1,15 +1,22 @@
 //! The operator commands: `status` (a table, `--json`, `--watch`), `close`, `purge` and
 //! `drain`, all on the library's `admin` module (the calls the C ABI's `rdzv_admin_*` make),
-//! so they never read etcd keys themselves.
+//! so they never read etcd keys themselves. Each names its run by URL or by `rdzv run`'s
+//! flags (`args::ops::NamedRun`).
 
-use crate::cli::{DrainArgs, PurgeArgs, StatusArgs, UrlArg};
+use crate::args::ops::{CloseArgs, DrainArgs, NamedRun, PurgeArgs, StatusArgs};
 use crate::exit::{Exit, Usage};
 use crate::output::{error, result};
 use rdzv::admin::{Admin, EtcdAlarm, Purge, RunStatus};
 use rdzv::Params;
 
-async fn connect(url: &str) -> Result<Admin, Exit> {
-    let params = Params::from_url(url).map_err(|e| {
+/// Connects to the run `run` names; `command` is the subcommand, for a usage error's pointer
+/// to its help.
+async fn connect(run: &NamedRun, command: &str) -> Result<Admin, Exit> {
+    let url = run.url().map_err(|Usage(message)| {
+        error(format_args!("{message} (see rdzv {command} --help)"));
+        Exit::Usage
+    })?;
+    let params = Params::from_url(&url).map_err(|e| {
         error(format_args!("URL: {}", e.message()));
         Exit::Usage
     })?;
@@ -20,14 +27,7 @@ async fn connect(url: &str) -> Result<Admin, Exit> {
 }
 
 pub async fn status(a: StatusArgs) -> Exit {
-    let url = match a.url() {
-        Ok(url) => url,
-        Err(Usage(message)) => {
-            error(format_args!("{message} (see rdzv status --help)"));
-            return Exit::Usage;
-        }
-    };
-    let admin = match connect(&url).await {
+    let admin = match connect(&a.run, "status").await {
         Ok(admin) => admin,
         Err(code) => return code,
     };
@@ -68,8 +68,8 @@ pub async fn status(a: StatusArgs) -> Exit {
     }
 }
 
-pub async fn close(a: UrlArg) -> Exit {
-    let admin = match connect(&a.url).await {
+pub async fn close(a: CloseArgs) -> Exit {
+    let admin = match connect(&a.run, "close").await {
         Ok(admin) => admin,
         Err(code) => return code,
     };
@@ -89,7 +89,7 @@ pub async fn close(a: UrlArg) -> Exit {
 }
 
 pub async fn purge(a: PurgeArgs) -> Exit {
-    let admin = match connect(&a.run.url).await {
+    let admin = match connect(&a.run, "purge").await {
         Ok(admin) => admin,
         Err(code) => return code,
     };
@@ -117,7 +117,7 @@ pub async fn purge(a: PurgeArgs) -> Exit {
 }
 
 pub async fn drain(a: DrainArgs) -> Exit {
-    let admin = match connect(&a.run.url).await {
+    let admin = match connect(&a.run, "drain").await {
         Ok(admin) => admin,
         Err(code) => return code,
     };

@@ -13,7 +13,7 @@
 //! Exits are waited for by one plain thread per worker and delivered on a channel, so the
 //! agent reacts to a failure at once instead of at its next monitor tick.
 
-use crate::cli::{Framework, StreamSpec};
+use crate::args::values::{Framework, StreamSpec, Streams};
 use crate::exit::signal_name;
 use crate::host::hostname;
 use crate::output::{self, plain, say, Console, Destination};
@@ -42,7 +42,7 @@ pub struct LogPlan {
 }
 
 impl LogPlan {
-    pub fn new(cfg: &crate::cli::RunConfig, run_dir: PathBuf) -> LogPlan {
+    pub fn new(cfg: &crate::settings::RunConfig, run_dir: PathBuf) -> LogPlan {
         LogPlan {
             run_dir,
             redirects: cfg.redirects.clone(),
@@ -609,7 +609,7 @@ fn route(
     file: &Path,
     duplicate: Option<output::Duplicate>,
 ) -> std::io::Result<Route> {
-    let pick = |s: crate::cli::Streams| match console {
+    let pick = |s: Streams| match console {
         Console::Stdout => s.stdout,
         Console::Stderr => s.stderr,
     };

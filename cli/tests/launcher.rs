@@ -1613,6 +1613,54 @@ fn status_takes_runs_flags_and_says_what_runs() {
     l.terminate();
 }
 
+/// `drain`, `close` and `purge` name the run as `rdzv run` does too, by --rdzv-endpoint,
+/// --rdzv-id and --rdzv-conf instead of a URL (as `status` does); not by both at once.
+#[test]
+fn close_purge_and_drain_take_runs_flags_too() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    let id = unique_run_id("ops-flags");
+    let url = format!("etcd://{}/{id}?{FAST}", etcd.endpoint());
+    let endpoint = format!("--rdzv-endpoint={}", etcd.endpoint());
+    let id_arg = format!("--rdzv_id={id}");
+    let run = [
+        endpoint.as_str(),
+        id_arg.as_str(),
+        "--rdzv-conf=lease_ttl=2",
+    ];
+    let op_on_run = |command: &[&str], last: &[&str]| op_ok(&[command, &run, last].concat());
+
+    let mut drained = s.node(&url, &[], "hold");
+    drained.start(60);
+    let joined = drained.wait_line(5, |l| l.contains("as node "));
+    let node_id = joined
+        .split("as node ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let out = op_on_run(&["drain", "--reason", "maintenance"], &[&node_id]);
+    assert!(out.contains("drained"), "{out}");
+    drained.exits_with(0, 30);
+    assert!(
+        drained.said("this node was drained"),
+        "{}",
+        drained.output()
+    );
+
+    let mut closed = s.node(&url, &[], "hold");
+    closed.start(60);
+    let out = op_on_run(&["close"], &[]);
+    assert!(out.contains("closed"), "{out}");
+    closed.exits_with(0, 30);
+    assert!(closed.said("the run was closed"), "{}", closed.output());
+
+    let out = op_on_run(&["purge"], &[]);
+    assert!(out.contains(&format!("run {id:?} purged")), "{out}");
+    assert_eq!(status_json(&url)["exists"], false);
+    op_fails(&["close", &endpoint, &url], 2);
+}
+
 #[test]
 fn status_watch_shows_a_sigkilled_node_as_lost() {
     let etcd = Etcd::start();
