@@ -25,7 +25,10 @@ use crate::ranks::{self, NodeInfo, WorkerRanks};
 use crate::settings::rendezvous::Rendezvous as Mode;
 use crate::settings::RunConfig;
 use crate::watchdog::Watchdog;
-use crate::workers::{Failure, Group, GroupSpec, LogPlan};
+use crate::workers::env::GroupSpec;
+use crate::workers::logs::LogPlan;
+use crate::workers::report::Failure;
+use crate::workers::Group;
 use rdzv::{ErrorKind, Rendezvous, Store};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -325,7 +328,7 @@ impl Agent {
                         return Exit::Signal(sig);
                     }
                     let failures = group.failures();
-                    let why = failure_reason(&failures);
+                    let why = crate::workers::report::summary(&failures);
                     match self.failed(&round, &why, signals).await {
                         Verdict::Loss(why) => {
                             say(format_args!(
@@ -696,7 +699,7 @@ impl Agent {
             role: self.cfg.role.clone(),
             group_rank: round.group_rank,
             local_world_size: self.cfg.nproc_per_node,
-            coordinator_port: crate::workers::coordinator_port(
+            coordinator_port: crate::workers::env::coordinator_port(
                 self.cfg.framework,
                 round.group_rank,
                 round.master_port,
@@ -948,7 +951,7 @@ async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rendezvo
 /// The failure report (workers.rs), named by the program the workers ran. True if it named
 /// an error file.
 fn report(program: &crate::settings::program::Program, failures: &[Failure]) -> bool {
-    crate::workers::report(program.name(), failures)
+    crate::workers::report::report(program.name(), failures)
 }
 
 /// A run id as a directory name.
@@ -967,19 +970,4 @@ fn sanitize(run_id: &str) -> String {
 /// The round-store key where the launcher of node rank `group_rank` answers a failing node.
 fn here_key(group_rank: u32) -> String {
     format!("{HERE}/{group_rank}")
-}
-
-/// One line saying what failed, for the other nodes and `rdzv status`: the root cause's rank,
-/// how it ended and where.
-fn failure_reason(failures: &[Failure]) -> String {
-    match failures.first() {
-        Some(f) => format!(
-            "rank {} (local rank {} on {}) failed with {}",
-            f.global_rank,
-            f.local_rank,
-            crate::host::hostname(),
-            f.ended
-        ),
-        None => format!("a worker on {} failed", crate::host::hostname()),
-    }
 }

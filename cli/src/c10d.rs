@@ -123,7 +123,7 @@ pub fn serve_if_here(
         .stdout(Stdio::null())
         .stderr(log)
         .process_group(0);
-    crate::workers::dies_with_launcher(&mut cmd);
+    crate::workers::process::dies_with_launcher(&mut cmd);
     let child = cmd.spawn().map_err(|e| {
         let _ = std::fs::remove_dir_all(&dir);
         format!("--rdzv-backend=c10d: cannot start {}: {e}", etcd.display())

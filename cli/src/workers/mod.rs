@@ -1,0 +1,225 @@
+//! One node's worker group: start the workers of one round with torchrun's environment,
+//! report each exit as it happens, and stop them (signal, grace period, SIGKILL).
+//!
+//! Invariants that make "no orphan survives its launcher" hold (`process` keeps the first two):
+//! - every worker leads a process group of its own, so a signal reaches what it started too;
+//! - every worker has PR_SET_PDEATHSIG=SIGKILL and is spawned from the main thread, so it dies
+//!   with the launcher however the launcher ends;
+//! - when a group ends, whatever is left in the workers' process groups is killed.
+//!
+//! Exits are waited for by one plain thread per worker and delivered on a channel, so the
+//! agent reacts to a failure at once instead of at its next monitor tick.
+//!
+//! Submodules, each using only those listed before it: `logs` (the log layout, where each
+//! stream goes), `env` (the worker's environment), `process` (starting, waiting for and
+//! signalling a worker), `report` (the failure report and error files).
+
+pub mod logs;
+
+pub mod env;
+
+pub mod process;
+
+pub mod report;
+
+use crate::exit::signal_name;
+use crate::output;
+use crate::ranks::WorkerRanks;
+use env::GroupSpec;
+use logs::{AttemptLogs, LogPlan};
+use process::{signal_group, Ended};
+use report::{read_error_file, Failure};
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::{Duration, SystemTime};
+use tokio::sync::mpsc;
+
+/// One started worker, and how and when it ended.
+pub struct Worker {
+    pub ranks: WorkerRanks,
+    pub pid: u32,
+    pub error_file: PathBuf,
+    pub ended: Option<(Ended, SystemTime)>,
+    /// The agent had asked it to stop when it ended: not a failure of its own.
+    pub stopped: bool,
+}
+
+/// One round's workers on this node.
+pub struct Group {
+    pub workers: Vec<Worker>,
+    exits: mpsc::UnboundedReceiver<(usize, ExitStatus)>,
+    pumps_done: mpsc::UnboundedReceiver<()>,
+    pumps: usize,
+    stop_sent: bool,
+}
+
+impl Group {
+    /// Starts one worker per entry of `ranks`. On an error the workers already started are
+    /// killed. Must run on the main thread (see the module comment).
+    pub fn start(
+        spec: &GroupSpec<'_>,
+        ranks: &[WorkerRanks],
+        logs: &LogPlan,
+    ) -> std::io::Result<Group> {
+        let (exit_tx, exits) = mpsc::unbounded_channel();
+        let (pump_tx, pumps_done) = mpsc::unbounded_channel();
+        let mut group = Group {
+            workers: Vec::new(),
+            exits,
+            pumps_done,
+            pumps: 0,
+            stop_sent: false,
+        };
+        let attempt = AttemptLogs::open(logs, spec.restart_count)?;
+        for (index, r) in ranks.iter().enumerate() {
+            let (error_file, routes) = attempt.worker(spec.role, r)?;
+            let mut child = match process::spawn(spec, r, &error_file, &routes) {
+                Ok(child) => child,
+                Err(e) => {
+                    group.kill_all();
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("cannot start {:?}: {e}", spec.command[0]),
+                    ));
+                }
+            };
+            group.pumps += process::pump_streams(&mut child, routes, &pump_tx);
+            let pid = child.id();
+            process::wait_in_thread(child, index, &exit_tx);
+            group.workers.push(Worker {
+                ranks: r.clone(),
+                pid,
+                error_file,
+                ended: None,
+                stopped: false,
+            });
+        }
+        Ok(group)
+    }
+
+    pub fn running(&self) -> usize {
+        self.workers.iter().filter(|w| w.ended.is_none()).count()
+    }
+
+    /// Waits for the next worker to exit and returns its index; `None` once none is running.
+    pub async fn next_exit(&mut self) -> Option<usize> {
+        if self.running() == 0 {
+            return None;
+        }
+        let (index, status) = self.exits.recv().await?;
+        let worker = &mut self.workers[index];
+        worker.ended = Some((Ended::of(status), SystemTime::now()));
+        worker.stopped = self.stop_sent;
+        Some(index)
+    }
+
+    /// The failures of this group (workers that ended non-zero on their own), earliest first,
+    /// then the workers the launcher stopped (`stopped`).
+    pub fn failures(&self) -> Vec<Failure> {
+        let mut failures: Vec<Failure> = self
+            .workers
+            .iter()
+            .filter_map(|w| {
+                let (ended, exited_at) = w.ended?;
+                // A worker that ended after the agent asked it to stop failed on its own only
+                // if it says so in its error file.
+                let stopped = w.stopped && !w.error_file.exists();
+                if ended.success() && !stopped {
+                    return None;
+                }
+                let error = read_error_file(&w.error_file);
+                Some(Failure {
+                    global_rank: w.ranks.global_rank,
+                    local_rank: w.ranks.local_rank,
+                    pid: w.pid,
+                    ended,
+                    at: error.as_ref().and_then(|e| e.at).unwrap_or(exited_at),
+                    traceback: error.as_ref().and_then(|e| e.traceback.clone()),
+                    error_file: error.map(|e| (w.error_file.clone(), e.message)),
+                    stopped,
+                })
+            })
+            .collect();
+        failures.sort_by_key(|f| (f.stopped, f.at, f.global_rank));
+        failures
+    }
+
+    /// Sends `signal` to every running worker's process group, waits up to `grace` for them
+    /// to exit, then SIGKILLs what is left; `interrupt` resolving (a signal to the launcher)
+    /// cuts the grace short, and its signal is returned. Returns once every worker has exited
+    /// and its output is written.
+    pub async fn stop(
+        &mut self,
+        signal: i32,
+        grace: Duration,
+        interrupt: impl std::future::Future<Output = i32>,
+    ) -> Option<i32> {
+        self.stop_sent = true;
+        let mut interrupted = None;
+        if self.running() > 0 {
+            self.signal_running(signal);
+            let wait_all = async { while self.next_exit().await.is_some() {} };
+            let in_time = tokio::select! {
+                r = tokio::time::timeout(grace, wait_all) => r.is_ok(),
+                sig = interrupt => {
+                    interrupted = Some(sig);
+                    false
+                }
+            };
+            if !in_time {
+                output::say(format_args!(
+                    "{} worker(s) still running after {}: SIGKILL",
+                    self.running(),
+                    match interrupted {
+                        Some(sig) => signal_name(sig),
+                        None => format!("{:.1} s", grace.as_secs_f64()),
+                    }
+                ));
+                self.signal_running(libc::SIGKILL);
+                // SIGKILL cannot be refused; the bound only guards against a kernel stuck in
+                // uninterruptible sleep.
+                let wait_all = async { while self.next_exit().await.is_some() {} };
+                let _ = tokio::time::timeout(Duration::from_secs(10), wait_all).await;
+            }
+        }
+        self.finish().await;
+        interrupted
+    }
+
+    /// After the workers exited: kills whatever they left in their process groups and waits
+    /// (briefly) for their output to be written.
+    pub async fn finish(&mut self) {
+        self.kill_all();
+        let pumps = self.pumps;
+        let drained = async {
+            for _ in 0..pumps {
+                if self.pumps_done.recv().await.is_none() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
+        self.pumps = 0;
+    }
+
+    fn signal_running(&self, signal: i32) {
+        for w in self.workers.iter().filter(|w| w.ended.is_none()) {
+            signal_group(w.pid, signal);
+        }
+    }
+
+    /// SIGKILL to every worker's process group (ESRCH for an empty group is fine).
+    fn kill_all(&self) {
+        for w in &self.workers {
+            signal_group(w.pid, libc::SIGKILL);
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if self.running() > 0 {
+            self.kill_all();
+        }
+    }
+}
