@@ -24,7 +24,8 @@ Differences from the torch-free ``EtcdV3RendezvousHandler``, to behave like torc
   member dies;
 * ``--rdzv-endpoint`` may omit the port (2379) and may start with ``http://``/``https://``;
 * torch-specific ``--rdzv-conf`` keys that do not apply (``is_host``, ``read_timeout``...) are
-  ignored; torchrun's ``timeout`` is rdzv's ``join_timeout``.
+  ignored; torchrun's ``timeout`` is rdzv's ``join_timeout``, and an explicit ``join_timeout``
+  wins over it (torchrun adds ``timeout=900`` to every rendezvous config that names none).
 
 torch is optional: without it ``create_handler`` returns the same handler without the torch
 base classes, and ``next_rendezvous`` returns ``rdzv.RendezvousInfo``.
@@ -66,6 +67,11 @@ __all__ = [
 
 BACKEND = "etcd-v3"
 DEFAULT_ETCD_PORT = 2379
+
+#: rdzv's spellings of ``join_timeout`` (the library also reads torch's ``timeout``). torchrun
+#: puts ``timeout`` (900 s unless given) into every rendezvous config, after the user's
+#: ``--rdzv-conf`` options, so it is dropped when one of these is given.
+JOIN_TIMEOUT_NAMES = frozenset({"join_timeout"})
 
 #: torch rendezvous options that mean nothing to rdzv; dropped instead of rejected.
 IGNORED_TORCH_OPTIONS = frozenset(
@@ -180,10 +186,15 @@ def _normalize_endpoint(endpoint: str) -> tuple[str, str | None]:
 def _rdzv_params(params: ParametersLike) -> Any:
     """rdzv parameters from torch's ``RendezvousParameters`` (or anything of that shape)."""
     endpoint, protocol = _normalize_endpoint(getattr(params, "endpoint", "") or "")
+    given = getattr(params, "config", None) or {}
+    join_timeout_given = any(given.get(name) is not None for name in JOIN_TIMEOUT_NAMES)
     config = {}
-    for name, value in (getattr(params, "config", None) or {}).items():
+    for name, value in given.items():
         if name in IGNORED_TORCH_OPTIONS:
             log.debug("rdzv: ignoring torch rendezvous option %s=%r", name, value)
+            continue
+        if name == "timeout" and join_timeout_given:
+            log.debug("rdzv: join_timeout is given; ignoring torchrun's timeout=%r", value)
             continue
         config[name] = value
     if protocol is not None:

@@ -169,6 +169,19 @@ def test_shutdown_releases_the_node_without_closing_the_run(etcd, run_id):
         b.close()
 
 
+def test_join_timeout_wins_over_torchruns_timeout(etcd, run_id):
+    # torchrun's config puts `timeout` last (900 s; less here, so that a fault fails in time).
+    handler = torch_backend.create_handler(torch_params(etcd, run_id, 2, 2, join_timeout="1",
+                                                        timeout=40))
+    try:
+        start = time.monotonic()
+        with pytest.raises(api.RendezvousTimeoutError, match="join_timeout=1 s"):
+            handler.next_rendezvous()
+        assert time.monotonic() - start < 20
+    finally:
+        handler.close()
+
+
 def test_a_drained_node_gets_a_system_exit_of_status_0(etcd, run_id):
     # torch's agent turns RendezvousGracefulExitError into an AttributeError in its launcher;
     # a SystemExit(0) passes its `except Exception` clauses and ends torchrun with 0.

@@ -26,6 +26,18 @@ def test_torch_options_that_do_not_apply_are_dropped():
     assert out.config == {"timeout": 30, "protocol": "https"}
 
 
+def test_an_explicit_join_timeout_wins_over_torchruns_timeout():
+    # torchrun's config: the --rdzv-conf options (strings), then timeout=900 when none is given.
+    def config(**given):
+        params = rdzv.RendezvousParameters("etcd-v3", "h", "job", 1, 2, **given)
+        return torch_backend._rdzv_params(params).config
+
+    assert config(join_timeout="10", timeout=900) == {"join_timeout": "10"}
+    assert config(timeout=900, join_timeout=10) == {"join_timeout": 10}
+    assert config(timeout=900) == {"timeout": 900}  # timeout alone is the join timeout
+    assert config(join_timeout=None, timeout=900) == {"join_timeout": None, "timeout": 900}
+
+
 def test_without_torch_the_plain_handler_is_returned(etcd, run_id, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
     monkeypatch.delitem(sys.modules, "rdzv.torch_backend", raising=False)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -219,6 +220,44 @@ def test_a_drained_node_exits_0_and_the_other_reforms_alone(etcd, run_id, nodes)
     assert_one_world(alone, 2)
     assert {r["agent"] for r in alone} == {a.pid}
     assert_run_deleted(etcd, run_id)
+
+
+def exits(procs: list[subprocess.Popen], timeout: float) -> dict[int, float]:
+    """Waits for the processes to exit, at most ``timeout`` seconds; returns when (``time.time``)
+    each was seen gone, by pid. Fails the test with their output at the deadline."""
+    seen: dict[int, float] = {}
+
+    def all_gone() -> bool:
+        for p in procs:
+            if p.pid not in seen and p.poll() is not None:
+                seen[p.pid] = time.time()
+        return len(seen) == len(procs)
+
+    deadline = time.monotonic() + timeout
+    while not all_gone():
+        if time.monotonic() > deadline:
+            logs = "\n---\n".join(Nodes.output(p) for p in procs if p.pid not in seen)
+            pytest.fail(f"torchrun still running after {timeout} s:\n{logs}")
+        time.sleep(0.02)  # the poll of a child's exit; the deadline bounds it
+    return seen
+
+
+JOIN_TIMEOUT = 5  # seconds
+
+
+def test_an_explicit_join_timeout_wins_over_torchruns_timeout(etcd, run_id, nodes):
+    # torchrun adds timeout=900 to every rendezvous config that names no `timeout`, after the
+    # user's --rdzv-conf options: the user's join_timeout must still be the one that counts.
+    alone = nodes.start(2, conf=f"join_timeout={JOIN_TIMEOUT}")
+    join = f"/rdzv/{run_id}/r/{0:020}/join/"
+    wait_until(lambda: etcd.keys(join) or alone.poll() is not None, T, "the node to join",
+               interval=0.1)
+    joined = time.time()
+    waited = exits([alone], JOIN_TIMEOUT + 60)[alone.pid] - joined  # 900 s before the fix
+    out = Nodes.output(alone)
+    assert alone.returncode != 0, out
+    assert "RendezvousTimeoutError" in out and f"join_timeout={JOIN_TIMEOUT} s" in out, out
+    assert JOIN_TIMEOUT - 0.5 <= waited <= JOIN_TIMEOUT + 20, (waited, out)
 
 
 STORE_WORKER = """
