@@ -142,32 +142,30 @@ func (a *Admin) with(f func(ptr *C.rdzv_admin_t) error) error {
 	return err
 }
 
+// withContext makes the C call f on the live handle with a cancel token that ctx ends (see
+// the package's withContext): the call returns at once when ctx is done, with an error
+// matching both ErrCancelled and ctx.Err(); a write so ended may or may not have been
+// applied.
+func (a *Admin) withContext(ctx context.Context, what string, f func(ptr *C.rdzv_admin_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t) error {
+	return withContext(ctx, nil, what, func(tok *C.rdzv_cancel_token_t) error {
+		return a.with(func(ptr *C.rdzv_admin_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return f(ptr, tok, e) })
+		})
+	})
+}
+
 // Status reads the run's status at one etcd revision (two or three etcd reads, at most
 // connect_timeout). A run that does not exist gives a status with Exists false, not an error.
+// If ctx ends first, the call ends at once with an error matching ErrCancelled and ctx.Err().
 func (a *Admin) Status(ctx context.Context) (*RunStatus, error) {
-	var st *RunStatus
-	err := bounded(ctx, "status", func() error {
-		var err error
-		st, err = a.status()
-		return err
+	var cs *C.rdzv_run_status_t
+	err := a.withContext(ctx, "status", func(ptr *C.rdzv_admin_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_admin_status_with_cancel(ptr, tok, &cs, e)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return st, nil
-}
-
-func (a *Admin) status() (*RunStatus, error) {
-	var out *RunStatus
-	err := a.with(func(ptr *C.rdzv_admin_t) error {
-		var cs *C.rdzv_run_status_t
-		err := call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_admin_status(ptr, &cs, e) })
-		if err == nil {
-			out = takeStatus(cs)
-		}
-		return err
-	})
-	return out, err
+	return takeStatus(cs), nil
 }
 
 // takeStatus copies a C status into Go memory and frees it.
@@ -287,20 +285,12 @@ func (a *Admin) watch(ctx context.Context, out chan<- *RunStatus) error {
 	// The C watch belongs to the handle and goes on where an earlier Watch stopped, so each
 	// Watch starts from a status of its own and then passes on only what the C watch reports
 	// as newer and different: every change once, in order.
-	first := make(chan watchResult, 1)
-	go func() {
-		st, err := a.status()
-		first <- watchResult{st, err}
-	}()
-	var last *RunStatus
-	select {
-	case r := <-first:
-		if r.err != nil {
-			return r.err
-		}
-		last = r.status
-	case <-ctx.Done():
+	last, err := a.Status(ctx)
+	if ctx.Err() != nil {
 		return cancelled()
+	}
+	if err != nil {
+		return err
 	}
 	select {
 	case out <- last:
@@ -348,17 +338,11 @@ func (a *Admin) watch(ctx context.Context, out chan<- *RunStatus) error {
 
 // probe checks that etcd answers, during a long quiet Watch.
 func (a *Admin) probe(ctx context.Context) error {
-	done := make(chan error, 1)
-	go func() {
-		_, err := a.status()
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
+	_, err := a.Status(ctx)
+	if ctx.Err() != nil {
 		return &Error{Status: StatusCancelled, Message: "watch: context done", cause: ctx.Err()}
 	}
+	return err
 }
 
 func (a *Admin) watchNext(ctx context.Context, timeout time.Duration) watchResult {
@@ -380,28 +364,24 @@ func (a *Admin) watchNext(ctx context.Context, timeout time.Duration) watchResul
 
 // CloseRun closes the run for every node, as Rendezvous.SetClosed does: blocked Next calls
 // anywhere return ErrClosed and later ones fail at once (at most close_timeout). Not to be
-// confused with Close, which frees this handle.
+// confused with Close, which frees this handle. If ctx ends first, the close may or may not
+// have been applied.
 func (a *Admin) CloseRun(ctx context.Context) error {
-	return bounded(ctx, "close the run", func() error {
-		return a.with(func(ptr *C.rdzv_admin_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_admin_close(ptr, e) })
-		})
+	return a.withContext(ctx, "close the run", func(ptr *C.rdzv_admin_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_admin_close_with_cancel(ptr, tok, e)
 	})
 }
 
 // Purge deletes every key of the run (rounds, stores, round counter, closed marker), so its
 // id can be used again at once. While any node of the run is alive it deletes nothing and
 // reports how many are (PurgeResult.Refused), unless force, which leaves running nodes
-// without their keys (they fail). The check and the delete are one etcd transaction.
+// without their keys (they fail). The check and the delete are one etcd transaction; if ctx
+// ends first, it may or may not have been applied.
 func (a *Admin) Purge(ctx context.Context, force bool) (PurgeResult, error) {
 	var deleted C.int64_t
 	var alive C.uint32_t
-	err := bounded(ctx, "purge", func() error {
-		return a.with(func(ptr *C.rdzv_admin_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-				return C.rdzv_admin_purge(ptr, C.bool(force), &deleted, &alive, e)
-			})
-		})
+	err := a.withContext(ctx, "purge", func(ptr *C.rdzv_admin_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_admin_purge_with_cancel(ptr, C.bool(force), tok, &deleted, &alive, e)
 	})
 	if err != nil {
 		return PurgeResult{}, err
@@ -414,16 +394,14 @@ func (a *Admin) Purge(ctx context.Context, force bool) (PurgeResult, error) {
 // it in NumLost at once, so they re-rendezvous without waiting for its lease to expire and
 // the next round forms without it; its own Next ends with ErrGracefulExit. Does not close
 // the run. reason (may be "") is shown to the node and in logs. ErrInvalidArgument, naming
-// the node, if it is not a live node of the run.
+// the node, if it is not a live node of the run. If ctx ends first, the mark may or may not
+// have been written.
 func (a *Admin) Drain(ctx context.Context, nodeID, reason string) error {
-	// The strings belong to the goroutine that makes the call, which may outlive ctx.
-	return bounded(ctx, "drain "+nodeID, func() error {
-		cn, cr := C.CString(nodeID), C.CString(reason)
-		defer C.free(unsafe.Pointer(cn))
-		defer C.free(unsafe.Pointer(cr))
-		return a.with(func(ptr *C.rdzv_admin_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_admin_drain(ptr, cn, cr, e) })
-		})
+	cn, cr := C.CString(nodeID), C.CString(reason)
+	defer C.free(unsafe.Pointer(cn))
+	defer C.free(unsafe.Pointer(cr))
+	return a.withContext(ctx, "drain "+nodeID, func(ptr *C.rdzv_admin_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_admin_drain_with_cancel(ptr, cn, cr, tok, e)
 	})
 }
 

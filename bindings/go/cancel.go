@@ -58,26 +58,27 @@ func (t *cancelToken) run(ctx context.Context, closing <-chan struct{}, f func(t
 	return err
 }
 
-// bounded runs f, a C call that takes no cancel token but is bounded by the library (at most
-// connect_timeout or close_timeout), and returns its error, or, if ctx ends first, an error
-// matching ErrCancelled and ctx.Err(). The call then goes on in a goroutine and may still take
-// effect (a write is not undone); closing the handle waits for it. So f must own what it uses:
-// C strings it makes and frees itself, and no buffer the caller may reuse. A ctx that can never
-// end (context.Background()) runs f on the caller's goroutine.
-func bounded(ctx context.Context, what string, f func() error) error {
+// withContext runs f, a C call that talks to etcd, with a C cancel token that is cancelled
+// as soon as ctx is done or closing is closed (nil: never), and returns its error: when ctx
+// ended it, an error matching both ErrCancelled and ctx.Err(). The call always returns before
+// withContext does (the library ends it promptly on its token, whatever etcd is doing), so f
+// may use its caller's memory. A call that ctx cannot end runs without a token, on the
+// caller's goroutine. A write ended by ctx may or may not have been applied.
+func withContext(ctx context.Context, closing <-chan struct{}, what string, f func(tok *C.rdzv_cancel_token_t) error) error {
 	if err := ctx.Err(); err != nil {
 		return &Error{Status: StatusCancelled, Message: "context done before " + what, cause: err}
 	}
-	if ctx.Done() == nil {
-		return f()
+	if ctx.Done() == nil && closing == nil {
+		return f(nil)
 	}
-	done := make(chan error, 1)
-	go func() { done <- f() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return &Error{Status: StatusCancelled, cause: ctx.Err(),
-			Message: what + ": context done while etcd had not answered; the call finishes in the background and may still take effect"}
+	err := withCancel(ctx, closing, f)
+	return withCause(ctx, err)
+}
+
+// withCause adds ctx.Err() as the cause of an ErrCancelled that ctx made.
+func withCause(ctx context.Context, err error) error {
+	if e, ok := err.(*Error); ok && e.Status == StatusCancelled && ctx.Err() != nil && e.cause == nil {
+		return &Error{Status: StatusCancelled, Message: e.Message, cause: ctx.Err()}
 	}
+	return err
 }

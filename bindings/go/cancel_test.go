@@ -16,9 +16,8 @@ import (
 // before waits raced every step against their cancel. Machines running many tests are slow.
 const prompt = 3 * time.Second
 
-// The race a cancel made by a handle's Cancel loses (it lands just before the C call
-// starts), made deterministic: the call's token is cancelled before the call. It must end at
-// once (join_timeout is 60 s) and join nothing.
+// A context that ends just before the C call starts, made deterministic: the call's token is
+// cancelled before the call. It must end at once (join_timeout is 60 s) and join nothing.
 func TestTokenCancelledBeforeNextEndsItAtOnce(t *testing.T) {
 	url := runURL("token-first", 2, 60)
 	r := mustRendezvous(t, url)
@@ -258,10 +257,13 @@ func TestStoreGetEndsPromptlyWhenEtcdIsFrozen(t *testing.T) {
 	storeGetEndsPromptlyUnder(t, frozen)
 }
 
-// TestCallsEndWithTheirContext: calls without a cancel token (reads, writes, drain) return
-// as soon as their context ends, with an error matching ErrCancelled and ctx.Err(): at once
-// when it ended before the call, without taking effect; and when etcd stops answering under
-// them (frozen with SIGSTOP), at their deadline rather than after connect_timeout (30 s).
+// TestCallsEndWithTheirContext: the calls that do not wait for other nodes (reads, writes,
+// drain, the admin's) return as soon as their context ends, with an error matching
+// ErrCancelled and ctx.Err(): at once when it ended before the call, without taking effect;
+// and when etcd stops answering under them (frozen with SIGSTOP), at their deadline rather
+// than after connect_timeout (30 s). The C call has ended then too (its cancel token ended
+// it): nothing goes on in the background, so closing the handles, which waits for the calls
+// in flight, does not wait for etcd.
 func TestCallsEndWithTheirContext(t *testing.T) {
 	srv, err := startEtcd(30 * time.Second)
 	if err != nil {
@@ -276,6 +278,16 @@ func TestCallsEndWithTheirContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	p, err := ParamsFromURL(fmt.Sprintf("etcd://%s/%s?connect_timeout=30&close_timeout=2", srv.endpoint, run))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAdmin(p)
+	p.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
 
 	type namedCall struct {
 		name string
@@ -295,6 +307,10 @@ func TestCallsEndWithTheirContext(t *testing.T) {
 		{"Store.MultiSet", func(c context.Context) error { return s.MultiSet(c, []string{"k"}, [][]byte{[]byte("v")}) }},
 		{"SetClosed", func(c context.Context) error { return r.SetClosed(c) }},
 		{"Drain", func(c context.Context) error { return r.Drain(c, "ctx test") }},
+		{"Admin.Status", func(c context.Context) error { _, err := a.Status(c); return err }},
+		{"Admin.CloseRun", func(c context.Context) error { return a.CloseRun(c) }},
+		{"Admin.Purge", func(c context.Context) error { _, err := a.Purge(c, true); return err }},
+		{"Admin.Drain", func(c context.Context) error { return a.Drain(c, r.NodeID(), "ctx test") }},
 	}
 
 	done, cancel := context.WithCancel(context.Background())
@@ -334,5 +350,78 @@ func TestCallsEndWithTheirContext(t *testing.T) {
 		if took > deadline+prompt {
 			t.Errorf("%s with etcd frozen returned %v after its %v deadline", c.name, took-deadline, deadline)
 		}
+	}
+	// No call went on in the background (each held its handle until connect_timeout before).
+	start := time.Now()
+	s.Close()
+	a.Close()
+	if took := time.Since(start); took > prompt {
+		t.Errorf("closing the store and the admin handle took %v: calls were still running", took)
+	}
+	start = time.Now()
+	r.Close() // shuts the node down first: at most close_timeout (2 s) while etcd is frozen
+	if took := time.Since(start); took > 2*time.Second+prompt {
+		t.Errorf("closing the node took %v: calls were still running", took)
+	}
+}
+
+// A handle's Cancel made before another goroutine starts the call ends that call (the
+// library keeps it), once: the call after it runs normally.
+func TestCancelMadeBeforeTheCallEndsIt(t *testing.T) {
+	url := runURL("cancel-first", 2, 60)
+	r := mustRendezvous(t, url)
+	if err := r.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	next := make(chan nextOutcome, 1)
+	start := time.Now()
+	go func() {
+		info, s, err := r.Next(ctxTimeout(t, 60*time.Second))
+		next <- nextOutcome{info, s, err}
+	}()
+	if o := receive(t, next, 10*time.Second); !errors.Is(o.err, ErrCancelled) {
+		t.Fatalf("Next after Cancel: %v, want ErrCancelled", o.err)
+	}
+	if elapsed := time.Since(start); elapsed > prompt {
+		t.Errorf("Next after Cancel took %v", elapsed)
+	}
+	// Used up: the handle joins a round of two now.
+	again := make(chan nextOutcome, 2)
+	for _, node := range []*Rendezvous{r, mustRendezvous(t, url)} {
+		go func() {
+			info, s, err := node.Next(ctxTimeout(t, 60*time.Second))
+			again <- nextOutcome{info, s, err}
+		}()
+	}
+	for range 2 {
+		o := receive(t, again, 90*time.Second)
+		if o.err != nil {
+			t.Fatalf("Next after the cancelled one: %v", o.err)
+		}
+		o.store.Close()
+	}
+
+	s := singleStore(t)
+	if err := s.Set(ctx, "here", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := s.Get(ctx, "here", time.Minute)
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if !errors.Is(err, ErrCancelled) {
+			t.Errorf("Get after Store.Cancel: %v, want ErrCancelled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Get after Store.Cancel still waiting")
+	}
+	if v, err := s.Get(ctx, "here", time.Minute); err != nil || string(v) != "v" {
+		t.Errorf("Get after the cancelled one: %q, %v", v, err)
 	}
 }

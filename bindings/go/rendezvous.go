@@ -133,14 +133,13 @@ func (r *Rendezvous) next(tok *C.rdzv_cancel_token_t) nextResult {
 	return res
 }
 
-// IsClosed reports whether any node has closed the run. If ctx ends before etcd answers, the
-// error matches both ErrCancelled and ctx.Err().
+// IsClosed reports whether any node has closed the run (one etcd read, at most
+// connect_timeout). If ctx ends first, the call ends at once with an error matching both
+// ErrCancelled and ctx.Err(); so do the other calls below.
 func (r *Rendezvous) IsClosed(ctx context.Context) (bool, error) {
 	var closed C.bool
-	err := bounded(ctx, "is closed", func() error {
-		return r.with(func(ptr *C.rdzv_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_is_closed(ptr, &closed, e) })
-		})
+	err := r.withContext(ctx, "is closed", func(ptr *C.rdzv_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_is_closed_with_cancel(ptr, tok, &closed, e)
 	})
 	if err != nil {
 		return false, err
@@ -148,13 +147,11 @@ func (r *Rendezvous) IsClosed(ctx context.Context) (bool, error) {
 	return bool(closed), nil
 }
 
-// SetClosed closes the run for every node: blocked Next calls anywhere return ErrClosed. If
-// ctx ends first, the error matches ErrCancelled and the close may still take effect.
+// SetClosed closes the run for every node: blocked Next calls anywhere return ErrClosed (at
+// most close_timeout). If ctx ends first, the close may or may not have been applied.
 func (r *Rendezvous) SetClosed(ctx context.Context) error {
-	return bounded(ctx, "close the run", func() error {
-		return r.with(func(ptr *C.rdzv_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_set_closed(ptr, e) })
-		})
+	return r.withContext(ctx, "close the run", func(ptr *C.rdzv_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_set_closed_with_cancel(ptr, tok, e)
 	})
 }
 
@@ -162,10 +159,8 @@ func (r *Rendezvous) SetClosed(ctx context.Context) error {
 // means the members should call Next to admit them.
 func (r *Rendezvous) NumWaiting(ctx context.Context) (uint32, error) {
 	var n C.uint32_t
-	err := bounded(ctx, "num waiting", func() error {
-		return r.with(func(ptr *C.rdzv_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_num_waiting(ptr, &n, e) })
-		})
+	err := r.withContext(ctx, "num waiting", func(ptr *C.rdzv_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_num_waiting_with_cancel(ptr, tok, &n, e)
 	})
 	if err != nil {
 		return 0, err
@@ -177,10 +172,8 @@ func (r *Rendezvous) NumWaiting(ctx context.Context) (uint32, error) {
 // were drained; non-zero means the round is broken and the survivors should call Next.
 func (r *Rendezvous) NumLost(ctx context.Context) (uint32, error) {
 	var n C.uint32_t
-	err := bounded(ctx, "num lost", func() error {
-		return r.with(func(ptr *C.rdzv_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_num_lost(ptr, &n, e) })
-		})
+	err := r.withContext(ctx, "num lost", func(ptr *C.rdzv_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_num_lost_with_cancel(ptr, tok, &n, e)
 	})
 	if err != nil {
 		return 0, err
@@ -191,15 +184,12 @@ func (r *Rendezvous) NumLost(ctx context.Context) (uint32, error) {
 // Drain marks this node as leaving the run, as Admin.Drain does for any node: for a node
 // that learns first that it will go away (a preemption notice). The other members count it
 // in NumLost at once and re-form without it; this node's Next ends with ErrGracefulExit.
-// reason may be "". If ctx ends first, the error matches ErrCancelled and the drain may
-// still take effect.
+// reason may be "". If ctx ends first, the mark may or may not have been written.
 func (r *Rendezvous) Drain(ctx context.Context, reason string) error {
-	return bounded(ctx, "drain", func() error {
-		cr := C.CString(reason) // the call's own: it may outlive ctx
-		defer C.free(unsafe.Pointer(cr))
-		return r.with(func(ptr *C.rdzv_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_drain(ptr, cr, e) })
-		})
+	cr := C.CString(reason)
+	defer C.free(unsafe.Pointer(cr))
+	return r.withContext(ctx, "drain", func(ptr *C.rdzv_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_drain_with_cancel(ptr, cr, tok, e)
 	})
 }
 
@@ -207,10 +197,8 @@ func (r *Rendezvous) Drain(ctx context.Context, reason string) error {
 // it should stop its work and leave. One etcd read, at most connect_timeout.
 func (r *Rendezvous) IsDraining(ctx context.Context) (bool, error) {
 	var draining C.bool
-	err := bounded(ctx, "is draining", func() error {
-		return r.with(func(ptr *C.rdzv_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_is_draining(ptr, &draining, e) })
-		})
+	err := r.withContext(ctx, "is draining", func(ptr *C.rdzv_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_is_draining_with_cancel(ptr, tok, &draining, e)
 	})
 	if err != nil {
 		return false, err
@@ -218,9 +206,21 @@ func (r *Rendezvous) IsDraining(ctx context.Context) (bool, error) {
 	return bool(draining), nil
 }
 
-// Cancel wakes a Next blocked in another goroutine (it returns ErrCancelled); the handle
-// stays usable. No effect when no Next is running, so a Cancel made just as another
-// goroutine calls Next can be lost: cancel Next's context instead, which is never lost.
+// withContext makes the C call f on the live handle, with a cancel token that ctx ends (see
+// the package's withContext).
+func (r *Rendezvous) withContext(ctx context.Context, what string, f func(ptr *C.rdzv_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t) error {
+	return withContext(ctx, nil, what, func(tok *C.rdzv_cancel_token_t) error {
+		return r.with(func(ptr *C.rdzv_t) error {
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return f(ptr, tok, e) })
+		})
+	})
+}
+
+// Cancel ends the Next running on this handle in another goroutine (it returns
+// ErrCancelled) or, if none is, the next one to start: a Cancel made just as another
+// goroutine calls Next is never lost (the library keeps it, rdzv_cancel). It is used up once
+// a Next has returned ErrCancelled because of it, and the handle stays usable. A Next's own
+// context is the other way to end it.
 func (r *Rendezvous) Cancel() error {
 	return r.with(func(ptr *C.rdzv_t) error {
 		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_cancel(ptr, e) })

@@ -7,10 +7,8 @@ package rdzv
 import "C"
 
 import (
-	"bytes"
 	"context"
 	"runtime"
-	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -105,30 +103,29 @@ func cKeys(keys []string) (arr **C.char, free func()) {
 	}
 }
 
-// ownBytes is b, copied when ctx can end: a call that ctx abandons goes on in the background
-// (see bounded), and must not read a buffer its caller has since reused.
-func ownBytes(ctx context.Context, b []byte) []byte {
-	if ctx.Done() == nil {
-		return b
-	}
-	return bytes.Clone(b)
-}
-
-// Set sets key to value. If ctx ends before etcd answers, the error matches both
-// ErrCancelled and ctx.Err(), and the write may still take effect.
-func (s *Store) Set(ctx context.Context, key string, value []byte) error {
-	value = ownBytes(ctx, value)
-	return bounded(ctx, "store set", func() error {
-		ck := C.CString(key)
-		defer C.free(unsafe.Pointer(ck))
+// withContext makes the C call f, which does not wait for other nodes, on the live handle
+// with a cancel token that ctx ends (see the package's withContext): the call returns at once
+// when ctx is done, with an error matching both ErrCancelled and ctx.Err(); a write so ended
+// may or may not have been applied.
+func (s *Store) withContext(ctx context.Context, what string, f func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t) error {
+	return withContext(ctx, nil, what, func(tok *C.rdzv_cancel_token_t) error {
 		return s.with(func(ptr *C.rdzv_store_t) error {
-			err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-				return C.rdzv_store_set(ptr, ck, bytesPtr(value), C.size_t(len(value)), e)
-			})
-			runtime.KeepAlive(value)
-			return err
+			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return f(ptr, tok, e) })
 		})
 	})
+}
+
+// Set sets key to value. If ctx ends first, the call ends at once with an error matching
+// both ErrCancelled and ctx.Err(), and the write may or may not have been applied; so for
+// the store's other writes.
+func (s *Store) Set(ctx context.Context, key string, value []byte) error {
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	err := s.withContext(ctx, "store set", func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_store_set_with_cancel(ptr, ck, bytesPtr(value), C.size_t(len(value)), tok, e)
+	})
+	runtime.KeepAlive(value)
+	return err
 }
 
 // Get waits up to timeout for key to be set and returns its value (ErrTimeout if it is still
@@ -144,17 +141,13 @@ func (s *Store) Get(ctx context.Context, key string, timeout time.Duration) ([]b
 
 // Add atomically adds delta to the decimal integer at key (absent counts as 0) and returns
 // the sum. ErrInvalidArgument if the value is not an integer or the sum overflows. If ctx
-// ends first, the error matches ErrCancelled and the add may still take effect.
+// ends first, the error matches ErrCancelled and the add may or may not have been applied.
 func (s *Store) Add(ctx context.Context, key string, delta int64) (int64, error) {
 	var out C.int64_t
-	err := bounded(ctx, "store add", func() error {
-		ck := C.CString(key)
-		defer C.free(unsafe.Pointer(ck))
-		return s.with(func(ptr *C.rdzv_store_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-				return C.rdzv_store_add(ptr, ck, C.int64_t(delta), &out, e)
-			})
-		})
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	err := s.withContext(ctx, "store add", func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_store_add_with_cancel(ptr, ck, C.int64_t(delta), tok, &out, e)
 	})
 	if err != nil {
 		return 0, err
@@ -165,33 +158,22 @@ func (s *Store) Add(ctx context.Context, key string, delta int64) (int64, error)
 // CompareSet sets key to desired if it holds expected (or is absent and expected is empty),
 // atomically, and returns the value the key holds afterwards (expected itself when the key is
 // absent and expected is not empty). If ctx ends first, the error matches ErrCancelled and
-// the swap may still take effect.
+// the swap may or may not have been applied.
 func (s *Store) CompareSet(ctx context.Context, key string, expected, desired []byte) ([]byte, error) {
-	expected, desired = ownBytes(ctx, expected), ownBytes(ctx, desired)
-	var out []byte
-	err := bounded(ctx, "store compare-set", func() error {
-		ck := C.CString(key)
-		defer C.free(unsafe.Pointer(ck))
-		return s.with(func(ptr *C.rdzv_store_t) error {
-			var p *C.uint8_t
-			var n C.size_t
-			err := call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-				return C.rdzv_store_compare_set(ptr, ck, bytesPtr(expected), C.size_t(len(expected)),
-					bytesPtr(desired), C.size_t(len(desired)), &p, &n, e)
-			})
-			runtime.KeepAlive(expected)
-			runtime.KeepAlive(desired)
-			if err != nil {
-				return err
-			}
-			out = takeBytes(p, n)
-			return nil
-		})
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	var p *C.uint8_t
+	var n C.size_t
+	err := s.withContext(ctx, "store compare-set", func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_store_compare_set_with_cancel(ptr, ck, bytesPtr(expected), C.size_t(len(expected)),
+			bytesPtr(desired), C.size_t(len(desired)), tok, &p, &n, e)
 	})
+	runtime.KeepAlive(expected)
+	runtime.KeepAlive(desired)
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	return takeBytes(p, n), nil
 }
 
 // Wait waits up to timeout until all keys exist (ErrTimeout otherwise), or until ctx is done
@@ -224,15 +206,14 @@ func (s *Store) blocking(ctx context.Context, tok *cancelToken, f func(ptr *C.rd
 	err := s.with(func(ptr *C.rdzv_store_t) error {
 		return tok.run(ctx, s.closing, func(t *C.rdzv_cancel_token_t) error { return f(ptr, t) })
 	})
-	if e, ok := err.(*Error); ok && e.Status == StatusCancelled && ctx.Err() != nil {
-		return &Error{Status: StatusCancelled, Message: e.Message, cause: ctx.Err()}
-	}
-	return err
+	return withCause(ctx, err)
 }
 
-// Cancel wakes Get, Wait and MultiGet calls blocked on this store in other goroutines (they
-// return ErrCancelled). No effect on calls that start later, so a Cancel made just as another
-// goroutine starts a wait can be lost: cancel the wait's context instead, which is never lost.
+// Cancel ends the Get, Wait and MultiGet calls running on this store in other goroutines
+// (they return ErrCancelled) or, if none is, the next one to start: a Cancel made just as
+// another goroutine starts a wait is never lost (the library keeps it, rdzv_store_cancel). It
+// is used up once a wait has returned ErrCancelled because of it; the store stays usable. A
+// wait's own context is the other way to end it.
 func (s *Store) Cancel() error {
 	return s.with(func(ptr *C.rdzv_store_t) error {
 		return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_store_cancel(ptr, e) })
@@ -242,16 +223,11 @@ func (s *Store) Cancel() error {
 // Check reports whether all keys exist now. It does not wait for them; if ctx ends before
 // etcd answers, the error matches both ErrCancelled and ctx.Err().
 func (s *Store) Check(ctx context.Context, keys []string) (bool, error) {
-	keys = slices.Clone(keys) // read by the call, which may outlive ctx
 	var ok C.bool
-	err := bounded(ctx, "store check", func() error {
-		ck, free := cKeys(keys)
-		defer free()
-		return s.with(func(ptr *C.rdzv_store_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-				return C.rdzv_store_check(ptr, ck, C.size_t(len(keys)), &ok, e)
-			})
-		})
+	ck, free := cKeys(keys)
+	defer free()
+	err := s.withContext(ctx, "store check", func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_store_check_with_cancel(ptr, ck, C.size_t(len(keys)), tok, &ok, e)
 	})
 	if err != nil {
 		return false, err
@@ -260,17 +236,13 @@ func (s *Store) Check(ctx context.Context, keys []string) (bool, error) {
 }
 
 // DeleteKey deletes key and reports whether it existed. If ctx ends first, the error matches
-// ErrCancelled and the delete may still take effect.
+// ErrCancelled and the delete may or may not have been applied.
 func (s *Store) DeleteKey(ctx context.Context, key string) (bool, error) {
 	var deleted C.bool
-	err := bounded(ctx, "store delete", func() error {
-		ck := C.CString(key)
-		defer C.free(unsafe.Pointer(ck))
-		return s.with(func(ptr *C.rdzv_store_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-				return C.rdzv_store_delete_key(ptr, ck, &deleted, e)
-			})
-		})
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	err := s.withContext(ctx, "store delete", func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_store_delete_key_with_cancel(ptr, ck, tok, &deleted, e)
 	})
 	if err != nil {
 		return false, err
@@ -281,10 +253,8 @@ func (s *Store) DeleteKey(ctx context.Context, key string) (bool, error) {
 // NumKeys is the number of keys in this round's store.
 func (s *Store) NumKeys(ctx context.Context) (int64, error) {
 	var n C.int64_t
-	err := bounded(ctx, "store num keys", func() error {
-		return s.with(func(ptr *C.rdzv_store_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t { return C.rdzv_store_num_keys(ptr, &n, e) })
-		})
+	err := s.withContext(ctx, "store num keys", func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_store_num_keys_with_cancel(ptr, tok, &n, e)
 	})
 	if err != nil {
 		return 0, err
@@ -323,44 +293,32 @@ func (s *Store) multiGet(ctx context.Context, tok *cancelToken, keys []string, t
 }
 
 // MultiSet sets keys[i] to values[i] for all i, all or nothing (beyond 128 keys, each 128
-// in turn, as rdzv_store_multi_set says). If ctx ends first, the error
-// matches ErrCancelled and the writes may still take effect.
+// in turn, as rdzv_store_multi_set says). If ctx ends first, the error matches
+// ErrCancelled and the writes may or may not have been applied.
 func (s *Store) MultiSet(ctx context.Context, keys []string, values [][]byte) error {
 	if len(keys) != len(values) {
 		return &Error{Status: StatusInvalidArgument, Message: "MultiSet: keys and values differ in length"}
 	}
-	// The call owns its inputs: it may outlive ctx.
-	keys = slices.Clone(keys)
-	if ctx.Done() != nil {
-		values = slices.Clone(values)
-		for i := range values {
-			values[i] = bytes.Clone(values[i])
+	ck, freeKeys := cKeys(keys)
+	defer freeKeys()
+	// cgo forbids Go pointers stored in C memory, so the values are copied to C memory too.
+	n := len(values) + 1
+	cvals := unsafe.Slice((**C.uint8_t)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof((*C.uint8_t)(nil))))), n)
+	clens := make([]C.size_t, n)
+	defer func() {
+		for _, p := range cvals {
+			C.free(unsafe.Pointer(p))
 		}
+		C.free(unsafe.Pointer(&cvals[0]))
+	}()
+	for i, v := range values {
+		if len(v) > 0 {
+			cvals[i] = (*C.uint8_t)(C.CBytes(v))
+		}
+		clens[i] = C.size_t(len(v))
 	}
-	return bounded(ctx, "store multi-set", func() error {
-		ck, freeKeys := cKeys(keys)
-		defer freeKeys()
-		// cgo forbids Go pointers stored in C memory, so the values are copied to C memory too.
-		n := len(values) + 1
-		cvals := unsafe.Slice((**C.uint8_t)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof((*C.uint8_t)(nil))))), n)
-		clens := make([]C.size_t, n)
-		defer func() {
-			for _, p := range cvals {
-				C.free(unsafe.Pointer(p))
-			}
-			C.free(unsafe.Pointer(&cvals[0]))
-		}()
-		for i, v := range values {
-			if len(v) > 0 {
-				cvals[i] = (*C.uint8_t)(C.CBytes(v))
-			}
-			clens[i] = C.size_t(len(v))
-		}
-		return s.with(func(ptr *C.rdzv_store_t) error {
-			return call(func(e **C.rdzv_error_t) C.rdzv_status_t {
-				return C.rdzv_store_multi_set(ptr, ck, &cvals[0], &clens[0], C.size_t(len(keys)), e)
-			})
-		})
+	return s.withContext(ctx, "store multi-set", func(ptr *C.rdzv_store_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_store_multi_set_with_cancel(ptr, ck, &cvals[0], &clens[0], C.size_t(len(keys)), tok, e)
 	})
 }
 
