@@ -188,9 +188,16 @@ SIGNATURES = {
         [RdzvP, CancelTokenP, POINTER(rdzv_round_t), POINTER(StoreP), ErrorPP],
     ),
     "rdzv_is_closed": (rdzv_status_t, [RdzvP, POINTER(c_bool), ErrorPP]),
+    "rdzv_is_closed_with_cancel": (rdzv_status_t, [RdzvP, CancelTokenP, POINTER(c_bool), ErrorPP]),
     "rdzv_set_closed": (rdzv_status_t, [RdzvP, ErrorPP]),
+    "rdzv_set_closed_with_cancel": (rdzv_status_t, [RdzvP, CancelTokenP, ErrorPP]),
     "rdzv_num_waiting": (rdzv_status_t, [RdzvP, POINTER(c_uint32), ErrorPP]),
+    "rdzv_num_waiting_with_cancel": (
+        rdzv_status_t,
+        [RdzvP, CancelTokenP, POINTER(c_uint32), ErrorPP],
+    ),
     "rdzv_num_lost": (rdzv_status_t, [RdzvP, POINTER(c_uint32), ErrorPP]),
+    "rdzv_num_lost_with_cancel": (rdzv_status_t, [RdzvP, CancelTokenP, POINTER(c_uint32), ErrorPP]),
     "rdzv_cancel": (rdzv_status_t, [RdzvP, ErrorPP]),
     "rdzv_shutdown": (rdzv_status_t, [RdzvP, ErrorPP]),
     "rdzv_free": (None, [RdzvP]),
@@ -198,6 +205,10 @@ SIGNATURES = {
     "rdzv_backend": (c_char_p, [RdzvP]),
     "rdzv_node_id": (c_char_p, [RdzvP]),
     "rdzv_store_set": (rdzv_status_t, [StoreP, c_char_p, BytesP, c_size_t, ErrorPP]),
+    "rdzv_store_set_with_cancel": (
+        rdzv_status_t,
+        [StoreP, c_char_p, BytesP, c_size_t, CancelTokenP, ErrorPP],
+    ),
     "rdzv_store_get": (
         rdzv_status_t,
         [StoreP, c_char_p, c_int64, POINTER(BytesP), POINTER(c_size_t), ErrorPP],
@@ -207,6 +218,10 @@ SIGNATURES = {
         [StoreP, c_char_p, c_int64, CancelTokenP, POINTER(BytesP), POINTER(c_size_t), ErrorPP],
     ),
     "rdzv_store_add": (rdzv_status_t, [StoreP, c_char_p, c_int64, POINTER(c_int64), ErrorPP]),
+    "rdzv_store_add_with_cancel": (
+        rdzv_status_t,
+        [StoreP, c_char_p, c_int64, CancelTokenP, POINTER(c_int64), ErrorPP],
+    ),
     "rdzv_store_compare_set": (
         rdzv_status_t,
         [
@@ -221,14 +236,41 @@ SIGNATURES = {
             ErrorPP,
         ],
     ),
+    "rdzv_store_compare_set_with_cancel": (
+        rdzv_status_t,
+        [
+            StoreP,
+            c_char_p,
+            BytesP,
+            c_size_t,
+            BytesP,
+            c_size_t,
+            CancelTokenP,
+            POINTER(BytesP),
+            POINTER(c_size_t),
+            ErrorPP,
+        ],
+    ),
     "rdzv_store_wait": (rdzv_status_t, [StoreP, KeysP, c_size_t, c_int64, ErrorPP]),
     "rdzv_store_wait_with_cancel": (
         rdzv_status_t,
         [StoreP, KeysP, c_size_t, c_int64, CancelTokenP, ErrorPP],
     ),
     "rdzv_store_check": (rdzv_status_t, [StoreP, KeysP, c_size_t, POINTER(c_bool), ErrorPP]),
+    "rdzv_store_check_with_cancel": (
+        rdzv_status_t,
+        [StoreP, KeysP, c_size_t, CancelTokenP, POINTER(c_bool), ErrorPP],
+    ),
     "rdzv_store_delete_key": (rdzv_status_t, [StoreP, c_char_p, POINTER(c_bool), ErrorPP]),
+    "rdzv_store_delete_key_with_cancel": (
+        rdzv_status_t,
+        [StoreP, c_char_p, CancelTokenP, POINTER(c_bool), ErrorPP],
+    ),
     "rdzv_store_num_keys": (rdzv_status_t, [StoreP, POINTER(c_int64), ErrorPP]),
+    "rdzv_store_num_keys_with_cancel": (
+        rdzv_status_t,
+        [StoreP, CancelTokenP, POINTER(c_int64), ErrorPP],
+    ),
     "rdzv_store_multi_get": (
         rdzv_status_t,
         [StoreP, KeysP, c_size_t, c_int64, POINTER(BytesP), POINTER(c_size_t), ErrorPP],
@@ -250,6 +292,10 @@ SIGNATURES = {
         rdzv_status_t,
         [StoreP, KeysP, POINTER(BytesP), POINTER(c_size_t), c_size_t, ErrorPP],
     ),
+    "rdzv_store_multi_set_with_cancel": (
+        rdzv_status_t,
+        [StoreP, KeysP, POINTER(BytesP), POINTER(c_size_t), c_size_t, CancelTokenP, ErrorPP],
+    ),
     "rdzv_store_set_timeout": (rdzv_status_t, [StoreP, c_int64, ErrorPP]),
     "rdzv_store_cancel": (rdzv_status_t, [StoreP, ErrorPP]),
     "rdzv_version": (c_char_p, []),
@@ -258,6 +304,10 @@ SIGNATURES = {
     "rdzv_admin_new": (rdzv_status_t, [ParamsP, POINTER(AdminP), ErrorPP]),
     "rdzv_admin_free": (None, [AdminP]),
     "rdzv_admin_status": (rdzv_status_t, [AdminP, POINTER(RunStatusP), ErrorPP]),
+    "rdzv_admin_status_with_cancel": (
+        rdzv_status_t,
+        [AdminP, CancelTokenP, POINTER(RunStatusP), ErrorPP],
+    ),
     "rdzv_admin_watch": (rdzv_status_t, [AdminP, c_int64, POINTER(RunStatusP), ErrorPP]),
     "rdzv_admin_watch_with_cancel": (
         rdzv_status_t,
@@ -265,13 +315,27 @@ SIGNATURES = {
     ),
     "rdzv_admin_cancel": (rdzv_status_t, [AdminP, ErrorPP]),
     "rdzv_admin_close": (rdzv_status_t, [AdminP, ErrorPP]),
+    "rdzv_admin_close_with_cancel": (rdzv_status_t, [AdminP, CancelTokenP, ErrorPP]),
     "rdzv_admin_purge": (
         rdzv_status_t,
         [AdminP, c_bool, POINTER(c_int64), POINTER(c_uint32), ErrorPP],
     ),
+    "rdzv_admin_purge_with_cancel": (
+        rdzv_status_t,
+        [AdminP, c_bool, CancelTokenP, POINTER(c_int64), POINTER(c_uint32), ErrorPP],
+    ),
     "rdzv_admin_drain": (rdzv_status_t, [AdminP, c_char_p, c_char_p, ErrorPP]),
+    "rdzv_admin_drain_with_cancel": (
+        rdzv_status_t,
+        [AdminP, c_char_p, c_char_p, CancelTokenP, ErrorPP],
+    ),
     "rdzv_drain": (rdzv_status_t, [RdzvP, c_char_p, ErrorPP]),
+    "rdzv_drain_with_cancel": (rdzv_status_t, [RdzvP, c_char_p, CancelTokenP, ErrorPP]),
     "rdzv_is_draining": (rdzv_status_t, [RdzvP, POINTER(c_bool), ErrorPP]),
+    "rdzv_is_draining_with_cancel": (
+        rdzv_status_t,
+        [RdzvP, CancelTokenP, POINTER(c_bool), ErrorPP],
+    ),
     "rdzv_run_status_free": (None, [RunStatusP]),
 }
 

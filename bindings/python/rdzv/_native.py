@@ -161,83 +161,42 @@ class CancelToken:
             self._free(ptr)
 
 
-class HandleCancel:
-    """What a handle's ``cancel()`` reaches: the token its calls in progress share. The first
-    call (or ``cancel()``) makes it; ``cancel()`` cancels it; once every call holding a
-    cancelled token has returned, the next call gets a new one. So ``cancel()`` ends the calls
-    in progress and any that start before they have returned, and, when no call is in
-    progress, the next one to start: a cancel racing with the start of a call is never lost
-    (the C++ binding's ``HandleCancel`` does the same)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._current: CancelToken | None = None
-        self._users = 0
-
-    def acquire(self) -> "_Ticket":
-        """The token for a call that starts now; ``release()`` the ticket when it returns."""
-        with self._lock:
-            if self._current is None:
-                self._current = CancelToken()
-            self._users += 1
-            return _Ticket(self, self._current)
-
-    def cancel(self) -> None:
-        with self._lock:
-            if self._current is None:
-                self._current = CancelToken()
-            self._current.cancel()
-
-    def _release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._current is not None and self._current.cancelled:
-                self._current = None  # used up: the next call starts afresh
-
-
-class _Ticket:
-    """One call's hold on its handle's token; ``release`` is idempotent (the worker and the
-    caller both release: the caller's comes first when Ctrl-C abandons the worker)."""
-
-    def __init__(self, owner: HandleCancel, token: CancelToken):
-        self._owner = owner
-        self.token = token
-        self._released = False
-        self._lock = threading.Lock()
-
-    def release(self) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-        self._owner._release()
-
-
 def run_cancellable(
-    cancels: HandleCancel,
     work: Callable[[Any], T],
     *,
     name: str,
     discard: Callable[[T], None] | None = None,
     in_place: bool = False,
 ) -> T:
-    """Runs ``work(token)`` (``token`` the ``rdzv_cancel_token_t *`` to pass to the call) as
-    ``run_blocking`` does, with the handle's token: ``cancels.cancel()`` from any thread, or
-    Ctrl-C, ends it. ``in_place`` runs it on this thread (a call that does not wait)."""
-    ticket = cancels.acquire()
+    """Runs ``work(token)``, a call that talks to etcd (``token`` the ``rdzv_cancel_token_t *``
+    to pass to its ``_with_cancel`` form), so that Ctrl-C ends it: on the main thread it runs
+    as ``run_blocking`` does, with a cancel token of its own that Ctrl-C cancels (a token stays
+    cancelled, so a Ctrl-C just as the call starts still ends it). Elsewhere, or ``in_place``
+    (a call that does not wait), it runs on this thread with no token. A handle's ``cancel()``
+    reaches its waits through the library (``rdzv_cancel``), whichever way they run."""
+    if in_place or threading.current_thread() is not threading.main_thread():
+        return work(None)
+    token = CancelToken()
+    # The closure keeps the token alive while the worker uses it, even once Ctrl-C has made
+    # the caller give up on it.
+    return run_blocking(lambda: work(token.ptr), name=name, cancel=token.cancel, discard=discard)
 
-    def run() -> T:
-        try:
-            return work(ticket.token.ptr)
-        finally:
-            ticket.release()
 
-    try:
-        if in_place:
-            return run()
-        return run_blocking(run, name=name, cancel=ticket.token.cancel, discard=discard)
-    finally:
-        ticket.release()
+#: Where the call's cancel token goes among the arguments given to ``ask``.
+TOKEN: Any = object()
+
+
+def ask(res: Any, fn: Callable[..., int], *args: Any, name: str) -> None:
+    """Calls ``fn(handle, *args)``, the ``_with_cancel`` form of a call that talks to etcd, on
+    the handle ``res`` holds (an ``Owned``), with its cancel token where ``args`` has
+    ``TOKEN``, so that Ctrl-C ends it (``run_cancellable``; a write so ended may or may not
+    have been applied). Raises on failure."""
+
+    def work(token: Any) -> None:
+        with res.use() as p:
+            call(fn, p, *(token if a is TOKEN else a for a in args))
+
+    run_cancellable(work, name=name)
 
 
 def run_blocking(

@@ -21,8 +21,9 @@ from typing import Any, Iterator
 from . import _ffi
 from ._managed import Managed, Owned
 from ._native import (
-    HandleCancel,
+    TOKEN,
     Timeout,
+    ask,
     call,
     cstr,
     lib,
@@ -215,11 +216,7 @@ class Admin(Managed):
 
         ptr = run_blocking(connect, name="rdzv-admin-connect", discard=L.rdzv_admin_free)
         self._res = Owned(ptr, L.rdzv_admin_free, "admin handle")
-        # Bumped by cancel(): a watch generator made before it ends, even between two calls.
-        self._cancels = 0
         self._lock = threading.Lock()
-        # What cancel() reaches: the watch call in progress, or else the next one.
-        self._call_cancel = HandleCancel()
         # A change read by a watch call that Ctrl-C abandoned: the next watch_next returns it,
         # so the handle's watch still loses nothing.
         self._pending: RunStatus | None = None
@@ -237,9 +234,15 @@ class Admin(Managed):
     # -- reading ------------------------------------------------------------------------------
 
     def status(self) -> RunStatus:
-        """The run's status now (two or three etcd reads, at most ``connect_timeout``)."""
-        with self._res.use() as p:
-            return _read_status(lib().rdzv_admin_status, p)
+        """The run's status now (two or three etcd reads, at most ``connect_timeout``). Ctrl-C
+        ends it, and any call below that asks etcd."""
+        L = lib()
+
+        def work(token: Any) -> RunStatus:
+            with self._res.use() as p:
+                return _read_status(L.rdzv_admin_status_with_cancel, p, token)
+
+        return run_cancellable(work, name="rdzv-admin-status")
 
     def watch_next(self, timeout: Timeout | None = None) -> RunStatus | None:
         """The run's current status on the handle's first watch call; after that, waits for
@@ -252,21 +255,11 @@ class Admin(Managed):
         ``RendezvousConnectionError`` when etcd stays unreachable for
         ``connect_timeout`` (call again to resume). Ctrl-C ends the wait with
         ``KeyboardInterrupt``; the handle stays usable."""
-        with self._lock:
-            cancels = self._cancels
-        return self._watch_next(timeout, cancels)
-
-    def _watch_next(self, timeout: Timeout | None, cancels: int) -> RunStatus | None:
-        """``watch_next``, cancelled by any ``cancel()`` made after the count was ``cancels``."""
         ms = _FOREVER_MS if timeout is None else min(_FOREVER_MS, math.ceil(seconds(timeout) * 1000))
         L = lib()
 
         def work(token: Any) -> RunStatus | None:
-            # Checked with the call's token held: a cancel() made since either bumped the count
-            # (seen here) or cancelled the token (seen by the call).
             with self._lock:
-                if self._cancels != cancels:
-                    raise RendezvousCancelledError("watch: cancelled")
                 pending, self._pending = self._pending, None
             if pending is not None:
                 return pending
@@ -284,7 +277,7 @@ class Admin(Managed):
         # On the main thread the call runs in a helper thread while this one waits in short
         # slices, so Ctrl-C is seen at once; on Ctrl-C the watch is cancelled (not left
         # running, which would make the next watch call fail) and a change it read is kept.
-        return run_cancellable(self._call_cancel, work, name="rdzv-admin-watch", discard=keep)
+        return run_cancellable(work, name="rdzv-admin-watch", discard=keep)
 
     def watch(self, idle_timeout: Timeout | None = None) -> Iterator[RunStatus]:
         """A generator of the run's statuses: the current one first, then one per change an
@@ -299,23 +292,19 @@ class Admin(Managed):
             seconds(idle_timeout, "idle_timeout")  # checked now, not at the first next()
         if self._res.closed:
             raise RendezvousShutdownError("the admin handle is closed")
-        # A cancel() from now on ends the generator, even one made while it was between two
-        # watch calls (handing a status to its consumer).
-        with self._lock:
-            cancels = self._cancels
 
         def statuses() -> Iterator[RunStatus]:
             # The library's watch belongs to the handle and goes on where an earlier watch
             # stopped, so each generator starts from a status of its own and then passes on
             # only what the watch reports as newer and different: every change once, in
-            # order (as the Go binding's Watch does).
+            # order (as the Go binding's Watch does). A cancel() made while it was between two
+            # watch calls (handing a status to its consumer) ends the next one: the library
+            # keeps it.
             last = self.status()
-            if self._cancels != cancels:
-                return
             yield last
             while True:
                 try:
-                    status = self._watch_next(idle_timeout, cancels)
+                    status = self.watch_next(idle_timeout)
                 except RendezvousCancelledError:
                     return
                 except RendezvousShutdownError:
@@ -334,12 +323,10 @@ class Admin(Managed):
     def cancel(self) -> None:
         """Wakes a ``watch_next`` (or a ``watch`` generator) running in another thread:
         ``watch_next`` raises ``RendezvousCancelledError``, the generator ends. With no watch
-        call in progress, the next one to start is cancelled: a cancel is never lost. Never
-        blocks."""
-        with self._res.use():
-            with self._lock:
-                self._cancels += 1
-                self._call_cancel.cancel()
+        call in progress, the next one to start is cancelled: a cancel is never lost (the
+        library keeps it, ``rdzv_admin_cancel``), and is used up by that call. Never blocks."""
+        with self._res.use() as p:
+            call(lib().rdzv_admin_cancel, p)
 
     # -- acting -------------------------------------------------------------------------------
 
@@ -347,8 +334,7 @@ class Admin(Managed):
         """Closes the run for every node, as a node's ``set_closed()`` does: blocked and later
         ``next_rendezvous`` calls raise ``RendezvousClosedError``. (``close()`` frees this
         handle instead.)"""
-        with self._res.use() as p:
-            call(lib().rdzv_admin_close, p)
+        ask(self._res, lib().rdzv_admin_close_with_cancel, TOKEN, name="rdzv-admin-close")
 
     def purge(self, force: bool = False) -> PurgeResult:
         """Deletes every key of the run (rounds, stores, round counter, closed marker), so its
@@ -356,9 +342,8 @@ class Admin(Managed):
         and says how many are (``refused_alive``), unless ``force``, which leaves running nodes
         without their keys (they fail). The check and the delete are one transaction."""
         deleted, alive = ctypes.c_int64(), ctypes.c_uint32()
-        with self._res.use() as p:
-            call(lib().rdzv_admin_purge, p, bool(force), ctypes.byref(deleted),
-                 ctypes.byref(alive))
+        ask(self._res, lib().rdzv_admin_purge_with_cancel, bool(force), TOKEN,
+            ctypes.byref(deleted), ctypes.byref(alive), name="rdzv-admin-purge")
         return PurgeResult(deleted.value, alive.value)
 
     def drain(self, node_id: str, reason: str = "") -> None:
@@ -370,8 +355,8 @@ class Admin(Managed):
         and in logs. Raises ``RendezvousInvalidArgumentError`` naming the node if it is not a
         live node of the run."""
         node, why = cstr(node_id, "node_id"), cstr(reason, "reason")
-        with self._res.use() as p:
-            call(lib().rdzv_admin_drain, p, node, why)
+        ask(self._res, lib().rdzv_admin_drain_with_cancel, node, why, TOKEN,
+            name="rdzv-admin-drain")
 
     # -- lifetime -----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import _ffi
 from ._managed import Managed, Owned
-from ._native import HandleCancel, call, cstr, lib, run_blocking, run_cancellable
+from ._native import TOKEN, ask, call, cstr, lib, run_blocking, run_cancellable
 from .errors import RendezvousError, RendezvousShutdownError
 from .params import ParametersLike, native_params, store_timeout_of, store_timeout_of_url
 from .store import Store
@@ -121,7 +121,6 @@ class EtcdV3RendezvousHandler(Managed):
         self._node_id = L.rdzv_node_id(ptr).decode()
         self._store_timeout = store_timeout
         self._res = Owned(ptr, L.rdzv_free, "rendezvous handler")
-        self._cancels = HandleCancel()
 
     # -- torch RendezvousHandler --------------------------------------------------------------
 
@@ -142,7 +141,7 @@ class EtcdV3RendezvousHandler(Managed):
         ``RendezvousConnectionError``, ``RendezvousShutdownError`` (``shutdown``/``close`` from
         another thread) or ``RendezvousCancelledError`` (``cancel`` from another thread, made
         during the call or before it). Ctrl-C cancels the join (the handler stays usable) and
-        raises ``KeyboardInterrupt``."""
+        raises ``KeyboardInterrupt``; so it does for every call below that asks etcd."""
         L = lib()
 
         def work(token: Any) -> tuple[Any, Any]:
@@ -152,7 +151,6 @@ class EtcdV3RendezvousHandler(Managed):
                 return rnd, store
 
         rnd, store_ptr = run_cancellable(
-            self._cancels,
             work,
             name=f"rdzv-next:{self._node_id}",
             discard=lambda result: L.rdzv_store_free(result[1]),
@@ -161,18 +159,19 @@ class EtcdV3RendezvousHandler(Managed):
         info = RendezvousStoreInfo(rnd.master_addr.decode("utf-8", "replace"), rnd.master_port)
         return RendezvousInfo(store, rnd.rank, rnd.world_size, info, rnd.round)
 
+    def _ask(self, fn: Any, *args: Any, what: str) -> None:
+        ask(self._res, fn, TOKEN, *args, name=f"rdzv-{what}:{self._node_id}")
+
     def is_closed(self) -> bool:
         """Whether any node closed the run."""
         out = ctypes.c_bool()
-        with self._res.use() as p:
-            call(lib().rdzv_is_closed, p, ctypes.byref(out))
+        self._ask(lib().rdzv_is_closed_with_cancel, ctypes.byref(out), what="is-closed")
         return bool(out.value)
 
     def set_closed(self) -> None:
         """Closes the run for every node: blocked and later ``next_rendezvous`` calls anywhere
         raise ``RendezvousClosedError``."""
-        with self._res.use() as p:
-            call(lib().rdzv_set_closed, p)
+        self._ask(lib().rdzv_set_closed_with_cancel, what="set-closed")
 
     def num_nodes_waiting(self, include_lost: bool = True) -> int:
         """Nodes waiting for a new round (``rdzv_num_waiting``), PLUS, unless ``include_lost``
@@ -182,15 +181,13 @@ class EtcdV3RendezvousHandler(Managed):
         lost members here makes the survivors of a round that lost a node form a new round
         instead of waiting on a dead peer."""
         out = ctypes.c_uint32()
-        with self._res.use() as p:
-            call(lib().rdzv_num_waiting, p, ctypes.byref(out))
+        self._ask(lib().rdzv_num_waiting_with_cancel, ctypes.byref(out), what="num-waiting")
         return out.value + (self.num_nodes_lost() if include_lost else 0)
 
     def num_nodes_lost(self) -> int:
         """Members of this node's last round whose lease expired (``rdzv_num_lost``)."""
         out = ctypes.c_uint32()
-        with self._res.use() as p:
-            call(lib().rdzv_num_lost, p, ctypes.byref(out))
+        self._ask(lib().rdzv_num_lost_with_cancel, ctypes.byref(out), what="num-lost")
         return out.value
 
     def get_run_id(self) -> str:
@@ -224,24 +221,23 @@ class EtcdV3RendezvousHandler(Managed):
         ``next_rendezvous`` raises ``RendezvousGracefulExitError``. Does not close the run.
         ``reason`` is shown in the error and in logs."""
         why = cstr(reason, "reason")
-        with self._res.use() as p:
-            call(lib().rdzv_drain, p, why)
+        ask(self._res, lib().rdzv_drain_with_cancel, why, TOKEN, name=f"rdzv-drain:{self._node_id}")
 
     def is_draining(self) -> bool:
         """Whether this node was drained (by ``drain``, an operator or a scheduler): its agent
         should stop its workers and leave. One etcd read."""
         out = ctypes.c_bool()
-        with self._res.use() as p:
-            call(lib().rdzv_is_draining, p, ctypes.byref(out))
+        self._ask(lib().rdzv_is_draining_with_cancel, ctypes.byref(out), what="is-draining")
         return bool(out.value)
 
     def cancel(self) -> None:
         """Ends the ``next_rendezvous`` in progress in another thread, which raises
         ``RendezvousCancelledError``, or, if none is, the next one to start: a cancel made just
-        as another thread calls ``next_rendezvous`` is not lost. The handler stays usable.
-        Never blocks."""
-        with self._res.use():
-            self._cancels.cancel()
+        as another thread calls ``next_rendezvous`` is not lost (the library keeps it,
+        ``rdzv_cancel``). It is used up once a ``next_rendezvous`` has raised because of it;
+        the handler stays usable. Never blocks."""
+        with self._res.use() as p:
+            call(lib().rdzv_cancel, p)
 
     def close(self) -> None:
         """``shutdown()`` and free the handle (once calls in other threads have returned).

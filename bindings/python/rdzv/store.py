@@ -10,9 +10,10 @@ from typing import Any, Callable, Sequence, TypeVar
 from . import _ffi
 from ._managed import Managed, Owned
 from ._native import (
+    TOKEN,
     Buffer,
-    HandleCancel,
     Timeout,
+    ask,
     call,
     key_arg,
     keys_arg,
@@ -42,13 +43,13 @@ class Store(Managed):
     ``store_timeout`` option or ``set_timeout`` changed it) and 0 means "do not wait".
     Thread-safe. Its calls raise ``RendezvousShutdownError`` once the handler it came from is
     shut down or closed (a wait in progress is woken), and a wait whose keys are still missing
-    when the run is closed raises ``RendezvousClosedError``. Ctrl-C cancels a wait. A wait ends
-    at once on ``cancel()`` or the handler's shutdown, and within a second of its timeout,
-    whatever etcd is doing.
+    when the run is closed raises ``RendezvousClosedError``. Ctrl-C cancels a wait, and any
+    other call (a write so ended may or may not have been applied). A wait ends at once on
+    ``cancel()`` or the handler's shutdown, and within a second of its timeout, whatever etcd
+    is doing.
     ``close()`` (or a ``with`` block) frees it; a call blocked in another thread finishes first.
     """
 
-    _cancels: HandleCancel
     _timeout: float
     _name: str
 
@@ -59,7 +60,6 @@ class Store(Managed):
     def _from_ptr(cls, ptr: Any, timeout: float) -> Store:
         self = cls.__new__(cls)
         self._res = Owned(ptr, lib().rdzv_store_free, "store")
-        self._cancels = HandleCancel()
         self._timeout = float(timeout)
         self._name = f"rdzv-store-{next(_ids)}"
         return self
@@ -75,8 +75,7 @@ class Store(Managed):
     def set(self, key: str, value: bytes | str) -> None:
         """Sets ``key`` to ``value``."""
         k, buf = key_arg(key), Buffer(value_arg(value))
-        with self._res.use() as p:
-            call(lib().rdzv_store_set, p, k, buf.ptr, buf.len)
+        self._ask(lib().rdzv_store_set_with_cancel, k, buf.ptr, buf.len, TOKEN)
 
     def get(self, key: str, timeout: Timeout | None = None) -> bytes:
         """Waits for ``key`` to be set and returns its value; ``RendezvousTimeoutError`` if it
@@ -97,8 +96,7 @@ class Store(Managed):
         if isinstance(amount, bool) or not isinstance(amount, int) or not -(2**63) <= amount < 2**63:
             raise TypeError(f"amount: expected a 64-bit int, got {amount!r}")
         k, out = key_arg(key), ctypes.c_int64()
-        with self._res.use() as p:
-            call(lib().rdzv_store_add, p, k, amount, ctypes.byref(out))
+        self._ask(lib().rdzv_store_add_with_cancel, k, amount, TOKEN, ctypes.byref(out))
         return out.value
 
     def compare_set(self, key: str, expected_value: bytes | str, desired_value: bytes | str) -> bytes:
@@ -108,11 +106,10 @@ class Store(Managed):
         k = key_arg(key)
         exp, des = Buffer(value_arg(expected_value)), Buffer(value_arg(desired_value))
         ptr, n = _ffi.BytesP(), ctypes.c_size_t()
-        with self._res.use() as p:
-            call(
-                lib().rdzv_store_compare_set,
-                p, k, exp.ptr, exp.len, des.ptr, des.len, ctypes.byref(ptr), ctypes.byref(n),
-            )
+        self._ask(
+            lib().rdzv_store_compare_set_with_cancel,
+            k, exp.ptr, exp.len, des.ptr, des.len, TOKEN, ctypes.byref(ptr), ctypes.byref(n),
+        )
         return take_bytes(ptr, n.value)
 
     def wait(self, keys: Sequence[str] | str, timeout: Timeout | None = None) -> None:
@@ -130,22 +127,19 @@ class Store(Managed):
         """Whether every key exists now. Does not wait."""
         ks = keys_arg(keys)
         arr, out = keys_array(ks), ctypes.c_bool()
-        with self._res.use() as p:
-            call(lib().rdzv_store_check, p, arr, len(ks), ctypes.byref(out))
+        self._ask(lib().rdzv_store_check_with_cancel, arr, len(ks), TOKEN, ctypes.byref(out))
         return bool(out.value)
 
     def delete_key(self, key: str) -> bool:
         """Deletes ``key``; returns whether it existed."""
         k, out = key_arg(key), ctypes.c_bool()
-        with self._res.use() as p:
-            call(lib().rdzv_store_delete_key, p, k, ctypes.byref(out))
+        self._ask(lib().rdzv_store_delete_key_with_cancel, k, TOKEN, ctypes.byref(out))
         return bool(out.value)
 
     def num_keys(self) -> int:
         """The number of keys in this round's store."""
         out = ctypes.c_int64()
-        with self._res.use() as p:
-            call(lib().rdzv_store_num_keys, p, ctypes.byref(out))
+        self._ask(lib().rdzv_store_num_keys_with_cancel, TOKEN, ctypes.byref(out))
         return out.value
 
     def multi_get(self, keys: Sequence[str], timeout: Timeout | None = None) -> list[bytes]:
@@ -184,8 +178,7 @@ class Store(Managed):
         arr = keys_array(ks)
         ptrs = (_ffi.BytesP * len(bufs))(*[b.ptr for b in bufs])
         lens = (ctypes.c_size_t * len(bufs))(*[b.len for b in bufs])
-        with self._res.use() as p:
-            call(lib().rdzv_store_multi_set, p, arr, ptrs, lens, len(ks))
+        self._ask(lib().rdzv_store_multi_set_with_cancel, arr, ptrs, lens, len(ks), TOKEN)
 
     def set_timeout(self, timeout: Timeout) -> None:
         """Sets the default timeout of ``get``, ``wait`` and ``multi_get``."""
@@ -205,13 +198,18 @@ class Store(Managed):
     def cancel(self) -> None:
         """Ends the ``get``, ``wait`` and ``multi_get`` calls in progress on this store in other
         threads (they raise ``RendezvousCancelledError``) and any that start before they have
-        returned; with none in progress, the next one to start. A cancel is never lost."""
-        with self._res.use():
-            self._cancels.cancel()
+        returned; with none in progress, the next one to start. A cancel is never lost (the
+        library keeps it, ``rdzv_store_cancel``); it is used up once a wait has raised because
+        of it, and the store stays usable."""
+        with self._res.use() as p:
+            call(lib().rdzv_store_cancel, p)
 
     def _blocking(self, work: Callable[[Any], T], ms: int) -> T:
         # A wait with timeout 0 does not wait: it runs on this thread.
-        return run_cancellable(self._cancels, work, name=self._name, in_place=ms == 0)
+        return run_cancellable(work, name=self._name, in_place=ms == 0)
+
+    def _ask(self, fn: Any, *args: Any) -> None:
+        ask(self._res, fn, *args, name=self._name)
 
     def __repr__(self) -> str:
         return f"<rdzv.Store{' closed' if self.closed else ''}>"

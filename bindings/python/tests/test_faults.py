@@ -1,9 +1,11 @@
-"""Store waits while etcd is away: a get that waits when etcd is SIGKILLed or SIGSTOPped ends
-within about a second of its cancel, its handler's shutdown or its own timeout. Each case
-prints how long after its trigger the get returned (before cancel tokens: 27-30 s)."""
+"""Calls while etcd is away: a get that waits when etcd is SIGKILLed or SIGSTOPped ends
+within about a second of its cancel, its handler's shutdown or its own timeout, and any call
+that asks a frozen etcd ends within about a second of Ctrl-C. Each case prints how long after
+its trigger the call returned (before cancel tokens: 27-30 s)."""
 
 from __future__ import annotations
 
+import _thread
 import logging
 import signal
 import threading
@@ -12,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import Etcd
+from conftest import Etcd, find_thread, wait_until
+import rdzv
 from rdzv import (
     RendezvousCancelledError,
     RendezvousConnectionError,
@@ -120,3 +123,53 @@ def test_a_waiting_get_ends_promptly_when_etcd_goes_away(private_etcd, records, 
     }[trigger]
     assert isinstance(error, expected), repr(error)
     assert late < PROMPT, f"returned {late:.1f} s after its {trigger}"
+
+
+@pytest.fixture
+def python_handles_sigint():
+    """SIGINT raises KeyboardInterrupt for the test's duration (see test_rendezvous.py)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def test_ctrl_c_ends_calls_that_ask_a_frozen_etcd(run_id, python_handles_sigint):
+    """Each call runs with a cancel token of its own that Ctrl-C cancels: it ends within about
+    a second, and its worker thread is gone with it (before, the worker went on until
+    connect_timeout, 60 s here, and Ctrl-C waited for it up to 10 s)."""
+    own = Etcd()
+    try:
+        with own.handler(run_id, 1, 1, connect_timeout=60, close_timeout=2) as node:
+            store = node.next_rendezvous().store
+            admin = rdzv.Admin(own.url(run_id, connect_timeout=60))
+            own.signal(signal.SIGSTOP)
+            calls = {
+                f"rdzv-num-waiting:{node.node_id}": node.num_nodes_waiting,
+                f"rdzv-is-closed:{node.node_id}": node.is_closed,
+                f"rdzv-set-closed:{node.node_id}": node.set_closed,
+                store._name: lambda: store.set("k", "v"),
+                "rdzv-admin-status": admin.status,
+            }
+            for thread, call in calls.items():
+                def interrupt_when_running(thread: str = thread) -> None:
+                    wait_until(lambda: find_thread(thread), 20, f"{thread} to start")
+                    _thread.interrupt_main()  # what Ctrl-C does
+
+                with ThreadPoolExecutor(1) as pool:
+                    interrupter = pool.submit(interrupt_when_running)
+                    t0 = time.monotonic()
+                    with pytest.raises(KeyboardInterrupt):
+                        call()
+                    took = time.monotonic() - t0
+                    interrupter.result(timeout=20)
+                print(f"{thread}, etcd frozen, Ctrl-C: returned after {took:.2f} s")
+                assert took < 20 + PROMPT, thread
+                worker = find_thread(thread)
+                if worker is not None:  # it signalled its end and may not have exited yet
+                    worker.join(PROMPT)
+                    assert not worker.is_alive(), f"{thread}: the call went on after Ctrl-C"
+            own.signal(signal.SIGCONT)
+            store.close()
+            admin.close()
+    finally:
+        own.stop()

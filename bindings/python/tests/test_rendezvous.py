@@ -4,6 +4,7 @@ cancelling, Ctrl-C, timeouts, late arrivals and lost members."""
 from __future__ import annotations
 
 import _thread
+import ctypes
 import json
 import signal
 import subprocess
@@ -15,11 +16,13 @@ import pytest
 
 from conftest import PKG_ROOT, dies_with_this_process, find_thread, wait_until
 from rdzv import (
+    Admin,
     EtcdV3RendezvousHandler,
     RendezvousCancelledError,
     RendezvousClosedError,
     RendezvousShutdownError,
     RendezvousTimeoutError,
+    _ffi,
 )
 
 T = 30  # seconds: the bound on any wait in these tests
@@ -235,6 +238,33 @@ def test_a_cancel_before_next_is_called_ends_it_at_once(etcd, run_id):
         assert mine.world_size == theirs.world_size == 2
         mine.store.close()
         theirs.store.close()
+
+
+def test_the_handles_cancel_is_kept_by_the_library(etcd, run_id):
+    """cancel() is the library's (rdzv_cancel, rdzv_store_cancel, rdzv_admin_cancel): made with
+    no call running, it ends the next call to start, even one made through the C functions
+    directly, and is used up by it."""
+    L = _ffi.lib()
+    with etcd.handler(run_id, 2, 2) as a:
+        a.cancel()
+        with a._res.use() as p:
+            rnd, store = _ffi.rdzv_round_t(), _ffi.StoreP()
+            assert L.rdzv_next(p, ctypes.byref(rnd), ctypes.byref(store), None) == _ffi.RDZV_ERR_CANCELLED
+    with etcd.handler(run_id + "-one", 1, 1) as one, Admin(etcd.url(run_id)) as admin:
+        info = one.next_rendezvous()
+        with info.store as store:
+            store.set("here", "v")
+            store.cancel()
+            with store._res.use() as p:
+                ptr, n = _ffi.BytesP(), ctypes.c_size_t()
+                status = L.rdzv_store_get(p, b"here", 60000, ctypes.byref(ptr), ctypes.byref(n), None)
+            assert status == _ffi.RDZV_ERR_CANCELLED
+            assert store.get("here", T) == b"v"  # used up
+        admin.cancel()
+        with admin._res.use() as p:
+            out = _ffi.RunStatusP()
+            assert L.rdzv_admin_watch(p, 60000, ctypes.byref(out), None) == _ffi.RDZV_ERR_CANCELLED
+        assert admin.watch_next(T) is not None  # used up: the handle's first watch call
 
 
 def test_join_timeout(etcd, run_id):
