@@ -18,8 +18,15 @@ Differences from the torch-free ``EtcdV3RendezvousHandler``, to behave like torc
 * a planned departure (this node drained, or the run closed while it waited outside the
   round) ends ``next_rendezvous`` with ``GracefulExit``, a ``SystemExit`` of status 0, not
   ``RendezvousGracefulExitError``, which torch's agent turns into an ``AttributeError``;
-* ``shutdown()`` releases this node without closing the run, unlike torch's
-  ``DynamicRendezvousHandler.shutdown``: one agent leaving must not end the job for the others;
+* ``shutdown()`` closes the run only when this node's job failed. torch's launcher calls it
+  in the ``finally`` of ``launch_agent`` on every exit except by a signal, while the
+  ``ChildFailedError`` it raises for workers that failed with no restart left is in flight.
+  The other nodes' agents, which see this node lost, then find the run closed in
+  ``next_rendezvous`` and exit non-zero at once, instead of waiting ``join_timeout`` for it.
+  Otherwise it only releases the node: a node that succeeds, is drained, is interrupted before
+  its workers start or fails to join must not end the job for the others (torch's c10d and
+  etcd handlers close their rendezvous on every shutdown), nor must a failure while a member
+  of the round is lost, which that departure explains;
 * ``num_nodes_waiting()`` counts waiting and lost nodes, so the agent re-rendezvouses when a
   member dies;
 * ``--rdzv-endpoint`` may omit the port (2379) and may start with ``http://``/``https://``;
@@ -36,6 +43,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
+import sys
 import types
 from typing import Any, Callable, overload
 
@@ -55,6 +63,16 @@ except ImportError:  # torch is optional
     _api = None  # type: ignore[assignment, unused-ignore]
 
 TORCH_AVAILABLE = _api is not None
+
+# What torch's launcher raises when this node's workers failed with no restart left.
+_ChildFailedError: type | None = None
+if TORCH_AVAILABLE:
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+        _ChildFailedError = ChildFailedError
+    except ImportError:  # not where torch 2.15 has it: shutdown() never closes the run
+        pass
 
 __all__ = [
     "TORCH_AVAILABLE",
@@ -363,6 +381,10 @@ class TorchEtcdV3RendezvousHandler(EtcdV3RendezvousHandler, *_torch_bases):  # t
                 raise
             log.warning("%s; this torchrun exits 0", e)
             raise GracefulExit(e) from e
+        except errors.RendezvousClosedError:
+            log.warning("rdzv: run %r was closed by another node (its job failed) or by an "
+                        "operator; this node stops", self.get_run_id())
+            raise
         self.last_round = info.round
         if not TORCH_AVAILABLE:
             return info
@@ -382,10 +404,43 @@ class TorchEtcdV3RendezvousHandler(EtcdV3RendezvousHandler, *_torch_bases):  # t
     is_draining = _handler_errors(EtcdV3RendezvousHandler.is_draining)
 
     def shutdown(self) -> bool:
-        """Releases this node only. Unlike torch's own handlers this does not close the run:
-        one agent leaving (scale-down, preemption) must not end the job for the others. The
-        run ends when a node calls ``set_closed()``."""
+        """Releases this node, first closing the run if this node's job failed (see the module
+        doc): called by torch's launcher while the ``ChildFailedError`` it raises for workers
+        that failed with no restart left is in flight. Any other shutdown (success, a drain,
+        Ctrl-C, a failed join, a direct call) only releases the node."""
+        if _job_failed_here():
+            self._close_for_failure()
         return super().shutdown()
+
+    def _close_for_failure(self) -> None:
+        """Closes the run, unless a member of this node's last round is lost (drained or dead):
+        then the failure is that departure's doing, and the other nodes re-form without both."""
+        run = self.get_run_id()
+        try:
+            lost = EtcdV3RendezvousHandler.num_nodes_lost(self)
+            if lost:
+                log.warning(
+                    "rdzv: this node's workers failed with no restart left while %d member(s) of "
+                    "its round were lost: leaving run %r open for the others", lost, run
+                )
+                return
+            log.warning(
+                "rdzv: this node's workers failed with no restart left: closing run %r, so the "
+                "other nodes stop too", run
+            )
+            EtcdV3RendezvousHandler.set_closed(self)
+        except errors.RendezvousError as e:
+            log.warning("rdzv: could not close run %r after the failure: %s", run, e)
+
+
+def _job_failed_here() -> bool:
+    """Whether torch's launcher is ending with this node's job failed: ``launch_agent`` calls
+    ``shutdown()`` in its ``finally`` while the ``ChildFailedError`` it raised for the failed
+    workers propagates, which makes it the exception being handled there (torch 2.15; on a
+    signal it does not call ``shutdown()`` at all)."""
+    if _ChildFailedError is None:
+        return False
+    return isinstance(sys.exc_info()[1], _ChildFailedError)
 
 
 _Creator = Callable[[ParametersLike], TorchEtcdV3RendezvousHandler]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import datetime
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 try:
     import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
     from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParameters
     from torch.distributed.elastic.rendezvous import api
 except ImportError:
@@ -20,6 +22,7 @@ except ImportError:
     )
 
 import rdzv  # noqa: E402
+from conftest import wait_until  # noqa: E402
 from rdzv import torch_backend  # noqa: E402
 
 
@@ -180,6 +183,74 @@ def test_join_timeout_wins_over_torchruns_timeout(etcd, run_id):
         assert time.monotonic() - start < 20
     finally:
         handler.close()
+
+
+def launcher_shutdown(handler, error: BaseException) -> None:
+    """What torch's ``launch_agent`` does: ``shutdown()`` in the ``finally`` of a ``try`` that
+    ends with ``error``."""
+    with pytest.raises(type(error)):
+        try:
+            raise error
+        finally:
+            assert handler.shutdown() is True
+
+
+def failed_job() -> ChildFailedError:
+    return ChildFailedError("train.py", {0: ProcessFailure(0, 12345, 7, "")})
+
+
+def formed_pair(etcd, run_id):
+    a, b = (torch_backend.create_handler(torch_params(etcd, run_id, 2, 2)) for _ in range(2))
+    with ThreadPoolExecutor(2) as pool:
+        for info in pool.map(lambda h: h.next_rendezvous(), (a, b)):
+            assert info.world_size == 2
+    return a, b
+
+
+def test_shutdown_closes_the_run_when_the_launcher_fails_the_job(etcd, run_id):
+    # Workers failed with no restart left: torch's launcher raises ChildFailedError and shuts
+    # the handler down; the other node must find the run closed, not wait for this one.
+    a, b = formed_pair(etcd, run_id)
+    try:
+        launcher_shutdown(a, failed_job())
+        assert b.is_closed()
+        start = time.monotonic()
+        with pytest.raises(api.RendezvousClosedError):
+            b.next_rendezvous()
+        assert time.monotonic() - start < 20  # join_timeout is 30
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("error", [
+    api.RendezvousTimeoutError("a failed join"),
+    KeyboardInterrupt(),  # Ctrl-C before the workers start (later, torch skips shutdown)
+    torch_backend.GracefulExit(rdzv.RendezvousGracefulExitError("drained")),
+    RuntimeError("anything else"),
+], ids=["timeout", "ctrl-c", "drained", "other"])
+def test_shutdown_leaves_the_run_open_unless_the_job_failed(etcd, run_id, error):
+    a, b = formed_pair(etcd, run_id)
+    try:
+        launcher_shutdown(a, error)
+        assert not b.is_closed()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_failure_while_a_member_is_lost_leaves_the_run_open(etcd, run_id):
+    # A drained (or dead) member explains the failure: the others re-form without both.
+    a, b = formed_pair(etcd, run_id)
+    c = torch_backend.create_handler(torch_params(etcd, run_id, 1, 2))
+    try:
+        b.drain("maintenance")
+        wait_until(lambda: a.num_nodes_lost() == 1, 10, "the drain to count as a loss")
+        launcher_shutdown(a, failed_job())
+        assert not c.is_closed()
+    finally:
+        for h in (a, b, c):
+            h.close()
 
 
 def test_a_drained_node_gets_a_system_exit_of_status_0(etcd, run_id):

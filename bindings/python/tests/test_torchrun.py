@@ -26,9 +26,10 @@ except ImportError:
         allow_module_level=True,
     )
 
-from conftest import PKG_ROOT, dies_with_this_process, wait_until  # noqa: E402
+from conftest import PKG_ROOT, dies_with_this_process, free_port, wait_until  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "torch_workers" / "allreduce.py"
+FAIL_ONE = WORKER.with_name("fail_one.py")  # plain Python: one worker exits 7, the others wait
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 T = 180  # seconds: torch imports are slow on a loaded 2-core machine
 
@@ -49,28 +50,32 @@ class Nodes:
     """torchrun processes of one run, each leading a process group of its own and logging to a
     file; the ones still running at the end of the test are killed with their workers."""
 
-    def __init__(self, etcd, run_id: str, results: Path):
+    def __init__(self, etcd, run_id: str, results: Path, backend: str = "etcd-v3",
+                 endpoint: str | None = None):
         self.etcd, self.run_id, self.results = etcd, run_id, results
+        self.backend, self.endpoint = backend, endpoint or etcd.endpoint
         self.procs: list[subprocess.Popen] = []
+        results.mkdir(parents=True, exist_ok=True)
 
-    def start(self, nnodes, *, wait_unless=None, conf="") -> subprocess.Popen:
+    def start(self, nnodes, *, wait_unless=None, conf="", worker=WORKER,
+              env: dict[str, str] | None = None) -> subprocess.Popen:
         # The agents import rdzv from this checkout (the entry point only names the module).
         env = dict(os.environ, RESULT_DIR=str(self.results), OMP_NUM_THREADS="1",
-                   PYTHONPATH=str(PKG_ROOT))
+                   PYTHONPATH=str(PKG_ROOT), **(env or {}))
         if wait_unless:
             env["WAIT_UNLESS_WORLD"] = str(wait_unless)
         args = [
             str(TORCHRUN),
             f"--nnodes={nnodes}",
             "--nproc-per-node=2",
-            "--rdzv-backend=etcd-v3",
-            f"--rdzv-endpoint={self.etcd.endpoint}",
+            f"--rdzv-backend={self.backend}",
+            f"--rdzv-endpoint={self.endpoint}",
             f"--rdzv-id={self.run_id}",
             "--local-addr=127.0.0.1",
             *([f"--rdzv-conf={conf}"] if conf else []),
             "--max-restarts=0",
             "--monitor-interval=0.5",
-            str(WORKER),
+            str(worker),
         ]
         log = self.results / f"node{len(self.procs)}.log"
         with open(log, "w") as out:
@@ -258,6 +263,74 @@ def test_an_explicit_join_timeout_wins_over_torchruns_timeout(etcd, run_id, node
     assert alone.returncode != 0, out
     assert "RendezvousTimeoutError" in out and f"join_timeout={JOIN_TIMEOUT} s" in out, out
     assert JOIN_TIMEOUT - 0.5 <= waited <= JOIN_TIMEOUT + 20, (waited, out)
+
+
+HEALTHY_EXIT = 10  # seconds from the failed worker's exit to the healthy node's torchrun's exit
+HOLD = 20  # seconds the c10d comparison's workers wait before they give up (exit 4)
+
+
+def test_a_job_that_fails_on_one_node_fails_on_every_node(etcd, run_id, nodes, tmp_path):
+    # One node's worker exits 7 with no restart left; the other node's workers are healthy and
+    # would wait 120 s. The failing node's shutdown closes the run, so the healthy node's agent,
+    # which sees it lost and re-rendezvouses, ends at once instead of waiting join_timeout
+    # (300 s here, torchrun's 900 by default) for a node that will not come back.
+    import rdzv
+
+    conf = "join_timeout=300"
+    healthy = nodes.start(2, conf=conf, worker=FAIL_ONE)
+    failing = nodes.start(2, conf=conf, worker=FAIL_ONE, env={"FAIL_LOCAL_RANK": "0"})
+    failed = nodes.results / "failed"
+    wait_until(lambda: failed.exists() or failing.poll() is not None, T, "the worker to fail")
+    assert failed.exists(), Nodes.output(failing)
+    gone = exits([healthy, failing], 3 * HEALTHY_EXIT)
+    failed_at = float(failed.read_text())
+    out_healthy, out_failing = Nodes.output(healthy), Nodes.output(failing)
+    assert failing.returncode == 1 and "exitcode  : 7" in out_failing, out_failing
+    assert "closing run" in out_failing, out_failing
+    assert healthy.returncode == 1 and "RendezvousClosedError" in out_healthy, out_healthy
+    assert "exitcode  : 4" not in out_healthy, out_healthy  # its workers did not give up
+    healthy_after = gone[healthy.pid] - failed_at
+    assert 0 < healthy_after <= HEALTHY_EXIT, (healthy_after, out_healthy)
+    with rdzv.Admin(etcd.url(run_id)) as admin:
+        assert admin.status().closed
+
+    # torch's c10d backend, the same workers, the failing node not the store's host: its
+    # shutdown closes the rendezvous too, but a running agent asks c10d only how many nodes
+    # wait to join, so the healthy node goes on until its own workers give up (HOLD).
+    c10d = Nodes(etcd, run_id, tmp_path / "c10d", backend="c10d",
+                 endpoint=f"127.0.0.1:{free_port()}")
+    try:
+        hold = {"HOLD_SECONDS": str(HOLD)}
+        c10d_healthy = c10d.start(2, conf="is_host=1", worker=FAIL_ONE, env=hold)
+        c10d_failing = c10d.start(2, conf="is_host=0", worker=FAIL_ONE,
+                                  env={"FAIL_LOCAL_RANK": "0", **hold})
+        c10d_gone = exits([c10d_healthy, c10d_failing], T + HOLD)
+    finally:
+        c10d.cleanup()
+    out = Nodes.output(c10d_healthy)
+    c10d_after = c10d_gone[c10d_healthy.pid] - float((c10d.results / "failed").read_text())
+    assert c10d_healthy.returncode == 1 and "exitcode  : 4" in out, out
+    assert c10d_failing.returncode == 1, Nodes.output(c10d_failing)
+    print(f"the healthy node exits {healthy_after:.2f} s after the failed worker on etcd-v3, "
+          f"{c10d_after:.2f} s on c10d (when its workers give up, after {HOLD} s)")
+    assert c10d_after > healthy_after
+
+
+def test_a_node_stopped_by_sigterm_leaves_the_run_open(etcd, run_id, nodes):
+    # torch's launcher does not shut the handler down on a signal; the run must stay open and
+    # the other node re-form alone once the stopped node's lease expires (no restart spent).
+    conf = "last_call_timeout=1,lease_ttl=3"
+    a = nodes.start("1:2", wait_unless=2, conf=conf)
+    b = nodes.start("1:2", wait_unless=2, conf=conf)
+    wait_until(lambda: len(records(nodes.results, 4)) == 4, T, "the 4-rank world")
+    os.kill(b.pid, signal.SIGTERM)
+    exits([b], T)
+    assert b.returncode != 0, Nodes.output(b)
+    nodes.finish(a)
+    alone = records(nodes.results, 2)
+    assert_one_world(alone, 2)
+    assert {r["agent"] for r in alone} == {a.pid}
+    assert_run_deleted(etcd, run_id)
 
 
 STORE_WORKER = """
