@@ -23,14 +23,10 @@ fn main() {
         "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
         script.display()
     );
-    // Programs linked in the build tree look for librdzv.so.0 next to librdzv.so: give them the
-    // link an installed library has (target/<profile>/build/<pkg>/out -> target/<profile>).
-    if let Some(profile_dir) = out_dir.ancestors().nth(3) {
-        let link = profile_dir.join(format!("librdzv.so.{SONAME_MAJOR}"));
-        if std::fs::read_link(&link).is_err() {
-            let _ = std::os::unix::fs::symlink("librdzv.so", &link);
-        }
-    }
+    // Programs linked in the build tree record librdzv.so.0 and look for it at run time. A
+    // build script may write only in OUT_DIR, so the link to librdzv.so under that name is made
+    // by whoever links such programs, in a directory of its own (scripts/dev-lib.sh, the C++
+    // build, the C tests' harness), not here.
     let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
         .expect("cbindgen.toml is readable");

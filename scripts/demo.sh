@@ -8,15 +8,18 @@ scripts/install-deps.sh
 echo "building the library and the four nodes..."
 cargo build --quiet
 # Where cargo built the library: CARGO_TARGET_DIR (or cargo's configuration) if set, else
-# target/. Every node is pointed at it; the Go binding's own flags name target/debug, and the
-# CGO_LDFLAGS given here come before them.
+# target/. Every node is pointed at it: the C and Go nodes are linked against the directory
+# where it has its installed names (librdzv.so.0, its SONAME, which they look for:
+# scripts/dev-lib.sh); the Go binding's own flags name target/, and the CGO_LDFLAGS given here
+# come before them.
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 lib="$target/debug"
+dev_lib=$(scripts/dev-lib.sh debug)
 mkdir -p "$target/demo"
-cc -std=c11 -Iinclude examples/c/node.c -L"$lib" -Wl,-rpath,"$lib" -lrdzv -o "$target/demo/c-node"
+cc -std=c11 -Iinclude examples/c/node.c -L"$dev_lib" -Wl,-rpath,"$dev_lib" -lrdzv -o "$target/demo/c-node"
 cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug -DRDZV_LIBRARY="$lib/librdzv.so" >/dev/null
 cmake --build bindings/cpp/build --target rdzv_node -j2 >/dev/null
-(cd bindings/go && CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib" go build -tags rdzv_dev -o "$target/demo/go-node" ./cmd/node)
+(cd bindings/go && CGO_LDFLAGS="-L$dev_lib -Wl,-rpath,$dev_lib" go build -tags rdzv_dev -o "$target/demo/go-node" ./cmd/node)
 
 read -r etcd_pid endpoint etcd_dir < <(scripts/etcd-local.sh)
 trap 'kill "$etcd_pid" 2>/dev/null || true; rm -rf "$etcd_dir"' EXIT

@@ -5,7 +5,8 @@
 # round, and with etcd gone the program must fail with a message instead of printing a rank.
 # Then the C++, Go and Python quick starts, each a whole program as printed, with only the
 # endpoint and the run id changed: four nodes of each (the snippets' max_nodes) must get ranks 0
-# to 3 of 4. They use the library the test command built (target/debug).
+# to 3 of 4. They use the library the test command built (target/debug), under its installed
+# names (scripts/dev-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 section() { awk -v fence="$1" '/^## C quick start/{f=1} f&&$0=="```"fence{c=1;next} c&&/^```$/{exit} c{print}' README.md; }
@@ -38,6 +39,7 @@ ranks=$(cat "$work/a" "$work/b" | sed -n 's/^rank \([0-9]*\) of 2, master .*:[0-
 snippet() { awk -v head="## $1 quick start" -v fence="$2" '$0==head{f=1;next} f&&/^## /{exit} f&&$0=="```"fence{c=1;next} c&&/^```$/{exit} c{print}' README.md; }
 debug_lib="$target/debug"
 [ -f "$debug_lib/librdzv.so" ] || cargo build --quiet -p rdzv
+dev_lib=$(scripts/dev-lib.sh debug)
 # Four nodes of one run: COMMAND runs a node; each must print "rank R of 4", R from 0 to 3.
 four_nodes() {
   local name=$1 pids=() i got
@@ -59,7 +61,7 @@ localize() { sed "s/127.0.0.1:2379/$endpoint/; s#/job?#/quickstart-$1-$$?#; s/\"
 cpp=$(snippet C++ cpp | localize cpp)
 [ -n "$cpp" ] || { echo "README: no C++ quick start found" >&2; exit 1; }
 printf '%s\n' "$cpp" >"$work/app.cpp"
-c++ -std=c++17 -Ibindings/cpp/include -Iinclude "$work/app.cpp" -L"$debug_lib" -Wl,-rpath,"$debug_lib" -lrdzv -o "$work/app-cpp"
+c++ -std=c++17 -Ibindings/cpp/include -Iinclude "$work/app.cpp" -L"$dev_lib" -Wl,-rpath,"$dev_lib" -lrdzv -o "$work/app-cpp"
 four_nodes C++ "$work/app-cpp"
 
 go=$(snippet Go go | localize go)
@@ -67,7 +69,7 @@ go=$(snippet Go go | localize go)
 mkdir -p "$work/go"
 printf '%s\n' "$go" >"$work/go/main.go"
 printf 'module quickstart\n\ngo 1.22\n\nrequire github.com/rdzv/rdzv/bindings/go v0.0.0\n\nreplace github.com/rdzv/rdzv/bindings/go => %s/bindings/go\n' "$PWD" >"$work/go/go.mod"
-(cd "$work/go" && CGO_LDFLAGS="-L$debug_lib -Wl,-rpath,$debug_lib" go build -tags rdzv_dev -o "$work/app-go" .)
+(cd "$work/go" && CGO_LDFLAGS="-L$dev_lib -Wl,-rpath,$dev_lib" go build -tags rdzv_dev -o "$work/app-go" .)
 four_nodes Go "$work/app-go"
 
 python=$(snippet Python python | localize py)

@@ -69,10 +69,12 @@ esac
 
 cargo build --quiet # the cdylib the bindings load
 # The Python and Go suites are pointed at it, in cargo's target directory (CARGO_TARGET_DIR or
-# cargo's configuration, else target/); the Go binding's own flags name target/debug, and
+# cargo's configuration, else target/): Python at the file, Go at the directory where it has
+# its installed names (scripts/dev-lib.sh); the Go binding's own flags name target/, and
 # CGO_LDFLAGS come before them.
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 lib="$target/debug"
+dev_lib=$(scripts/dev-lib.sh debug)
 
 # Rust test executables by target name (built once; each run starts the binary itself).
 declare -A rust_bin=()
@@ -130,7 +132,7 @@ run_once() {
     python) cmd=(env RDZV_LIBRARY="$lib/librdzv.so" python3 -X faulthandler -m pytest -v -p no:cacheprovider -o "faulthandler_timeout=$((timeout - 30))"
       bindings/python/tests --ignore=bindings/python/tests/test_torch.py
       --ignore=bindings/python/tests/test_torchrun.py --ignore=bindings/python/tests/test_torch_backend.py) ;;
-    go) cmd=(env -C bindings/go CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib" go test -tags rdzv_dev -count=1 -v -timeout "$((timeout - 30))s" ./...) ;;
+    go) cmd=(env -C bindings/go CGO_LDFLAGS="-L$dev_lib -Wl,-rpath,$dev_lib" go test -tags rdzv_dev -count=1 -v -timeout "$((timeout - 30))s" ./...) ;;
   esac
   # Its own session, so that a hang's whole process tree can be dumped and killed.
   setsid "${cmd[@]}" >"$log" 2>&1 </dev/null &

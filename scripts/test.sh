@@ -67,7 +67,7 @@ if [ -d bindings/cpp ]; then
     cmake --build bindings/cpp/build -j2 >/dev/null && ctest --test-dir bindings/cpp/build --output-on-failure' _ "$lib/librdzv.so"
 fi
 if [ -d bindings/go ]; then
-  suite "go binding (go vet, go test -race)" env CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib" bash -c 'cd bindings/go && test -z "$(gofmt -l .)" && go vet -tags rdzv_dev ./... && go test -tags rdzv_dev -race -count=1 ./...'
+  suite "go binding (go vet, go test -race)" env CGO_LDFLAGS="-L$lib -Wl,-rpath,$(scripts/dev-lib.sh debug)" bash -c 'cd bindings/go && test -z "$(gofmt -l .)" && go vet -tags rdzv_dev ./... && go test -tags rdzv_dev -race -count=1 ./...'
 fi
 if [ -d bindings/python ]; then
   # mypy checks the annotations the package ships (py.typed); /dev/null: no cache to share.
