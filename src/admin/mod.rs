@@ -200,7 +200,7 @@ impl Admin {
     pub async fn connect(params: Params) -> Result<Admin> {
         params.validate()?;
         let etcd = Etcd::connect(&params).await?;
-        let keys = Keys::new(&params.key_prefix, &params.run_id);
+        let keys = Keys::new(params.key_prefix(), params.run_id());
         Ok(Admin { params, etcd, keys })
     }
 
@@ -209,7 +209,7 @@ impl Admin {
     }
 
     fn deadline(&self) -> Instant {
-        Instant::now() + self.params.connect_timeout
+        Instant::now() + self.params.connect_timeout()
     }
 
     /// Reads the run's state at one revision.
@@ -319,7 +319,7 @@ impl Admin {
                 .collect(),
         });
         Ok(RunStatus {
-            run_id: self.params.run_id.clone(),
+            run_id: self.params.run_id().to_string(),
             exists: all.count() > 0,
             closed: closed.count() > 0,
             failure: closed
@@ -401,7 +401,7 @@ impl Admin {
         let deadline = self.deadline();
         crate::rendezvous::drain::mark(&self.etcd, &self.keys, node, reason, None, deadline)
             .await?;
-        tracing::info!(run = %self.params.run_id, node, reason, "drained a node (operator)");
+        tracing::info!(run = %self.params.run_id(), node, reason, "drained a node (operator)");
         Ok(())
     }
 
@@ -427,12 +427,12 @@ impl Admin {
         // the revoke lands (or gone, which revoke takes as done).
         let bound = alive.kvs().first().map(|kv| kv.lease());
         if bound != Some(ticket.lease) {
-            tracing::info!(run = %self.params.run_id, node = %ticket.node, lease = ticket.lease,
+            tracing::info!(run = %self.params.run_id(), node = %ticket.node, lease = ticket.lease,
                 bound, "release: the node no longer holds this lease; nothing revoked");
             return Ok(false);
         }
         crate::backend::lease::revoke(&self.etcd, ticket.lease, deadline).await?;
-        tracing::info!(run = %self.params.run_id, node = %ticket.node, lease = ticket.lease,
+        tracing::info!(run = %self.params.run_id(), node = %ticket.node, lease = ticket.lease,
             "released a node: revoked its lease");
         Ok(true)
     }
@@ -440,17 +440,17 @@ impl Admin {
     /// Closes the run for every node, as `Rendezvous::set_closed` does: blocked `next` calls
     /// return closed and later ones fail at once. The marker expires after `retention`.
     pub async fn close(&self) -> Result<()> {
-        let deadline = Instant::now() + self.params.close_timeout;
+        let deadline = Instant::now() + self.params.close_timeout();
         crate::rendezvous::wake::close(
             &self.etcd,
             &self.keys,
-            self.params.retention,
+            self.params.retention(),
             "close",
             deadline,
             crate::rendezvous::wake::closed_value(None),
         )
         .await?;
-        tracing::info!(run = %self.params.run_id, "closed the run (operator)");
+        tracing::info!(run = %self.params.run_id(), "closed the run (operator)");
         Ok(())
     }
 
@@ -520,7 +520,7 @@ impl Admin {
                 _ => None,
             })
             .unwrap_or(0);
-        tracing::info!(run = %self.params.run_id, keys = deleted, force, "purged the run");
+        tracing::info!(run = %self.params.run_id(), keys = deleted, force, "purged the run");
         Ok(Purge::Deleted(deleted))
     }
 }
@@ -562,7 +562,7 @@ impl StatusWatch {
                     // Watch first, then read: a change between the two is not missed.
                     let target = Target::Prefix(self.admin.keys.namespace().to_string());
                     let since = *self.broken_since.get_or_insert_with(Instant::now);
-                    let deadline = since + self.admin.params.connect_timeout;
+                    let deadline = since + self.admin.params.connect_timeout();
                     let opened = self.admin.etcd.watch(&[target], deadline).await;
                     if opened.is_err() {
                         // The next call starts a new deadline: this one has been reported.

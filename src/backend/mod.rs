@@ -95,7 +95,7 @@ impl Etcd {
     /// until `connect_timeout`.
     pub async fn connect(params: &Params) -> Result<Etcd> {
         let key = connection_key(params);
-        let attempt_timeout = params.connect_timeout;
+        let attempt_timeout = params.connect_timeout();
         let reuse = |key: &ConnectionKey| {
             let cached = CONNECTIONS
                 .lock()
@@ -112,8 +112,8 @@ impl Etcd {
         if let Some(etcd) = reuse(&key) {
             return Ok(etcd);
         }
-        let endpoints = params.endpoints.join(",");
-        let deadline = Instant::now() + params.connect_timeout;
+        let endpoints = params.endpoints().join(",");
+        let deadline = Instant::now() + params.connect_timeout();
         let gate = CONNECTING
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -123,29 +123,29 @@ impl Etcd {
         // Waiting counts against this caller's own connect_timeout: if the connect ahead of it
         // hangs until its own timeout, this one fails at its deadline instead of queueing.
         let Ok(_one_at_a_time) = tokio::time::timeout_at(deadline, gate.lock()).await else {
-            return Err(unreachable(&endpoints, params.connect_timeout));
+            return Err(unreachable(&endpoints, params.connect_timeout()));
         };
         if let Some(etcd) = reuse(&key) {
             return Ok(etcd);
         }
         let options = connect_options(params)?;
         let urls: Vec<String> = params
-            .endpoints
+            .endpoints()
             .iter()
-            .map(|e| match (e.contains("://"), params.security.https) {
+            .map(|e| match (e.contains("://"), params.security().https) {
                 (true, _) => e.clone(),
                 (false, true) => format!("https://{e}"),
                 (false, false) => format!("http://{e}"),
             })
             .collect();
-        refuse_fast(&params.endpoints, deadline).await?;
+        refuse_fast(params.endpoints(), deadline).await?;
         let mut attempt = 0u32;
         let client = loop {
             let try_connect = Client::connect(urls.clone(), Some(options.clone()));
             let err = match tokio::time::timeout_at(deadline, try_connect).await {
                 Ok(Ok(client)) => break client,
                 Ok(Err(e)) => e,
-                Err(_) => return Err(unreachable(&endpoints, params.connect_timeout)),
+                Err(_) => return Err(unreachable(&endpoints, params.connect_timeout())),
             };
             match classify(&err) {
                 Failure::Transient if Instant::now() < deadline => {
@@ -162,7 +162,7 @@ impl Etcd {
         // Lazily-connecting channels report nothing until used: ask for a key to be sure. The
         // key is inside the run's namespace, so a user whose role covers only that prefix
         // passes.
-        let probe = keys::Keys::new(&params.key_prefix, &params.run_id).current();
+        let probe = keys::Keys::new(params.key_prefix(), params.run_id()).current();
         let shared = Arc::new(Connection {
             client,
             endpoints,
@@ -177,7 +177,7 @@ impl Etcd {
             attempt_timeout,
             restart_on_new_term: false,
             who: Who {
-                run: Some(params.run_id.as_str().into()),
+                run: Some(params.run_id().into()),
                 ..Who::default()
             },
         };
@@ -190,7 +190,7 @@ impl Etcd {
             )
             .await;
         if let Err(err) = probed {
-            let tls_cause = match params.security.https && err.kind() == ErrorKind::Connection {
+            let tls_cause = match params.security().https && err.kind() == ErrorKind::Connection {
                 true => tls_diagnosis(params).await,
                 false => None,
             };
@@ -619,10 +619,10 @@ fn unreachable(endpoints: &str, connect_timeout: Duration) -> Error {
 }
 
 fn connection_key(params: &Params) -> ConnectionKey {
-    let s = &params.security;
+    let s = params.security();
     ConnectionKey {
         pid: std::process::id(),
-        endpoints: params.endpoints.clone(),
+        endpoints: params.endpoints().to_vec(),
         https: s.https,
         cacert: s.cacert.clone(),
         cert: s.cert.clone(),
@@ -634,7 +634,7 @@ fn connection_key(params: &Params) -> ConnectionKey {
 
 fn connect_options(params: &Params) -> Result<ConnectOptions> {
     let mut options = ConnectOptions::new()
-        .with_connect_timeout(params.connect_timeout)
+        .with_connect_timeout(params.connect_timeout())
         // HTTP/2 pings notice a dead etcd or a cut network on idle watch streams.
         .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
         .with_keep_alive_while_idle(true);
@@ -643,7 +643,7 @@ fn connect_options(params: &Params) -> Result<ConnectOptions> {
         username,
         password,
         ..
-    } = &params.security;
+    } = params.security();
     if *https {
         options = options.with_tls(tls_options(params)?);
     }
@@ -656,7 +656,7 @@ fn connect_options(params: &Params) -> Result<ConnectOptions> {
 fn tls_options(params: &Params) -> Result<TlsOptions> {
     let Security {
         cacert, cert, key, ..
-    } = &params.security;
+    } = params.security();
     let mut tls = TlsOptions::new();
     if let Some(path) = cacert {
         tls = tls.ca_certificate(Certificate::from_pem(read_pem(
@@ -677,7 +677,7 @@ fn tls_options(params: &Params) -> Result<TlsOptions> {
 /// channel retries failed handshakes silently, so without this a wrong CA or a missing client
 /// certificate would look like a plain timeout.
 async fn tls_diagnosis(params: &Params) -> Option<String> {
-    let first = params.endpoints.first()?;
+    let first = params.endpoints().first()?;
     let url = match first.contains("://") {
         true => first.clone(),
         false => format!("https://{first}"),
@@ -690,7 +690,7 @@ async fn tls_diagnosis(params: &Params) -> Option<String> {
     match tokio::time::timeout(Duration::from_secs(5), endpoint.connect()).await {
         Ok(Err(e)) => Some(error_chain(&e)),
         // The handshake passed (or hung): the server likely wants a client certificate.
-        _ if params.security.cert.is_none() => {
+        _ if params.security().cert.is_none() => {
             Some("no client certificate was given; set cert and key if etcd requires one".into())
         }
         _ => None,

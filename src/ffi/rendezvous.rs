@@ -61,7 +61,7 @@ pub extern "C" fn rdzv_new(
         let inner = BlockingRendezvous::new(params)?;
         let text = |s: &str| CString::new(s).unwrap_or_default();
         let handle = rdzv_t {
-            run_id: text(&inner.params().run_id),
+            run_id: text(inner.params().run_id()),
             backend: text("etcd-v3"),
             node_id: text(inner.node_id()),
             inner,

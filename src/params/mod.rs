@@ -3,7 +3,10 @@
 //! way torchrun's `--rdzv-*` flags and `--rdzv-conf` describe a rendezvous.
 //!
 //! Invariant: a `Params` that exists has passed `validate`, so the layers below never see
-//! min > max, an empty run id or a malformed endpoint.
+//! min > max, an empty run id or a malformed endpoint. The fields are private, read through
+//! getters and changed only through `set` (or made by `new`/`from_url`), which validates: so
+//! no way of setting an option can undo another silently (`max_nodes` follows `min_nodes` only
+//! until it is given, and that is recorded where every change goes through).
 
 mod url;
 
@@ -48,24 +51,45 @@ pub struct Security {
     pub password: Option<String>,
 }
 
-/// A validated description of one node's view of a rendezvous.
+/// A validated description of one node's view of a rendezvous: made by `new` or `from_url`,
+/// read through its getters, changed only by `set` (every option, by the names of
+/// `KNOWN_OPTIONS`), which keeps it valid.
+///
+/// ```
+/// use rdzv::Params;
+///
+/// let mut params = Params::from_url("etcd://127.0.0.1:2379/job-42?min_nodes=2").unwrap();
+/// assert_eq!((params.min_nodes(), params.max_nodes()), (2, 2)); // max follows min...
+/// params.set("max_nodes", "8").unwrap();
+/// params.set("min_nodes", "4").unwrap();
+/// assert_eq!((params.min_nodes(), params.max_nodes()), (4, 8)); // ...until it is given
+/// assert!(params.set("min_nodes", "9").is_err()); // more than max_nodes: unchanged
+/// assert_eq!(params.run_id(), "job-42");
+/// ```
+///
+/// The fields are not public, so no assignment can go around `set` and be undone by it:
+///
+/// ```compile_fail
+/// let mut params = rdzv::Params::from_url("etcd://127.0.0.1:2379/job-42").unwrap();
+/// params.max_nodes = 8;
+/// ```
 #[derive(Clone, PartialEq)]
 pub struct Params {
-    pub backend: String,
-    pub endpoints: Vec<String>,
-    pub run_id: String,
-    pub min_nodes: u32,
-    pub max_nodes: u32,
-    pub local_addr: Option<String>,
-    pub join_timeout: Duration,
-    pub last_call_timeout: Duration,
-    pub close_timeout: Duration,
-    pub lease_ttl: Duration,
-    pub connect_timeout: Duration,
-    pub store_timeout: Duration,
-    pub retention: Duration,
-    pub key_prefix: String,
-    pub security: Security,
+    backend: String,
+    endpoints: Vec<String>,
+    run_id: String,
+    min_nodes: u32,
+    max_nodes: u32,
+    local_addr: Option<String>,
+    join_timeout: Duration,
+    last_call_timeout: Duration,
+    close_timeout: Duration,
+    lease_ttl: Duration,
+    connect_timeout: Duration,
+    store_timeout: Duration,
+    retention: Duration,
+    key_prefix: String,
+    security: Security,
     /// Whether `max_nodes` was given; until it is, it follows `min_nodes` (so that
     /// `min_nodes=4` alone means exactly 4 nodes rather than an error against the default 1).
     max_nodes_given: bool,
@@ -300,6 +324,67 @@ impl Params {
     /// The address rank 0 publishes as MASTER_ADDR: `local_addr`, else the host name.
     pub fn advertised_addr(&self) -> String {
         self.local_addr.clone().unwrap_or_else(hostname)
+    }
+
+    /// The backend name (`etcd-v3` or `etcd`).
+    pub fn backend(&self) -> &str {
+        &self.backend
+    }
+    /// etcd's endpoints, `host:port` (with `http://` or `https://` when given so).
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+    /// The run id: every node of one job uses the same.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+    /// The fewest nodes a round forms with (`min_nodes`).
+    pub fn min_nodes(&self) -> u32 {
+        self.min_nodes
+    }
+    /// The most nodes a round takes (`max_nodes`; `min_nodes` unless given).
+    pub fn max_nodes(&self) -> u32 {
+        self.max_nodes
+    }
+    /// The `local_addr` option: what rank 0 publishes as MASTER_ADDR, if given.
+    pub fn local_addr(&self) -> Option<&str> {
+        self.local_addr.as_deref()
+    }
+    /// How long `next` may block (`join_timeout`).
+    pub fn join_timeout(&self) -> Duration {
+        self.join_timeout
+    }
+    /// How long a round waits for more nodes once `min_nodes` have joined.
+    pub fn last_call_timeout(&self) -> Duration {
+        self.last_call_timeout
+    }
+    /// The bound on `set_closed` and `shutdown`.
+    pub fn close_timeout(&self) -> Duration {
+        self.close_timeout
+    }
+    /// A dead node is noticed within about this (`lease_ttl`).
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
+    }
+    /// etcd must answer within this (`connect_timeout`).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+    /// The default timeout of the store's waits (`store_timeout`).
+    pub fn store_timeout(&self) -> Duration {
+        self.store_timeout
+    }
+    /// How long a closed run's marker stays in etcd (`retention`).
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+    /// Where runs live in etcd (`key_prefix`).
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+    /// TLS and credentials.
+    pub fn security(&self) -> &Security {
+        &self.security
     }
 }
 

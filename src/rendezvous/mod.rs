@@ -106,14 +106,14 @@ impl Rendezvous {
     pub async fn new(params: Params) -> Result<Rendezvous> {
         params.validate()?;
         // One deadline for connecting and registering, as rdzv_new promises.
-        let deadline = Instant::now() + params.connect_timeout;
+        let deadline = Instant::now() + params.connect_timeout();
         let node = crate::util::new_node_id();
         let etcd = Etcd::connect(&params)
             .await?
-            .for_node(&params.run_id, &node);
-        tracing::info!(run = %params.run_id, node = %node, endpoints = %etcd.endpoints(),
+            .for_node(params.run_id(), &node);
+        tracing::info!(run = %params.run_id(), node = %node, endpoints = %etcd.endpoints(),
             etcd_version = %etcd.server_version(), "connected to etcd");
-        let keys = Keys::new(&params.key_prefix, &params.run_id);
+        let keys = Keys::new(params.key_prefix(), params.run_id());
         let rdzv = Rendezvous {
             addr: params.advertised_addr(),
             params,
@@ -152,7 +152,7 @@ impl Rendezvous {
 
     /// Deadline for a short request: etcd gets `connect_timeout` to answer.
     fn quick_deadline(&self) -> Instant {
-        Instant::now() + self.params.connect_timeout
+        Instant::now() + self.params.connect_timeout()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, NodeState> {
@@ -218,7 +218,7 @@ impl Rendezvous {
                 }
             })?;
         let started = Instant::now();
-        let deadline = started + self.params.join_timeout;
+        let deadline = started + self.params.join_timeout();
         let result = tokio::select! {
             r = self.join_until_member(deadline) => r,
             _ = shutdown.wait_for(|down| *down) => Err(Error::shutdown()),
@@ -237,7 +237,7 @@ impl Rendezvous {
             Err(err) => match self.withdraw(&err).await {
                 // Sealed with this node before it could withdraw: it must run in that round.
                 Some((sealed, rank)) if err.kind() != ErrorKind::Shutdown => {
-                    tracing::info!(run = %self.params.run_id, node = %self.node, round = sealed.round,
+                    tracing::info!(run = %self.params.run_id(), node = %self.node, round = sealed.round,
                         error = %err, "the round was sealed with this node before it could withdraw: running in it");
                     Ok(self.member_of(sealed, rank))
                 }
@@ -247,11 +247,11 @@ impl Rendezvous {
         let waited_ms = started.elapsed().as_millis() as u64;
         match &result {
             Ok((info, _)) => tracing::info!(
-                run = %self.params.run_id, node = %self.node, round = info.round, rank = info.rank,
+                run = %self.params.run_id(), node = %self.node, round = info.round, rank = info.rank,
                 world_size = info.world_size, master = %format!("{}:{}", info.master_addr, info.master_port),
                 waited_ms, "round complete"),
             Err(err) => tracing::info!(
-                run = %self.params.run_id, node = %self.node, round = tried,
+                run = %self.params.run_id(), node = %self.node, round = tried,
                 kind = ?err.kind(), waited_ms, error = %err, "next failed"),
         }
         result
@@ -270,7 +270,7 @@ impl Rendezvous {
                 // Cut off longer than lease_ttl: etcd dropped our lease (and our keys with it).
                 // Take a new lease and join again, as a new arrival.
                 Err(e) if e.kind() == ErrorKind::LeaseLost => {
-                    tracing::warn!(run = %self.params.run_id, node = %self.node,
+                    tracing::warn!(run = %self.params.run_id(), node = %self.node,
                         "lease lost (cut off longer than lease_ttl): taking a new one and joining again");
                     self.forget_lease().await;
                     continue;
@@ -283,7 +283,7 @@ impl Rendezvous {
                     let first = snapshot.leader.as_deref() == Some(self.node.as_str());
                     let role = if first { "leader" } else { "follower" };
                     let leader = snapshot.leader.as_deref().filter(|_| !first);
-                    tracing::info!(run = %self.params.run_id, node = %self.node, round = r, role,
+                    tracing::info!(run = %self.params.run_id(), node = %self.node, round = r, role,
                         leader, "joined round");
                     (r, snapshot, first.then(Instant::now))
                 }
@@ -310,7 +310,7 @@ impl Rendezvous {
             };
             let outcome = match round::wait_for_seal(self, waiting, snapshot).await {
                 Err(e) if e.kind() == ErrorKind::LeaseLost => {
-                    tracing::warn!(run = %self.params.run_id, node = %self.node, round,
+                    tracing::warn!(run = %self.params.run_id(), node = %self.node, round,
                         "lease lost (cut off longer than lease_ttl): taking a new one and joining again");
                     self.forget_lease().await;
                     Outcome::Rejoin
@@ -322,7 +322,7 @@ impl Rendezvous {
                     Some(rank) => return Ok(self.member_of(sealed, rank)),
                     None => {
                         // Left out (the round filled up first): wait for the next one.
-                        tracing::info!(run = %self.params.run_id, node = %self.node, round = sealed.round,
+                        tracing::info!(run = %self.params.run_id(), node = %self.node, round = sealed.round,
                             world_size = sealed.world_size, "left out of a full round: waiting as a spare");
                         left_out = true;
                         round_guess = sealed.round + 1;
@@ -412,7 +412,7 @@ impl Rendezvous {
             &self.keys,
             sealed.round,
             self.run_lease().as_ref().map(|l| l.id),
-            self.params.store_timeout,
+            self.params.store_timeout(),
             self.shutdown.subscribe(),
         );
         let mut state = self.state();
@@ -587,7 +587,7 @@ impl Rendezvous {
                 // A lost lease is gone from etcd already: nothing to revoke (and no time to
                 // spend on it inside next's deadline). Dropping it stops its refresh task.
                 let lost = slot.take().map(|old| old.id);
-                let lease = Lease::grant(&self.etcd, self.params.lease_ttl, deadline).await?;
+                let lease = Lease::grant(&self.etcd, self.params.lease_ttl(), deadline).await?;
                 let id = lease.id;
                 *slot = Some(lease);
                 let alive = self.keys.alive(&self.node);
@@ -605,11 +605,13 @@ impl Rendezvous {
             .await?;
         match lost {
             Some(Some(old)) => {
-                tracing::info!(run = %self.params.run_id, node = %self.node, lease = id,
+                tracing::info!(run = %self.params.run_id(), node = %self.node, lease = id,
                 lost_lease = old, "lease re-acquired: registered alive under a new lease")
             }
-            Some(None) => tracing::debug!(run = %self.params.run_id, node = %self.node, lease = id,
-                "registered alive under a lease"),
+            Some(None) => {
+                tracing::debug!(run = %self.params.run_id(), node = %self.node, lease = id,
+                "registered alive under a lease")
+            }
             None => {}
         }
         if lost.is_some() {
@@ -622,9 +624,9 @@ impl Rendezvous {
                 Some(kv) => records::parse_lease_id(kv.key(), kv.value())?,
                 None => self.create_run_lease(deadline).await?,
             };
-            tracing::debug!(run = %self.params.run_id, node = %self.node, run_lease = run_id,
+            tracing::debug!(run = %self.params.run_id(), node = %self.node, run_lease = run_id,
                 "refreshing the run's lease");
-            let adopted = Lease::adopt(&self.etcd, run_id, self.params.lease_ttl);
+            let adopted = Lease::adopt(&self.etcd, run_id, self.params.lease_ttl());
             *self.run_lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(adopted);
         }
         Ok(id)
@@ -633,7 +635,7 @@ impl Rendezvous {
     /// Grants the run's lease and publishes its id, unless another node published one first
     /// (then that one is the run's, and this grant is revoked). Returns the run's lease id.
     async fn create_run_lease(&self, deadline: Instant) -> Result<i64> {
-        let granted = Lease::grant_id(&self.etcd, self.params.lease_ttl, deadline).await?;
+        let granted = Lease::grant_id(&self.etcd, self.params.lease_ttl(), deadline).await?;
         let key = self.keys.run_lease();
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
@@ -648,7 +650,7 @@ impl Rendezvous {
             .txn(deadline, "create the run's lease", txn)
             .await?;
         if resp.succeeded() {
-            tracing::info!(run = %self.params.run_id, node = %self.node, run_lease = granted,
+            tracing::info!(run = %self.params.run_id(), node = %self.node, run_lease = granted,
                 "created the run's lease");
             return Ok(granted);
         }
@@ -725,7 +727,7 @@ impl Rendezvous {
         let resp = match outcome {
             Ok(resp) => resp,
             Err(e) => {
-                tracing::warn!(run = %self.params.run_id, node = %self.node, round, reason = ?why.kind(),
+                tracing::warn!(run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
                     error = %e, "could not withdraw the join request: letting the lease lapse so no round waits on this node");
                 if let Some(lease) = self.lease.lock().await.take() {
                     drop(lease); // stops the refresh: etcd expires it within lease_ttl
@@ -735,7 +737,7 @@ impl Rendezvous {
             }
         };
         if resp.succeeded() {
-            tracing::info!(run = %self.params.run_id, node = %self.node, round, reason = ?why.kind(),
+            tracing::info!(run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
                 sealed_first = false, "withdrew the join request");
             self.state().joined = None;
             return None;
@@ -747,7 +749,7 @@ impl Rendezvous {
         let kv = got.first()?.kvs().first()?;
         let sealed = FinalRecord::parse(kv.key(), kv.value()).ok()?;
         let rank = self.rank_in(&sealed).await.ok()?;
-        tracing::info!(run = %self.params.run_id, node = %self.node, round, reason = ?why.kind(),
+        tracing::info!(run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
             sealed_first = true, member = rank.is_some(), "could not withdraw: the round was sealed first");
         Some((sealed, rank?))
     }
@@ -842,8 +844,8 @@ impl Rendezvous {
             Error::closed(format!(
                 "rendezvous {:?} is closed (a closed run id stays closed for retention={} s; \
                  use a new run id or purge the run)",
-                self.params.run_id,
-                self.params.retention.as_secs()
+                self.params.run_id(),
+                self.params.retention().as_secs()
             ))
         }
     }
@@ -860,7 +862,8 @@ impl Rendezvous {
             format!(
                 "node {} was drained{why} (a planned departure): it leaves run {:?}, whose other \
                  nodes form the next round without it",
-                self.node, self.params.run_id
+                self.node,
+                self.params.run_id()
             ),
         )
     }
@@ -880,7 +883,7 @@ impl Rendezvous {
             self.quick_deadline(),
         )
         .await?;
-        tracing::info!(run = %self.params.run_id, node = %self.node, reason, "drained this node");
+        tracing::info!(run = %self.params.run_id(), node = %self.node, reason, "drained this node");
         Ok(())
     }
 
@@ -943,7 +946,7 @@ impl Rendezvous {
 
     async fn close_run(&self, failure: Option<&str>) -> Result<()> {
         self.check_not_shut_down()?;
-        let deadline = Instant::now() + self.params.close_timeout;
+        let deadline = Instant::now() + self.params.close_timeout();
         let what = match failure {
             None => "set_closed",
             Some(_) => "set_failed",
@@ -952,13 +955,13 @@ impl Rendezvous {
         wake::close(
             &self.etcd,
             &self.keys,
-            self.params.retention,
+            self.params.retention(),
             what,
             deadline,
             value,
         )
         .await?;
-        tracing::info!(run = %self.params.run_id, node = %self.node, failure = ?failure, "closed the run");
+        tracing::info!(run = %self.params.run_id(), node = %self.node, failure = ?failure, "closed the run");
         Ok(())
     }
 
@@ -1056,7 +1059,7 @@ impl Rendezvous {
         let before = std::mem::replace(seen(&mut state), now);
         drop(state);
         if before != now {
-            tracing::info!(run = %self.params.run_id, node = %self.node, round, count = now, "{what}");
+            tracing::info!(run = %self.params.run_id(), node = %self.node, round, count = now, "{what}");
         }
     }
 
@@ -1094,7 +1097,7 @@ impl Rendezvous {
             }
         }
         let survivors = (world as usize).saturating_sub(self.count_lost().await? as usize);
-        let room = (self.params.max_nodes as usize).saturating_sub(survivors);
+        let room = (self.params.max_nodes() as usize).saturating_sub(survivors);
         Ok(clamp(joined.min(room)))
     }
 
@@ -1138,7 +1141,7 @@ impl Rendezvous {
         // Wait for a running next to notice and let go of the join key.
         let _next = self.next_running.lock().await;
         self.state().lost = None;
-        let deadline = Instant::now() + self.params.close_timeout;
+        let deadline = Instant::now() + self.params.close_timeout();
         // Stops refreshing the run's lease first: once this node's `alive` key is gone, another
         // node leaving at the same moment may be the last one out and revoke it, and a refresh
         // still running here would report it lost.
@@ -1147,7 +1150,7 @@ impl Rendezvous {
             lease.revoke(&self.etcd, deadline).await?;
         }
         self.delete_finished_run(run_lease, deadline).await?;
-        tracing::info!(run = %self.params.run_id, node = %self.node, "shut down");
+        tracing::info!(run = %self.params.run_id(), node = %self.node, "shut down");
         Ok(())
     }
 
@@ -1208,7 +1211,7 @@ impl Rendezvous {
             })
             .sum();
         if resp.succeeded() && deleted > 0 {
-            tracing::info!(run = %self.params.run_id, node = %self.node, keys = deleted,
+            tracing::info!(run = %self.params.run_id(), node = %self.node, keys = deleted,
                 "no live node left: deleted the run's rounds, stores and round counter");
         }
         Ok(())
@@ -1224,7 +1227,7 @@ impl Rendezvous {
     /// before it knows the leader's (`seal/lanes`): fixed by `max_nodes`, so that every node
     /// of a run configured alike agrees on it before joining.
     pub(crate) fn lanes(&self) -> u32 {
-        chunk_count(self.params.max_nodes as usize)
+        chunk_count(self.params.max_nodes() as usize)
     }
     pub(crate) fn node(&self) -> &str {
         &self.node

@@ -112,7 +112,7 @@ pub(crate) async fn wait_for_seal(
                 }
             }
             Some(leader) => {
-                tracing::debug!(run = %rdzv.params().run_id, node = %rdzv.node(), round, leader,
+                tracing::debug!(run = %rdzv.params().run_id(), node = %rdzv.node(), round, leader,
                     "waiting for the leader to seal the round");
             }
         }
@@ -528,7 +528,7 @@ impl RoundView {
         let activated = self.activated();
         macro_rules! report {
             ($level:expr) => {
-                tracing::event!($level, run = %rdzv.params().run_id, node = %rdzv.node(),
+                tracing::event!($level, run = %rdzv.params().run_id(), node = %rdzv.node(),
                     round = self.round, joined = self.count(), min, max, activated, last_call_in_ms,
                     missing_members = missing.len(),
                     missing = (!named.is_empty()).then_some(named.as_str()), "round still open")
@@ -653,7 +653,7 @@ async fn lead(
 ) -> Result<Option<Outcome>> {
     let keys = rdzv.keys();
     let params = rdzv.params();
-    let (min, max) = (params.min_nodes as usize, params.max_nodes as usize);
+    let (min, max) = (params.min_nodes() as usize, params.max_nodes() as usize);
     // Watch first, then read: the view starts from the read and the events after it (events
     // at or before the read's revision are already in it and are skipped).
     let targets = [
@@ -766,8 +766,8 @@ async fn lead(
     let rule = SealRule {
         min,
         max,
-        last_call: params.last_call_timeout,
-        member_wait: params.lease_ttl,
+        last_call: params.last_call_timeout(),
+        member_wait: params.lease_ttl(),
     };
     let mut report_at = Instant::now() + PROGRESS_EVERY;
     let mut waited_for_members = false;
@@ -783,14 +783,14 @@ async fn lead(
             Decision::Wait { until, held } => (until, held),
         };
         if last_call.is_some() && !had_last_call {
-            tracing::debug!(run = %params.run_id, node = %rdzv.node(), round,
-                joined = view.count(), max, last_call_ms = params.last_call_timeout.as_millis() as u64,
+            tracing::debug!(run = %params.run_id(), node = %rdzv.node(), round,
+                joined = view.count(), max, last_call_ms = params.last_call_timeout().as_millis() as u64,
                 "min_nodes reached: last call for more nodes");
         }
         if held && !waited_for_members {
             waited_for_members = true;
-            tracing::info!(run = %params.run_id, node = %rdzv.node(), round,
-                joined = view.count(), max, wait_ms = params.lease_ttl.as_millis() as u64,
+            tracing::info!(run = %params.run_id(), node = %rdzv.node(), round,
+                joined = view.count(), max, wait_ms = params.lease_ttl().as_millis() as u64,
                 "last call over: waiting for the members of the previous round still missing");
         }
         let wake = until.unwrap_or(deadline).min(deadline).min(report_at);
@@ -889,13 +889,13 @@ async fn seal(
         // Only a leader that joined first knows when the round's first join happened.
         let ms = view.since.at.elapsed().as_millis() as u64;
         let first = view.since.first_join;
-        tracing::info!(run = %rdzv.params().run_id, node = %rdzv.node(), round,
+        tracing::info!(run = %rdzv.params().run_id(), node = %rdzv.node(), round,
             world_size = sealed.world_size, joined = view.count(), trigger,
             since_first_join_ms = first.then_some(ms), since_takeover_ms = (!first).then_some(ms),
             "round sealed");
         return Ok(Some(Outcome::Sealed(sealed)));
     }
-    tracing::debug!(run = %rdzv.params().run_id, node = %rdzv.node(), round,
+    tracing::debug!(run = %rdzv.params().run_id(), node = %rdzv.node(), round,
         "seal refused (view stale, or sealed or closed meanwhile)");
     let got = ranges(&resp);
     if let Some(kv) = got[0].kvs().first() {
@@ -915,8 +915,8 @@ fn timeout(rdzv: &Rendezvous, joined: Option<usize>) -> Error {
     let count = joined.map_or(String::new(), |n| format!(" ({n} node(s) had joined)"));
     Error::timeout(format!(
         "no round with min_nodes={} formed within join_timeout={} s{count}",
-        p.min_nodes,
-        p.join_timeout.as_secs_f64()
+        p.min_nodes(),
+        p.join_timeout().as_secs_f64()
     ))
 }
 

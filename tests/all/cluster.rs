@@ -139,7 +139,7 @@ fn a_frozen_etcd_without_a_new_leader_gets_no_repeated_request() {
     let etcd = Etcd::start();
     let params =
         Params::from_url(&etcd.url("frozen", "min_nodes=1&max_nodes=1&join_timeout=60")).unwrap();
-    let run = params.run_id.clone();
+    let run = params.run_id().to_string();
     let node = Arc::new(BlockingRendezvous::new(params).unwrap());
     let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     etcd.signal(libc::SIGSTOP);
