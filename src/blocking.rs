@@ -99,7 +99,21 @@ impl Owned {
     }
 }
 
-/// A blocking rendezvous handle.
+/// A blocking rendezvous handle: `Rendezvous` for callers without an async runtime.
+///
+/// ```no_run
+/// # fn node() -> rdzv::Result<()> {
+/// use rdzv::{BlockingRendezvous, CancelToken, Params};
+///
+/// let params = Params::from_url("etcd://127.0.0.1:2379/job-42?min_nodes=2")?;
+/// let node = std::sync::Arc::new(BlockingRendezvous::new(params)?);
+/// // Another thread may end the join: node.cancel(), or a token of the call's own.
+/// let stop = CancelToken::new();
+/// let (round, _store) = node.next_with(&stop)?;
+/// println!("rank {} of {}", round.rank, round.world_size);
+/// # Ok(())
+/// # }
+/// ```
 pub struct BlockingRendezvous {
     owned: Owned,
     inner: Arc<Rendezvous>,

@@ -4,8 +4,28 @@
 //! layout, leases), `rendezvous` (the round protocol), `store` (the per-round key-value
 //! store), `blocking` (one runtime, `block_on` per call) and `ffi` (the C ABI, glue only).
 //! Beside them, `admin` reads, watches, closes and purges a run for operators without
-//! joining it. `cancel` is the token a caller hands to the calls that wait, to end them. The
+//! joining it. `cancel` is the token a caller hands to any call that asks etcd, to end it. The
 //! `rdzv` command (cli/) is built on the public API alone.
+//!
+//! A node joins a round with [`Rendezvous::next`] and gets its rank, the world size, rank 0's
+//! address and the round's [`Store`]; every node of the job runs the same code:
+//!
+//! ```no_run
+//! # async fn node() -> rdzv::Result<()> {
+//! use rdzv::{Params, Rendezvous};
+//!
+//! let params = Params::from_url("etcd://127.0.0.1:2379/job-42?min_nodes=2&max_nodes=4")?;
+//! let node = Rendezvous::new(params).await?;
+//! let (round, store) = node.next().await?; // blocks until a round of 2 to 4 nodes forms
+//! store.set(&format!("node/{}", round.rank), b"hello").await?;
+//! let first = store.get("node/0", None).await?; // waits until rank 0 has set it
+//! assert_eq!(first, b"hello");
+//! node.shutdown().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`BlockingRendezvous`] is the same without async, for threads (the C ABI is built on it).
 
 pub mod admin;
 mod backend;

@@ -103,6 +103,18 @@ pub(crate) enum Outcome {
 impl Rendezvous {
     /// Connects to etcd (within `connect_timeout`) and registers this node as alive. Does not
     /// join a round yet.
+    ///
+    /// ```no_run
+    /// # async fn node() -> rdzv::Result<()> {
+    /// use rdzv::{Params, Rendezvous};
+    ///
+    /// // Every node of the job uses the same URL (the run id is "job-42").
+    /// let params = Params::from_url("etcd://127.0.0.1:2379/job-42?min_nodes=2&max_nodes=4")?;
+    /// let node = Rendezvous::new(params).await?;
+    /// println!("node {} of run {}", node.node_id(), node.params().run_id());
+    /// node.shutdown().await // leaves the run, without closing it for the others
+    /// # }
+    /// ```
     pub async fn new(params: Params) -> Result<Rendezvous> {
         params.validate()?;
         // One deadline for connecting and registering, as rdzv_new promises.
@@ -171,6 +183,28 @@ impl Rendezvous {
     /// `cancel` ends it: a cancel made once `next` is called, even before the returned future
     /// is first polled (a caller may race the future against a signal and cancel on the
     /// signal), and one made before, when no `next` was running (see `cancel`).
+    ///
+    /// A supervisor's loop: join, run the round's work while polling for a reason to form a
+    /// new round, and join again.
+    ///
+    /// ```no_run
+    /// # async fn supervise(node: rdzv::Rendezvous) -> rdzv::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// loop {
+    ///     let (round, store) = node.next().await?;
+    ///     // MASTER_ADDR/MASTER_PORT for the workers, and a store to exchange what they need.
+    ///     println!("rank {} of {}, master {}:{}", round.rank, round.world_size,
+    ///              round.master_addr, round.master_port);
+    ///     store.set(&format!("ready/{}", round.rank), b"1").await?;
+    ///     // ... start this node's workers ...
+    ///     while node.num_waiting().await? == 0 && node.num_lost().await? == 0 {
+    ///         tokio::time::sleep(Duration::from_secs(1)).await; // the workers run
+    ///     }
+    ///     // A node arrived or a member was lost: stop the workers and form a new round.
+    /// }
+    /// # }
+    /// ```
     pub fn next(&self) -> impl std::future::Future<Output = Result<(RoundInfo, Store)>> + '_ {
         self.next_with(&CancelToken::new())
     }
