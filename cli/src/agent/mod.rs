@@ -1,0 +1,464 @@
+//! The elastic agent: torchelastic's `SimpleElasticAgent` loop on rdzv's rendezvous.
+//!
+//! ```text
+//!   ┌─> RENDEZVOUS ──> EXCHANGE ──> RUNNING ──(all exit 0)──> EXIT BARRIER ──> exit 0
+//!   │   (next)         (ranks via    │
+//!   │                   the store)   ├─(a worker fails, budget left)──> stop, restart_count += 1 ─┐
+//!   │                                ├─(a worker fails, a member lost)> stop (no restart spent) ──┤
+//!   │                                ├─(nodes waiting or lost)────────> stop ────────────────────┤
+//!   │                                ├─(a worker fails, budget spent)─> stop, fail the job, exit 1
+//!   │                                ├─(the job failed on another node)> stop, exit 1
+//!   │                                ├─(run closed by someone else)───> stop, exit 0
+//!   │                                ├─(this node drained)────────────> stop, exit 0
+//!   │                                └─(SIGINT/SIGTERM/SIGHUP/SIGQUIT)─> forward, grace, SIGKILL,
+//!   │                                                                    release node, exit 128+N
+//!   └────────────────────────────────────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! The loop (`round`) is written once against a `Source` of rounds (`source.rs`): `etcd::Etcd`
+//! for a job on etcd, `fixed::Fixed` for one without a rendezvous. Only failures spend the
+//! restart budget; membership changes do not, and neither does a worker failure that a
+//! member's loss explains (`failure.rs`). Leaving never closes the run for others; only a
+//! spent budget (or an operator's `rdzv close`) does.
+//!
+//! While a group runs (`monitor`), three things can end it: a worker's exit (seen at once),
+//! a handled signal, and whatever `watch` resolves first: today the membership check and the
+//! peer-failure check of the source. Hang and health monitoring plugs in there as one more
+//! future resolving to a `Stop` (a heartbeat the workers write, per-rank timeouts,
+//! health-check commands); what it needs of the group (pids, ranks, directories) it takes
+//! when the group starts, and the evidence it collects goes in its `Stop`, which `stop_for`
+//! turns into stopping the workers and `stopped` into the exit status, as for any other stop.
+//!
+//! Submodules, each using only those listed before it: `signals`, `source` (the trait, rounds,
+//! stops), `connect` (waiting for etcd at start), `failure` (what a failure costs, the
+//! launchers' failure protocol), `barrier` (the exit barrier), `etcd` and `fixed` (the two
+//! sources).
+
+mod signals;
+
+mod source;
+
+mod connect;
+
+mod failure;
+
+mod barrier;
+
+mod etcd;
+
+mod fixed;
+
+pub use signals::Signals;
+
+use crate::exit::{signal_name, Exit};
+use crate::host::cpus::Cpus;
+use crate::output::{self, say};
+use crate::ranks::NodeInfo;
+use crate::settings::rendezvous::Rendezvous as Mode;
+use crate::settings::RunConfig;
+use crate::workers::env::{coordinator_port, GroupSpec};
+use crate::workers::logs::LogPlan;
+use crate::workers::report::{self, Failure};
+use crate::workers::Group;
+use failure::{Budget, Verdict};
+use source::{Round, Source, Stop};
+use std::sync::Arc;
+
+/// How a running group ended.
+enum Outcome {
+    Succeeded,
+    Failed,
+    Stop(Stop),
+}
+
+/// What one round leaves for the next.
+#[derive(Default)]
+struct Carried {
+    /// The last group's failures, reported if the job ends before a group succeeds.
+    failed: Option<Vec<Failure>>,
+    /// The members of the round whose failure spent the last restart.
+    charged: Option<Arc<[String]>>,
+}
+
+pub struct Agent {
+    cfg: RunConfig,
+    logs: LogPlan,
+    /// The log directory was made up by the launcher (no --log-dir): removed after success.
+    temporary_logs: bool,
+    extra_env: Vec<(String, String)>,
+    restarts: Budget,
+    /// The failure report named an error file (in the log directory, which is then kept).
+    reported_error_file: bool,
+    /// `--numa-binding`: the CPUs of each local rank (empty: no binding).
+    cpu_binding: Vec<Cpus>,
+}
+
+impl Agent {
+    pub fn new(cfg: RunConfig, cpu_binding: Vec<Cpus>) -> std::io::Result<Agent> {
+        let tag = format!(
+            "{}_{:08x}",
+            sanitize(&cfg.run_id),
+            crate::host::random_u64() as u32
+        );
+        let (run_dir, temporary_logs) = match &cfg.log_dir {
+            Some(base) => (base.join(tag), false),
+            None => (std::env::temp_dir().join(format!("rdzv_{tag}")), true),
+        };
+        std::fs::create_dir_all(&run_dir)?;
+        if cfg.keeps_files() {
+            say(format_args!("worker logs in {}", run_dir.display()));
+        }
+        let mut extra_env = Vec::new();
+        if std::env::var_os("OMP_NUM_THREADS").is_none() && cfg.nproc_per_node > 1 {
+            say("setting OMP_NUM_THREADS=1 for each worker so they do not overload the machine; set it to tune");
+            extra_env.push(("OMP_NUM_THREADS".to_string(), "1".to_string()));
+        }
+        extra_env.push((
+            "TORCHELASTIC_SIGNALS_TO_HANDLE".to_string(),
+            cfg.signals_to_handle.clone(),
+        ));
+        let logs = LogPlan::new(&cfg, run_dir);
+        Ok(Agent {
+            restarts: Budget {
+                used: 0,
+                max: cfg.max_restarts,
+            },
+            cfg,
+            logs,
+            temporary_logs,
+            extra_env,
+            reported_error_file: false,
+            cpu_binding,
+        })
+    }
+
+    /// Runs the job to its end and returns the launcher's exit status.
+    pub async fn run(mut self, signals: &mut Signals) -> Exit {
+        let exit = match self.cfg.rendezvous.clone() {
+            Mode::Etcd(params) => {
+                let (watchdog, interval) = (self.cfg.watchdog, self.cfg.monitor_interval);
+                match etcd::Etcd::connect(*params, watchdog, interval, signals).await {
+                    Ok(mut source) => {
+                        let exit = self.rounds(&mut source, signals).await;
+                        source.leave().await;
+                        exit
+                    }
+                    Err(exit) => exit,
+                }
+            }
+            Mode::Static(layout) => {
+                let mut source = fixed::Fixed::new(layout);
+                self.rounds(&mut source, signals).await
+            }
+        };
+        // A made-up log directory goes, unless the report points into it.
+        if self.temporary_logs && !self.reported_error_file {
+            let _ = std::fs::remove_dir_all(&self.logs.run_dir);
+        }
+        exit
+    }
+
+    /// Goes round the state diagram until the launcher leaves.
+    async fn rounds<S: Source>(&mut self, source: &mut S, signals: &mut Signals) -> Exit {
+        let mut carried = Carried::default();
+        loop {
+            if let Err(exit) = self.round(source, &mut carried, signals).await {
+                return exit;
+            }
+        }
+    }
+
+    /// One trip: RENDEZVOUS, EXCHANGE, RUNNING and what ends it. `Ok`: form the next round;
+    /// `Err`: the launcher leaves with this status.
+    async fn round<S: Source>(
+        &mut self,
+        source: &mut S,
+        carried: &mut Carried,
+        signals: &mut Signals,
+    ) -> Result<(), Exit> {
+        let round = match source.next_round(signals).await {
+            Ok(round) => round,
+            Err(stop) => return Err(self.stopped(stop, carried.failed.as_deref())),
+        };
+        if let Some(before) = carried.charged.take() {
+            failure::refund_if_lost(source, &mut self.restarts, &before).await;
+        }
+        let workers = match source
+            .exchange(&round, self.node_info(&round), signals)
+            .await
+        {
+            Ok(workers) => workers,
+            Err(Stop::Changed(why)) => {
+                say(format_args!(
+                    "{why} while exchanging worker counts: forming a new round"
+                ));
+                return Ok(());
+            }
+            Err(stop) => return Err(self.stopped(stop, carried.failed.as_deref())),
+        };
+        let first = &workers[0];
+        say(format_args!(
+            "round {} formed: node rank {} of {}, world size {}, workers' ranks {}..{}, master {}:{}",
+            round.number,
+            round.group_rank,
+            round.group_world_size,
+            first.world_size,
+            first.global_rank,
+            first.global_rank + workers.len() as u32 - 1,
+            round.master_addr,
+            round.master_port
+        ));
+        let spec = GroupSpec {
+            command: &self.cfg.program.command,
+            role: &self.cfg.role,
+            run_id: &self.cfg.run_id,
+            group_rank: round.group_rank,
+            group_world_size: round.group_world_size,
+            master_addr: &round.master_addr,
+            master_port: round.master_port,
+            restart_count: self.restarts.used,
+            max_restarts: self.restarts.max,
+            extra_env: &self.extra_env,
+            framework: self.cfg.framework,
+            virtual_local_rank: self.cfg.virtual_local_rank,
+            cpu_binding: &self.cpu_binding,
+        };
+        let mut group = Group::start(&spec, &workers, &self.logs).map_err(|e| {
+            output::error(e);
+            Exit::Failure
+        })?;
+        match self.monitor(source, &mut group, &round, signals).await {
+            Outcome::Succeeded => {
+                group.finish().await;
+                say("all workers of this node finished successfully");
+                let timeout = self.cfg.exit_barrier_timeout;
+                Err(source.exit_barrier(&round, timeout, signals).await)
+            }
+            Outcome::Failed => {
+                self.after_failure(source, &mut group, &round, carried, signals)
+                    .await
+            }
+            Outcome::Stop(stop) => self.stop_for(&mut group, stop, carried, signals).await,
+        }
+    }
+
+    /// This node's entry in the exchange.
+    fn node_info(&self, round: &Round) -> NodeInfo {
+        NodeInfo {
+            role: self.cfg.role.clone(),
+            group_rank: round.group_rank,
+            local_world_size: self.cfg.nproc_per_node,
+            coordinator_port: coordinator_port(
+                self.cfg.framework,
+                round.group_rank,
+                round.master_port,
+            ),
+        }
+    }
+
+    /// Watches a running group: a worker's exit is seen at once, a signal too, and whatever
+    /// else can end the round from outside (`watch`) as it happens.
+    async fn monitor<S: Source>(
+        &self,
+        source: &S,
+        group: &mut Group,
+        round: &Round,
+        signals: &mut Signals,
+    ) -> Outcome {
+        let watch = watch(source, round);
+        tokio::pin!(watch);
+        loop {
+            tokio::select! {
+                exit = group.next_exit() => {
+                    let Some(index) = exit else { return Outcome::Succeeded };
+                    let w = &group.workers[index];
+                    let (ended, _) = w.ended.expect("just ended");
+                    let r = &w.ranks;
+                    if !ended.success() {
+                        say(format_args!("worker rank {} (local rank {}, pid {}) failed: {ended}", r.global_rank, r.local_rank, w.pid));
+                        return Outcome::Failed;
+                    }
+                    say(format_args!("worker rank {} (local rank {}) finished: exit code 0", r.global_rank, r.local_rank));
+                    if group.running() == 0 {
+                        return Outcome::Succeeded;
+                    }
+                }
+                stop = &mut watch => return Outcome::Stop(stop),
+                sig = signals.recv() => return Outcome::Stop(Stop::Signal(sig)),
+            }
+        }
+    }
+
+    /// A worker failed: stops the others, then decides what it costs (`failure.rs`).
+    async fn after_failure<S: Source>(
+        &mut self,
+        source: &S,
+        group: &mut Group,
+        round: &Round,
+        carried: &mut Carried,
+        signals: &mut Signals,
+    ) -> Result<(), Exit> {
+        self.stop_group(group, libc::SIGTERM, signals).await?;
+        let failures = group.failures();
+        let why = report::summary(&failures);
+        match failure::verdict(source, &mut self.restarts, round, &why, signals).await {
+            Verdict::Loss(why) => {
+                say(format_args!(
+                    "rank {} failed and {why}: a membership change, forming a new round (no restart spent)",
+                    failures[0].global_rank
+                ));
+                carried.failed = None;
+                return Ok(());
+            }
+            Verdict::Charged(members) => {
+                say(format_args!(
+                    "restarting the worker group (restart {} of {}) after rank {} failed",
+                    self.restarts.used, self.restarts.max, failures[0].global_rank
+                ));
+                carried.charged = members;
+                carried.failed = Some(failures);
+                return Ok(());
+            }
+            Verdict::Stop(stop @ (Stop::Signal(_) | Stop::Drained)) => {
+                return Err(self.stopped(stop, None))
+            }
+            Verdict::Stop(_) | Verdict::Spent => {}
+        }
+        say(format_args!(
+            "restart budget spent ({} of {} restarts used): the job failed{}",
+            self.restarts.used,
+            self.restarts.max,
+            match S::SHARED {
+                true => "; closing the run as failed",
+                false => "",
+            }
+        ));
+        source.fail_job(&why).await;
+        self.reported_error_file = report::report(self.cfg.program.name(), &failures);
+        Err(Exit::Failure)
+    }
+
+    /// Something ended the round from outside the group: stops the workers (forwarding a
+    /// signal, else SIGTERM), then forms a new round after a membership change, or leaves.
+    async fn stop_for(
+        &mut self,
+        group: &mut Group,
+        stop: Stop,
+        carried: &mut Carried,
+        signals: &mut Signals,
+    ) -> Result<(), Exit> {
+        match &stop {
+            Stop::Signal(sig) => {
+                say(format_args!(
+                    "received {}: forwarding it to the workers",
+                    signal_name(*sig)
+                ));
+                // A second signal only cuts the grace short: the first one decides the status.
+                let _ = self.stop_group(group, *sig, signals).await;
+                return Err(Exit::Signal(*sig));
+            }
+            Stop::Changed(why) => say(format_args!(
+                "{why}: stopping the workers to form a new round (no restart spent)"
+            )),
+            Stop::Drained => {
+                say("this node was drained (a planned departure): stopping the workers")
+            }
+            Stop::Closed(None) => say("the run was closed: stopping the workers"),
+            Stop::Closed(Some(_)) | Stop::JobFailed(_) => {
+                say("the job failed on another node: stopping the workers")
+            }
+            Stop::Error(_) => {}
+        }
+        self.stop_group(group, libc::SIGTERM, signals).await?;
+        if let Stop::Changed(_) = stop {
+            carried.failed = None;
+            return Ok(());
+        }
+        Err(self.stopped(stop, None))
+    }
+
+    /// Stops the group with `signal` (grace period, then SIGKILL). A signal to the launcher
+    /// meanwhile cuts the grace short, and the launcher then leaves with it (`Err`).
+    async fn stop_group(
+        &self,
+        group: &mut Group,
+        signal: i32,
+        signals: &mut Signals,
+    ) -> Result<(), Exit> {
+        let interrupted = group
+            .stop(signal, self.cfg.shutdown_timeout, signals.recv())
+            .await;
+        match interrupted {
+            Some(sig) => {
+                say(format_args!(
+                    "received {} while stopping the workers: leaving",
+                    signal_name(sig)
+                ));
+                Err(Exit::Signal(sig))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The exit status for a stop outside a running group; `failed`: the last group's
+    /// failures, reported when the job ends with them.
+    fn stopped(&mut self, stop: Stop, failed: Option<&[Failure]>) -> Exit {
+        match stop {
+            Stop::Signal(sig) => {
+                say(format_args!("received {}: leaving", signal_name(sig)));
+                Exit::Signal(sig)
+            }
+            Stop::Closed(None) => match failed {
+                Some(failures) => {
+                    say("the run was closed before the workers could be restarted");
+                    self.reported_error_file = report::report(self.cfg.program.name(), failures);
+                    Exit::Failure
+                }
+                None => {
+                    say("the run was closed: exiting");
+                    Exit::Success
+                }
+            },
+            // The job failed elsewhere: a failure here too, so that a scheduler sees it on
+            // every node, healthy ones included.
+            Stop::Closed(Some(why)) | Stop::JobFailed(why) => {
+                if let Some(failures) = failed {
+                    self.reported_error_file = report::report(self.cfg.program.name(), failures);
+                }
+                output::error(format_args!("the job failed on another node: {why}"));
+                Exit::Failure
+            }
+            Stop::Drained => {
+                say("this node was drained: leaving the run, which goes on without it");
+                Exit::Success
+            }
+            Stop::Changed(why) | Stop::Error(why) => {
+                output::error(why);
+                Exit::Failure
+            }
+        }
+    }
+}
+
+/// What can end a running round from outside its group, whichever comes first: the
+/// membership check (members lost, nodes waiting, the run closed, this node drained) and
+/// another node's failure verdict. Hang and health monitoring joins here (module comment).
+async fn watch<S: Source>(source: &S, round: &Round) -> Stop {
+    tokio::select! {
+        stop = source.membership_change(true) => stop,
+        stop = source.peer_failed(round) => stop,
+    }
+}
+
+/// A run id as a directory name.
+fn sanitize(run_id: &str) -> String {
+    run_id
+        .chars()
+        .map(
+            |c| match c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                true => c,
+                false => '_',
+            },
+        )
+        .collect()
+}
