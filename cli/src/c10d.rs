@@ -137,6 +137,14 @@ pub fn serve_if_here(
     Ok(Some(EmbeddedEtcd { child, dir }))
 }
 
+impl EmbeddedEtcd {
+    /// Whether this etcd still serves: one that lost the port to another launcher's (both
+    /// started at the same moment) has exited, and its launcher was a client all along.
+    pub fn serves(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
 impl Drop for EmbeddedEtcd {
     fn drop(&mut self) {
         let pid = self.child.id() as libc::pid_t;

@@ -84,7 +84,7 @@ fn run(args: Box<args::run::RunArgs>) -> Exit {
     // Started here, on the main thread: its PR_SET_PDEATHSIG follows this thread. Stopped when
     // this function returns, after the agent is through.
     let serve = |c: &settings::rendezvous::C10d| c10d::serve_if_here(&c.endpoint, c.is_host);
-    let _served = match cfg.c10d.as_ref().map(serve).transpose() {
+    let mut served = match cfg.c10d.as_ref().map(serve).transpose() {
         Ok(served) => served.flatten(),
         Err(message) => {
             output::error(message);
@@ -120,7 +120,7 @@ fn run(args: Box<args::run::RunArgs>) -> Exit {
     };
     let handled = cfg.signals.clone();
     // The embedded etcd outlives this node's part until the others have left.
-    let linger = match (&_served, &cfg.rendezvous) {
+    let linger = match (&served, &cfg.rendezvous) {
         (Some(_), settings::rendezvous::Rendezvous::Etcd(params)) => Some((
             (**params).clone(),
             cfg.shutdown_timeout + C10D_LINGER_MARGIN,
@@ -134,6 +134,8 @@ fn run(args: Box<args::run::RunArgs>) -> Exit {
             return Exit::Failure;
         }
     };
+    // Borrowed by the agent's future, so that it is stopped after that, outside the runtime.
+    let served = &mut served;
     // Workers are spawned from this thread (block_on runs the agent here): their
     // PR_SET_PDEATHSIG follows the thread that forked them, and this one lives to the end.
     block_on(async move {
@@ -145,7 +147,9 @@ fn run(args: Box<args::run::RunArgs>) -> Exit {
             }
         };
         let status = agent.run(&mut signals).await;
-        if let Some((params, bound)) = &linger {
+        // An etcd that lost the port to another launcher's serves no one: nothing to keep up.
+        let serves = served.as_mut().is_some_and(c10d::EmbeddedEtcd::serves);
+        if let (Some((params, bound)), true) = (&linger, serves) {
             tokio::select! {
                 _ = c10d::linger(params, *bound) => {}
                 _ = signals.recv() => {}
