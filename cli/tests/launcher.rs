@@ -284,6 +284,18 @@ fn status_json(url: &str) -> serde_json::Value {
     serde_json::from_str(&op_ok(&["status", "--json", url])).unwrap()
 }
 
+/// The node id a launcher printed when it joined (`joining run ... as node ID`), the id
+/// `rdzv drain` takes.
+fn node_id(l: &mut Launcher) -> String {
+    let joined = l.wait_line(5, |l| l.contains("as node "));
+    joined
+        .split("as node ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_string()
+}
+
 /// A run id no other test of this process uses.
 fn unique_run_id(prefix: &str) -> String {
     format!("{prefix}-{}", SEQ.fetch_add(1, Ordering::Relaxed))
@@ -519,13 +531,7 @@ fn rdzv_drain_stops_one_node_which_exits_0_and_the_others_re_form_without_spendi
         .collect();
     // The node running rank 1, by the id its launcher printed when it joined.
     let victim = ranks.iter().position(|r| *r == 1).unwrap();
-    let joined = nodes[victim].wait_line(5, |l| l.contains("as node "));
-    let node_id = joined
-        .split("as node ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap()
-        .to_string();
+    let node_id = node_id(&mut nodes[victim]);
     let out = op_ok(&["drain", "--reason", "scale down", &url, &node_id]);
     assert!(out.contains("drained"), "{out}");
     let mut drained = nodes.remove(victim);
@@ -1641,13 +1647,7 @@ fn close_purge_and_drain_take_runs_flags_too() {
 
     let mut drained = s.node(&url, &[], "hold");
     drained.start(60);
-    let joined = drained.wait_line(5, |l| l.contains("as node "));
-    let node_id = joined
-        .split("as node ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap()
-        .to_string();
+    let node_id = node_id(&mut drained);
     let out = op_on_run(&["drain", "--reason", "maintenance"], &[&node_id]);
     assert!(out.contains("drained"), "{out}");
     drained.exits_with(0, 30);

@@ -175,35 +175,29 @@ pub fn visible_devices(gpus: usize, listed: Option<(&str, String)>) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
+    use crate::host::sysfs::MadeUp;
 
     /// A made-up machine's bus: (address, vendor, class, driver) per device, and `nodes`
     /// NVIDIA device nodes in /dev.
-    fn machine(devices: &[(&str, &str, &str, &str)], nodes: usize) -> (Sysfs, PathBuf) {
-        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let root = std::env::temp_dir().join(format!("rdzv-accel-{}-{seq}", std::process::id()));
-        let write = |path: &str, text: &str| {
-            let full = root.join(path);
-            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
-            std::fs::write(full, text).unwrap();
-        };
+    fn machine(devices: &[(&str, &str, &str, &str)], nodes: usize) -> MadeUp {
+        let tree = MadeUp::new("accelerators");
         for (address, vendor, class, driver) in devices {
             let dev = format!("{PCI_DEVICES}/{address}");
-            write(&format!("{dev}/vendor"), &format!("{vendor}\n"));
-            write(&format!("{dev}/class"), &format!("{class}\n"));
+            tree.write(&format!("{dev}/vendor"), &format!("{vendor}\n"));
+            tree.write(&format!("{dev}/class"), &format!("{class}\n"));
             if !driver.is_empty() {
-                let target = root.join(format!("sys/bus/pci/drivers/{driver}"));
-                std::fs::create_dir_all(&target).unwrap();
-                std::os::unix::fs::symlink(&target, root.join(format!("{dev}/driver"))).unwrap();
+                tree.link(
+                    &format!("{dev}/driver"),
+                    &format!("sys/bus/pci/drivers/{driver}"),
+                );
             }
         }
-        write("dev/nvidiactl", "");
-        write("dev/nvidia-uvm", "");
+        tree.write("dev/nvidiactl", "");
+        tree.write("dev/nvidia-uvm", "");
         for n in 0..nodes {
-            write(&format!("dev/nvidia{n}"), "");
+            tree.write(&format!("dev/nvidia{n}"), "");
         }
-        (Sysfs::at(root.clone()), root)
+        tree
     }
 
     /// A workstation: Intel's integrated GPU, a network card, two NVIDIA GPUs, one AMD GPU
@@ -222,7 +216,8 @@ mod tests {
 
     #[test]
     fn gpus_are_nvidia_and_amd_display_controllers_in_pci_order() {
-        let (sys, root) = machine(&WORKSTATION, 2);
+        let tree = machine(&WORKSTATION, 2);
+        let sys = tree.sysfs();
         let found: Vec<String> = gpus(&sys).into_iter().map(|g| g.address).collect();
         assert_eq!(found, ["0000:17:00.0", "0000:18:00.0", "0000:c3:00.0"]);
         assert_eq!(count_gpus(&sys, None), 3);
@@ -232,24 +227,24 @@ mod tests {
         // CUDA stops at the first index that names no device; a UUID is one device.
         assert_eq!(count_gpus(&sys, list("1,7,0")), 1);
         assert_eq!(count_gpus(&sys, list("GPU-8f2c,0")), 2);
-        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]
     fn nvidia_gpus_count_only_with_their_device_nodes() {
         // A container given one of its host's two NVIDIA GPUs, and a machine without the driver.
-        let (sys, root) = machine(&WORKSTATION, 1);
+        let tree = machine(&WORKSTATION, 1);
+        let sys = tree.sysfs();
         assert_eq!(count_gpus(&sys, None), 2, "one NVIDIA, one AMD");
-        let _ = std::fs::remove_dir_all(root);
-        let (sys, root) = machine(&WORKSTATION, 0);
+        let tree = machine(&WORKSTATION, 0);
+        let sys = tree.sysfs();
         assert_eq!(count_gpus(&sys, None), 1, "the AMD GPU only");
         assert_eq!(gpus(&sys).len(), 3, "a binding still sees the bus");
-        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]
     fn xpus_are_intel_cards_level_zero_drives_not_the_integrated_gpu() {
-        let (sys, root) = machine(&WORKSTATION, 2);
+        let tree = machine(&WORKSTATION, 2);
+        let sys = tree.sysfs();
         let found: Vec<String> = xpus(&sys).into_iter().map(|g| g.address).collect();
         assert_eq!(found, ["0000:3a:00.0", "0000:4b:00.0"]);
         assert_eq!(count_xpus(&sys, None), 2);
@@ -257,12 +252,11 @@ mod tests {
         assert_eq!(count_xpus(&sys, Some("0.0,0.1")), 2, "two tiles of card 0");
         assert_eq!(count_xpus(&sys, Some("0,5")), 1, "no card 5");
         assert_eq!(count_xpus(&sys, Some("")), 2);
-        let _ = std::fs::remove_dir_all(root);
         // A laptop: the integrated GPU alone is no XPU.
-        let (sys, root) = machine(&WORKSTATION[..2], 0);
+        let tree = machine(&WORKSTATION[..2], 0);
+        let sys = tree.sysfs();
         assert_eq!(count_xpus(&sys, None), 0);
         assert_eq!(count_gpus(&sys, None), 0);
-        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]

@@ -242,20 +242,14 @@ impl Machine {
 mod tests {
     use super::*;
     use crate::host::cpus::format_list;
-    use std::path::PathBuf;
+    use crate::host::sysfs::MadeUp;
 
     /// A made-up machine: `nodes` NUMA nodes of `cores` cores with 2 threads each (CPU c and
     /// c + total cores are siblings), one socket per two nodes, an L3 per 4 cores, and a GPU
     /// on each node listed in `gpus`.
-    fn machine(nodes: usize, cores: usize, gpus: &[usize]) -> (Machine, PathBuf) {
-        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let root = std::env::temp_dir().join(format!("rdzv-numa-{}-{seq}", std::process::id()));
-        let write = |path: &str, text: &str| {
-            let full = root.join(path);
-            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
-            std::fs::write(full, text).unwrap();
-        };
+    fn machine(nodes: usize, cores: usize, gpus: &[usize]) -> (Machine, MadeUp) {
+        let tree = MadeUp::new("numa");
+        let write = |path: &str, text: &str| tree.write(path, text);
         let total = nodes * cores;
         for n in 0..nodes {
             let own: Cpus = (n * cores..(n + 1) * cores)
@@ -308,8 +302,8 @@ mod tests {
             write(&format!("{dev}/numa_node"), &format!("{node}\n"));
         }
         let allowed: Cpus = (0..2 * total).collect();
-        let m = Machine::read(Sysfs::at(root.clone()), allowed, None).unwrap();
-        (m, root)
+        let m = Machine::read(tree.sysfs(), allowed, None).unwrap();
+        (m, tree)
     }
 
     fn list(m: &Machine, policy: Policy, device: usize) -> String {
@@ -319,7 +313,7 @@ mod tests {
     #[test]
     fn each_policy_binds_as_torchrun_does() {
         // 4 nodes of 8 cores (64 CPUs), two sockets, two GPUs on node 0 and one on node 3.
-        let (m, root) = machine(4, 8, &[0, 0, 3]);
+        let (m, _tree) = machine(4, 8, &[0, 0, 3]);
         assert_eq!(list(&m, Policy::Node, 0), "0-7,32-39");
         assert_eq!(list(&m, Policy::Node, 2), "24-31,56-63");
         assert_eq!(list(&m, Policy::Socket, 0), "0-15,32-47");
@@ -336,12 +330,11 @@ mod tests {
             err.contains("local rank 3 has no device: 3 visible"),
             "{err}"
         );
-        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]
     fn a_node_without_any_of_this_process_cpus_is_an_error_under_every_policy() {
-        let (mut m, root) = machine(2, 4, &[0, 1]);
+        let (mut m, _tree) = machine(2, 4, &[0, 1]);
         m.allowed = (4..8).chain(12..16).collect(); // node 1's only
         for policy in Policy::ALL {
             let err = m.cpus_for(policy, 0).unwrap_err();
@@ -351,7 +344,6 @@ mod tests {
             );
         }
         assert_eq!(list(&m, Policy::Node, 1), "4-7,12-15");
-        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]
@@ -364,13 +356,11 @@ mod tests {
 
     #[test]
     fn exclusive_gives_the_first_devices_one_more_core_and_fails_without_a_core_each() {
-        let (m, root) = machine(1, 5, &[0, 0]);
+        let (m, _tree) = machine(1, 5, &[0, 0]);
         assert_eq!(list(&m, Policy::Exclusive, 0), "0-2,5-7");
         assert_eq!(list(&m, Policy::Exclusive, 1), "3-4,8-9");
-        let _ = std::fs::remove_dir_all(root);
-        let (m, root) = machine(1, 1, &[0, 0]);
+        let (m, _tree) = machine(1, 1, &[0, 0]);
         let err = m.cpus_for(Policy::Exclusive, 0).unwrap_err();
         assert!(err.contains("1 physical cores for 2 devices"), "{err}");
-        let _ = std::fs::remove_dir_all(root);
     }
 }

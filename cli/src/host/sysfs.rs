@@ -17,11 +17,6 @@ impl Sysfs {
         Sysfs { root }
     }
 
-    #[cfg(test)]
-    pub fn at(root: PathBuf) -> Sysfs {
-        Sysfs { root }
-    }
-
     fn full(&self, path: &str) -> PathBuf {
         self.root.join(path.trim_start_matches('/'))
     }
@@ -60,5 +55,50 @@ impl Sysfs {
     pub fn link_name(&self, path: &str) -> Option<String> {
         let target = std::fs::read_link(self.full(path)).ok()?;
         Some(target.file_name()?.to_string_lossy().into_owned())
+    }
+}
+
+/// A made-up machine for tests: a fresh root to write the kernel's files under, removed when
+/// dropped.
+#[cfg(test)]
+pub struct MadeUp {
+    root: PathBuf,
+}
+
+#[cfg(test)]
+impl MadeUp {
+    pub fn new(name: &str) -> MadeUp {
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let root = std::env::temp_dir().join(format!("rdzv-{name}-{}-{seq}", std::process::id()));
+        MadeUp { root }
+    }
+
+    /// Writes a file (`sys/...`, `dev/...`), with the directories above it.
+    pub fn write(&self, path: &str, text: &str) {
+        let full = self.root.join(path);
+        std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+        std::fs::write(full, text).unwrap();
+    }
+
+    /// Makes `path` a symbolic link to the directory `target` (both under the root).
+    pub fn link(&self, path: &str, target: &str) {
+        let target = self.root.join(target);
+        std::fs::create_dir_all(&target).unwrap();
+        std::os::unix::fs::symlink(target, self.root.join(path)).unwrap();
+    }
+
+    /// The machine's files, as the probes read them.
+    pub fn sysfs(&self) -> Sysfs {
+        Sysfs {
+            root: self.root.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Drop for MadeUp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
     }
 }
