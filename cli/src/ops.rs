@@ -77,7 +77,7 @@ pub async fn close(a: CloseArgs) -> Exit {
         Ok(()) => {
             result(format_args!(
                 "run {:?} closed: its launchers stop their workers and exit",
-                admin.params().run_id
+                admin.params().run_id()
             ));
             Exit::Success
         }
@@ -93,7 +93,7 @@ pub async fn purge(a: PurgeArgs) -> Exit {
         Ok(admin) => admin,
         Err(code) => return code,
     };
-    let run = admin.params().run_id.clone();
+    let run = admin.params().run_id().to_string();
     match admin.purge(a.force).await {
         Ok(Purge::Deleted(0)) => {
             result(format_args!("run {run:?}: nothing in etcd to purge"));
@@ -126,7 +126,7 @@ pub async fn drain(a: DrainArgs) -> Exit {
             result(format_args!(
                 "node {} of run {:?} drained: the others re-form without it, its launcher stops its workers and exits",
                 a.node_id,
-                admin.params().run_id
+                admin.params().run_id()
             ));
             Exit::Success
         }

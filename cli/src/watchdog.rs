@@ -107,17 +107,17 @@ impl Watchdog {
 /// What the watchdog needs to reach the run, as one line of JSON (read by `connect_params`).
 /// Credentials travel on the pipe, never on a command line.
 fn connection(params: &Params) -> String {
-    let s = &params.security;
+    let s = &params.security();
     let mut options = serde_json::Map::new();
     let mut put = |k: &str, v: Option<String>| {
         if let Some(v) = v {
             options.insert(k.to_string(), v.into());
         }
     };
-    put("key_prefix", Some(params.key_prefix.clone()));
+    put("key_prefix", Some(params.key_prefix().to_string()));
     put(
         "connect_timeout",
-        Some(params.connect_timeout.as_secs_f64().to_string()),
+        Some(params.connect_timeout().as_secs_f64().to_string()),
     );
     put(
         "protocol",
@@ -129,9 +129,9 @@ fn connection(params: &Params) -> String {
     put("username", s.username.clone());
     put("password", s.password.clone());
     serde_json::json!({
-        "backend": params.backend,
-        "endpoints": params.endpoints.join(","),
-        "run_id": params.run_id,
+        "backend": params.backend(),
+        "endpoints": params.endpoints().join(","),
+        "run_id": params.run_id(),
         "options": options,
     })
     .to_string()

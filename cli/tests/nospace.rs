@@ -177,7 +177,7 @@ fn a_node_that_starts_on_a_full_etcd_fails_at_once_and_one_that_leaves_cleans_up
     // still deletes the run's keys.
     node.shutdown().unwrap();
     let run = Params::from_url(&leaving).unwrap();
-    let prefix = format!("{}/{}/", run.key_prefix, run.run_id);
+    let prefix = format!("{}/{}/", run.key_prefix(), run.run_id());
     let (rt, mut client) = etcd_client(&etcd);
     let left = rt
         .block_on(client.get(

@@ -17,12 +17,12 @@ const CONNECT_NOTICE: Duration = Duration::from_secs(5);
 /// seconds naming the endpoint; a host name that does not resolve is a typo until proven
 /// otherwise and fails at once. Err is the launcher's exit status.
 pub async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rendezvous, Exit> {
-    let endpoints = params.endpoints.join(",");
+    let endpoints = params.endpoints().join(",");
     let fail = |message: &str| {
         crate::output::error(format_args!("rendezvous on {endpoints}: {message}"));
         Exit::Failure
     };
-    for endpoint in &params.endpoints {
+    for endpoint in params.endpoints() {
         let host_port = endpoint
             .split_once("://")
             .map_or(endpoint.as_str(), |(_, rest)| rest)
@@ -33,7 +33,7 @@ pub async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rend
                 .map(|addrs| addrs.count())
         };
         let resolved = tokio::select! {
-            r = tokio::time::timeout(params.connect_timeout, lookup) => r,
+            r = tokio::time::timeout(params.connect_timeout(), lookup) => r,
             sig = signals.recv() => return Err(Exit::Signal(sig)),
         };
         match resolved {
@@ -49,7 +49,7 @@ pub async fn connect(params: rdzv::Params, signals: &mut Signals) -> Result<Rend
         }
     }
     let started = Instant::now();
-    let deadline = started + params.join_timeout;
+    let deadline = started + params.join_timeout();
     let mut next_notice = started;
     loop {
         let connected = tokio::select! {

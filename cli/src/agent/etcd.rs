@@ -110,11 +110,11 @@ impl Source for Etcd {
         let p = rdzv.params();
         say(format_args!(
             "joining run {:?} on {} as node {} ({}..{} nodes)",
-            p.run_id,
-            p.endpoints.join(","),
+            p.run_id(),
+            p.endpoints().join(","),
             rdzv.node_id(),
-            p.min_nodes,
-            p.max_nodes
+            p.min_nodes(),
+            p.max_nodes()
         ));
         let next = rdzv.next();
         tokio::pin!(next);
@@ -275,7 +275,7 @@ impl Source for Etcd {
 
     async fn wait_for_loss(&self, round: &Round, why: &str, signals: &mut Signals) -> Option<Stop> {
         let store = self.shared_store(round)?;
-        let grace = self.rdzv.params().lease_ttl + LOSS_GRACE_MARGIN;
+        let grace = self.rdzv.params().lease_ttl() + LOSS_GRACE_MARGIN;
         say(format_args!(
             "no restart left: asking the other {} node(s) whether one was lost, which would explain the failure (up to {:.0} s, lease_ttl)",
             round.group_world_size - 1,

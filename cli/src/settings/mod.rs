@@ -94,7 +94,7 @@ impl RunConfig {
             }
         }
         let run_id = match &rendezvous {
-            Rendezvous::Etcd(p) => p.run_id.clone(),
+            Rendezvous::Etcd(p) => p.run_id().to_string(),
             // torchrun's standalone mode makes up a run id too.
             Rendezvous::Static(s) if s.standalone => {
                 format!("standalone-{:016x}", crate::host::random_u64())
@@ -270,7 +270,7 @@ mod tests {
             let Rendezvous::Etcd(p) = c.rendezvous else {
                 panic!("{conf}: not on etcd")
             };
-            (p.lease_ttl, c.c10d.and_then(|c| c.is_host))
+            (p.lease_ttl(), c.c10d.and_then(|c| c.is_host))
         };
         assert_eq!(
             etcd("--rdzv-conf=is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3"),

@@ -167,11 +167,11 @@ fn on_etcd(
     }
     let serve =
         match c10d {
-            true if params.endpoints.len() != 1 => return Err(usage(
+            true if params.endpoints().len() != 1 => return Err(usage(
                 "--rdzv-backend=c10d: expected one HOST:PORT, the node that serves the rendezvous",
             )),
             true => Some(C10d {
-                endpoint: params.endpoints[0].clone(),
+                endpoint: params.endpoints()[0].clone(),
                 is_host: torch.is_host,
             }),
             false => None,
