@@ -34,6 +34,8 @@
  *   once cancelled it stays cancelled, so every call made with it ends, like a Go context.
  *   A call ended either way returns RDZV_ERR_CANCELLED promptly whatever etcd is doing; a
  *   rdzv_next withdraws its join request first, a write may or may not have been applied.
+ *   rdzv_new, rdzv_admin_new and rdzv_shutdown take no token: they are bounded by
+ *   connect_timeout and close_timeout, and a half-made or half-shut node is not left behind.
  * - After fork(), create new handles in the child.
  * - Deadlines. Every blocking call has one: join_timeout for rdzv_next, connect_timeout for
  *   rdzv_new and queries, the store timeout for get and wait. No call waits forever, and no
