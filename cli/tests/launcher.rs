@@ -976,7 +976,9 @@ fn python_programs_run_under_python3_and_cpu_counts_cpus() {
     let script = s.path("w.py");
     std::fs::write(
         &script,
-        "import os\nprint('PY', os.environ['RANK'], os.environ['WORLD_SIZE'])\n",
+        // One write per line: python3 -u writes print's text and its newline apart, and two
+        // workers on one console can interleave them.
+        "import os, sys\nsys.stdout.write(f\"PY {os.environ['RANK']} {os.environ['WORLD_SIZE']}\\n\")\n",
     )
     .unwrap();
     let cpus = std::thread::available_parallelism().unwrap().get();
