@@ -8,7 +8,7 @@ use super::values::{
     StreamSpec,
 };
 use crate::host::numa::Policy;
-use clap::builder::{FalseyValueParser, PossibleValuesParser, TypedValueParser};
+use clap::builder::FalseyValueParser;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -201,7 +201,7 @@ pub struct RunArgs {
     #[arg(
         long,
         alias = "numa_binding",
-        value_parser = PossibleValuesParser::new(Policy::NAMES).map(|name| Policy::parse(&name).expect("one of the names"))
+        value_parser = values::numa_binding()
     )]
     pub numa_binding: Option<Policy>,
     /// torchrun's LogsSpecs plugin name: accepted; rdzv has no plugins and keeps torchrun's

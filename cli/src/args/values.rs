@@ -5,6 +5,8 @@
 //! another flag (a static job's node rank) is left to the settings.
 
 use crate::exit::{usage, Usage};
+use crate::host::numa::Policy;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use std::time::Duration;
 
 /// `--nnodes`: `N` or `MIN:MAX`, with 1 <= MIN <= MAX.
@@ -143,6 +145,13 @@ pub fn shutdown_timeout(s: &str) -> Result<Duration, Usage> {
 
 pub fn exit_barrier_timeout(s: &str) -> Result<Duration, Usage> {
     seconds("--exit-barrier-timeout", s, true)
+}
+
+/// `--numa-binding`: one of torchrun's policy names, which clap lists in the help and in the
+/// error for another.
+pub fn numa_binding() -> impl TypedValueParser<Value = Policy> {
+    PossibleValuesParser::new(Policy::NAMES)
+        .map(|name| Policy::parse(&name).expect("a name of the list"))
 }
 
 /// Which of a worker's streams a `--redirects`/`--tee` spec selects.
