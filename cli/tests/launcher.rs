@@ -1942,3 +1942,68 @@ fn the_prefix_template_knows_the_host_name() {
         l.output()
     );
 }
+
+/// `--nproc-per-node=gpu`, `auto` and `xpu` count what a made-up machine has
+/// (RDZV_SYSFS_ROOT): two NVIDIA GPUs with their device nodes and an AMD one make three GPU
+/// workers (`CUDA_VISIBLE_DEVICES` narrows them), `auto` takes the GPUs, and `xpu` counts the
+/// Intel card Level Zero drives, not the integrated GPU; a machine without one is told so.
+#[test]
+fn nproc_per_node_counts_the_machines_accelerators() {
+    let s = Scratch::new();
+    let w = s.worker();
+    let made_up = |name: &str, devices: &[(&str, &str, Option<&str>)], nvidia_nodes: usize| {
+        let root = s.path(name);
+        for (dev, vendor, driver) in devices {
+            let base = root.join("sys/bus/pci/devices").join(dev);
+            std::fs::create_dir_all(&base).unwrap();
+            std::fs::write(base.join("vendor"), format!("{vendor}\n")).unwrap();
+            std::fs::write(base.join("class"), "0x030000\n").unwrap();
+            if let Some(driver) = driver {
+                let target = root.join("sys/bus/pci/drivers").join(driver);
+                std::fs::create_dir_all(&target).unwrap();
+                std::os::unix::fs::symlink(&target, base.join("driver")).unwrap();
+            }
+        }
+        std::fs::create_dir_all(root.join("dev")).unwrap();
+        for i in 0..nvidia_nodes {
+            std::fs::write(root.join(format!("dev/nvidia{i}")), "").unwrap();
+        }
+        std::fs::write(root.join("dev/nvidiactl"), "").unwrap();
+        root.display().to_string()
+    };
+    let gpus = made_up(
+        "gpus",
+        &[
+            ("0000:00:02.0", "0x8086", Some("i915")), // integrated graphics
+            ("0000:17:00.0", "0x10de", None),
+            ("0000:65:00.0", "0x10de", None),
+            ("0000:c3:00.0", "0x1002", None),
+        ],
+        2,
+    );
+    let xpu = made_up(
+        "xpu",
+        &[
+            ("0000:00:02.0", "0x8086", Some("i915")),
+            ("0000:3a:00.0", "0x8086", Some("xe")),
+        ],
+        0,
+    );
+    // The workers a standalone launcher starts on the machine at `root`, or what it said when
+    // it failed.
+    let workers = |nproc: &str, root: &str, extra: &[(&str, &str)]| -> Result<usize, String> {
+        let env = [&[("RDZV_SYSFS_ROOT", root)], extra].concat();
+        let mut l = rdzv_env(&["run", "--standalone", nproc, &w, "ok"], &env);
+        match l.exit(30).code() {
+            Some(0) => Ok(l.lines_with("START rank=").count()),
+            _ => Err(l.output()),
+        }
+    };
+    assert_eq!(workers("--nproc-per-node=gpu", &gpus, &[]), Ok(3));
+    assert_eq!(workers("--nproc-per-node=auto", &gpus, &[]), Ok(3));
+    let one = [("CUDA_VISIBLE_DEVICES", "1")];
+    assert_eq!(workers("--nproc-per-node=gpu", &gpus, &one), Ok(1));
+    assert_eq!(workers("--nproc-per-node=xpu", &xpu, &[]), Ok(1));
+    let none = workers("--nproc-per-node=xpu", &gpus, &[]).unwrap_err();
+    assert!(none.to_lowercase().contains("xpu"), "{none}");
+}
