@@ -17,6 +17,18 @@
 //!   printed its first line) and to its first step with all its peers ("step"), and the
 //!   restarts the other nodes spent (the killed worker's own node spends one, as it must).
 //!
+//! - *failed*: on a job of `--nnodes=N` and `--max-restarts=0`, one node's worker
+//!   (`benches/fail_worker.py`) exits 7 after its first step; the others either fail on their
+//!   broken connections as gloo's do (*peers break*) or block as ranks in a collective with a
+//!   dead peer (*peers hold*: only their launcher can end them). From that exit (the worker's
+//!   wall-clock stamp) to each node's launcher exit: the failing node's, the median of the
+//!   others' and the last node's, and how many nodes exited 0, non-zero or not within
+//!   `FAIL_LIMIT`. `rdzv run` on the benchmark's etcd and with `--rdzv-backend=c10d`, and
+//!   torchrun with both backends.
+//!
+//! `--case NAME` (`launcher-killed`, `worker-killed`, `drained`, `failed`; repeatable) runs only
+//! those cases; all by default. `BENCH_LAUNCHER_LOGS=DIR` keeps every node's output there.
+//!
 //! Launchers measured in the same run: `rdzv run` with its watchdog (the default) and without
 //! it (`--no-watchdog`: a killed launcher is noticed when its lease expires), and, where a
 //! PyTorch environment exists (`RDZV_TORCH_PYTHON`, or the one `scripts/torch-env.sh`
@@ -24,15 +36,16 @@
 //! gets the library's default `lease_ttl` (10 s), `last_call_timeout=1` and
 //! `--monitor-interval=0.1`, `--max-restarts=3`.
 //!
-//! Run with `scripts/bench.sh --launcher` or `cargo build --release -p rdzv-cli -p rdzv-bench
-//! --bin rdzv --bin bench_launcher && target/release/bench_launcher HOST:PORT [N ...]`.
+//! Run with `scripts/bench.sh --launcher [--case NAME] [N ...]` or `cargo build --release -p
+//! rdzv-cli -p rdzv-bench --bin rdzv --bin bench_launcher && target/release/bench_launcher
+//! HOST:PORT [--case NAME] [N ...]`.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 const LAST_CALL: u64 = 1;
 const RUNS: usize = 3;
@@ -65,6 +78,8 @@ impl Drop for Launcher {
 enum Kind {
     Rdzv,
     RdzvNoWatchdog,
+    /// `rdzv run --rdzv-backend=c10d`: an etcd embedded in the first node's launcher.
+    RdzvC10d,
     /// torchrun with its c10d backend (its store on a port of the first node).
     TorchrunC10d,
     /// torchrun with rdzv's etcd-v3 backend.
@@ -76,10 +91,12 @@ impl Kind {
         match self {
             Kind::Rdzv => "rdzv run",
             Kind::RdzvNoWatchdog => "rdzv run --no-watchdog",
+            Kind::RdzvC10d => "rdzv run c10d",
             Kind::TorchrunC10d => "torchrun c10d",
             Kind::TorchrunEtcdV3 => "torchrun etcd-v3",
         }
     }
+    /// `rdzv run` on the benchmark's etcd.
     fn is_rdzv(self) -> bool {
         matches!(self, Kind::Rdzv | Kind::RdzvNoWatchdog)
     }
@@ -90,6 +107,10 @@ enum Case {
     LauncherKilled,
     WorkerKilled,
     Drained,
+    /// One node's worker exits 7; the others' workers block, as in a collective.
+    FailedPeersHold,
+    /// One node's worker exits 7; the others' workers fail on their broken connections.
+    FailedPeersBreak,
 }
 
 impl Case {
@@ -98,9 +119,32 @@ impl Case {
             Case::LauncherKilled => "launcher SIGKILL",
             Case::WorkerKilled => "worker SIGKILL",
             Case::Drained => "drain",
+            Case::FailedPeersHold => "peers hold",
+            Case::FailedPeersBreak => "peers break",
         }
     }
+    /// The cases `--case NAME` selects.
+    fn named(name: &str) -> Option<&'static [Case]> {
+        Some(match name {
+            "launcher-killed" => &[Case::LauncherKilled],
+            "worker-killed" => &[Case::WorkerKilled],
+            "drained" => &[Case::Drained],
+            "failed" => &[Case::FailedPeersHold, Case::FailedPeersBreak],
+            _ => return None,
+        })
+    }
+    fn is_failed(self) -> bool {
+        matches!(self, Case::FailedPeersHold | Case::FailedPeersBreak)
+    }
 }
+
+const ALL_CASES: [Case; 5] = [
+    Case::LauncherKilled,
+    Case::WorkerKilled,
+    Case::Drained,
+    Case::FailedPeersHold,
+    Case::FailedPeersBreak,
+];
 
 /// The python of the PyTorch environment, if there is one.
 fn torch_python() -> Option<PathBuf> {
@@ -123,18 +167,38 @@ fn worker() -> &'static str {
     )
 }
 
-/// The command that starts one node of `kind` in a job of N-1 to N nodes.
-fn node_command(kind: Kind, target: &Target, n: usize) -> Command {
-    let nnodes = format!("--nnodes={}:{n}", n - 1);
+/// The worker of the failed case.
+fn fail_worker() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/fail_worker.py")
+}
+
+/// The command that starts node `i` of `kind` in a job of `target.min_nodes` to N nodes.
+fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
+    let nnodes = format!("--nnodes={}:{n}", target.min_nodes);
+    let restarts = format!("--max-restarts={}", target.max_restarts);
     let mut c = match kind {
         Kind::Rdzv | Kind::RdzvNoWatchdog => {
             let mut c = Command::new(rdzv_binary());
             c.args(["run", "--rdzv", &target.url, "--monitor-interval=0.1"])
-                .arg("--max-restarts=3");
+                .arg(&restarts);
             if kind == Kind::RdzvNoWatchdog {
                 c.arg("--no-watchdog");
             }
-            c.args(["python3", worker()]);
+            c.args(["python3", target.worker]);
+            c
+        }
+        Kind::RdzvC10d => {
+            let mut c = Command::new(rdzv_binary());
+            c.args(["run", &nnodes, "--rdzv-backend=c10d"])
+                .arg(format!("--rdzv-endpoint=127.0.0.1:{}", target.c10d_port))
+                .arg(format!("--rdzv-id={}", target.run))
+                .arg(format!("--rdzv-conf=last_call_timeout={LAST_CALL}"))
+                .args([
+                    "--monitor-interval=0.1",
+                    &restarts,
+                    "python3",
+                    target.worker,
+                ]);
             c
         }
         Kind::TorchrunC10d | Kind::TorchrunEtcdV3 => {
@@ -150,7 +214,7 @@ fn node_command(kind: Kind, target: &Target, n: usize) -> Command {
                 .arg(format!("--rdzv-id={}", target.run))
                 .arg(format!("--rdzv-conf=last_call_timeout={LAST_CALL}"))
                 .args(["--monitor-interval=0.1", "--local-addr=127.0.0.1"])
-                .args(["--max-restarts=3", "--no-python", "python3", worker()]);
+                .args([&restarts, "--no-python", "python3", target.worker]);
             // rdzv's backend from this checkout, on the library built with this benchmark.
             let lib = rdzv_binary().with_file_name("librdzv.so");
             let package = concat!(env!("CARGO_MANIFEST_DIR"), "/../bindings/python");
@@ -167,6 +231,12 @@ fn node_command(kind: Kind, target: &Target, n: usize) -> Command {
     };
     c.env("PEER_WORKER_DONE", &target.done)
         .env("PEER_WORKER_LIFETIME", "300");
+    if let Some(f) = &target.failing {
+        c.env("FAIL_WORKER_PEERS", f.peers);
+        if i == f.node {
+            c.env("FAIL_WORKER_STAMP", &f.stamp);
+        }
+    }
     c
 }
 
@@ -179,6 +249,20 @@ struct Target {
     python: Option<PathBuf>,
     /// Created at the end of a run: every worker (orphans too) exits.
     done: PathBuf,
+    min_nodes: usize,
+    max_restarts: u32,
+    worker: &'static str,
+    /// The failed case: which node's worker fails.
+    failing: Option<Failing>,
+}
+
+/// The node whose worker exits 7 after its first step, and how the other workers take it.
+struct Failing {
+    node: usize,
+    /// Where that worker writes the wall-clock time of its exit.
+    stamp: PathBuf,
+    /// `hold` or `break` (`benches/fail_worker.py`).
+    peers: &'static str,
 }
 
 /// The `rdzv` binary beside this one (both built in the same profile).
@@ -231,12 +315,12 @@ fn launch(
 ) -> Vec<Launcher> {
     (0..n)
         .map(|i| {
-            if kind == Kind::TorchrunC10d && i == 1 {
+            if matches!(kind, Kind::TorchrunC10d | Kind::RdzvC10d) && i == 1 {
                 // The c10d store lives on whichever node binds its port first: let that be
                 // node 0, so the victim (the last node) is never the store's host.
                 wait_for_listener(target.c10d_port, LAUNCH_LIMIT);
             }
-            let mut child = node_command(kind, target, n)
+            let mut child = node_command(kind, target, n, i)
                 .process_group(0)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -247,10 +331,17 @@ fn launch(
                 );
             let out = child.stdout.take().unwrap();
             let err = child.stderr.take().unwrap();
+            let log = node_log(&target.run, i);
             for stream in [Box::new(out) as Box<dyn Read + Send>, Box::new(err)] {
                 let tx = tx.clone();
+                let mut log = log.as_ref().and_then(|f| f.try_clone().ok());
                 std::thread::spawn(move || {
                     for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                        if let Some(f) = log.as_mut() {
+                            let at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+                            let at = at.unwrap_or_default().as_secs_f64();
+                            let _ = writeln!(f, "{at:.3} {line}");
+                        }
                         if let Some(ev) = parse(&line) {
                             let _ = tx.send((i, Instant::now(), ev));
                         }
@@ -260,6 +351,14 @@ fn launch(
             Launcher { child }
         })
         .collect()
+}
+
+/// With `BENCH_LAUNCHER_LOGS=DIR`, node `i`'s output goes to `DIR/RUN-I.log` too, each line
+/// after its wall-clock time (to read what a launcher did in a run whose numbers look odd).
+fn node_log(run: &str, i: usize) -> Option<std::fs::File> {
+    let dir = PathBuf::from(std::env::var_os("BENCH_LAUNCHER_LOGS")?);
+    std::fs::create_dir_all(&dir).ok()?;
+    std::fs::File::create(dir.join(format!("{run}-{i}.log"))).ok()
 }
 
 /// Returns once something accepts connections on `port` of 127.0.0.1, or after `limit`.
@@ -384,6 +483,7 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
             assert!(ok, "rdzv drain failed");
             (everyone[..victim].to_vec(), n as u32 - 1)
         }
+        Case::FailedPeersHold | Case::FailedPeersBreak => unreachable!("one_failed_run"),
     };
     let got = wait_for(&rx, &others, world, RECOVERY_LIMIT, &mut seen);
     let recovered = got.map(|p| {
@@ -412,6 +512,173 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
         l.kill_group();
     }
     Some((launched, recovered))
+}
+
+/// How long each launcher gets to exit after the failing worker's exit: beyond the
+/// rendezvous' `close_timeout` (30 s), the longest a leaving node retries an etcd that is gone.
+const FAIL_LIMIT: Duration = Duration::from_secs(45);
+
+/// One node's end in the failed case: how long after the failing worker's exit its launcher
+/// exited, and its exit status (`None`: killed by a signal); `None` if it ran past
+/// `FAIL_LIMIT`.
+type Exit = Option<(Duration, Option<i32>)>;
+
+/// Sends `(i, when)` once the process `pid` (a child of this one) has exited, leaving it for
+/// `Child::try_wait` to reap (`WNOWAIT`): its pid cannot be reused before that.
+fn watch_exit(pid: u32, i: usize, tx: mpsc::Sender<(usize, SystemTime)>) {
+    std::thread::spawn(move || loop {
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let flags = libc::WEXITED | libc::WNOWAIT;
+        if unsafe { libc::waitid(libc::P_PID, pid, &mut info, flags) } == 0 {
+            let _ = tx.send((i, SystemTime::now()));
+            return;
+        }
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return;
+        }
+    });
+}
+
+/// A failed-case run: every node's end, or `None` if the failing worker never took its first
+/// step within `LAUNCH_LIMIT`.
+fn one_failed_run(kind: Kind, target: &Target, n: usize) -> Option<Vec<Exit>> {
+    let failing = target.failing.as_ref().expect("a failed-case target");
+    // The lines are not needed here: the stamp and the exits tell it all.
+    let (lines, _) = mpsc::channel();
+    let mut launchers = launch(kind, target, n, &lines);
+    let (tx, exits) = mpsc::channel();
+    for (i, l) in launchers.iter().enumerate() {
+        watch_exit(l.child.id(), i, tx.clone());
+    }
+    let mut ended: Vec<Option<SystemTime>> = vec![None; n];
+    // The stamp is a file the worker writes: polled, as nothing announces it.
+    let deadline = Instant::now() + LAUNCH_LIMIT;
+    let failed_at = loop {
+        if let Ok(t) = std::fs::read_to_string(&failing.stamp) {
+            let secs: f64 = t.trim().parse().expect("a time stamp");
+            break Some(SystemTime::UNIX_EPOCH + Duration::from_secs_f64(secs));
+        }
+        while let Ok((i, at)) = exits.try_recv() {
+            ended[i] = Some(at);
+        }
+        if Instant::now() > deadline || ended.iter().all(Option::is_some) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let result: Option<Vec<Exit>> = failed_at.map(|failed_at| {
+        let deadline = Instant::now() + FAIL_LIMIT;
+        while ended.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok((i, at)) = exits.recv_timeout(left) else {
+                break;
+            };
+            ended[i] = Some(at);
+        }
+        (0..n)
+            .map(|i| {
+                let at = ended[i]?;
+                let status = launchers[i].child.try_wait().ok().flatten()?;
+                let after = at.duration_since(failed_at).unwrap_or_default();
+                Some((after, status.code()))
+            })
+            .collect()
+    });
+    if let (Some(exits), Some(dir)) = (&result, std::env::var_os("BENCH_LAUNCHER_LOGS")) {
+        let lines: Vec<String> = exits
+            .iter()
+            .enumerate()
+            .map(|(i, e)| format!("node {i}: {e:?}"))
+            .collect();
+        let path = PathBuf::from(dir).join(format!("{}.exits", target.run));
+        let _ = std::fs::write(path, lines.join("\n") + "\n");
+    }
+    let _ = std::fs::write(&target.done, b"");
+    if kind.is_rdzv() {
+        let _ = Command::new(rdzv_binary())
+            .args(["close", &target.url])
+            .stdout(Stdio::null())
+            .status();
+    }
+    for l in launchers.iter_mut() {
+        l.kill_group();
+    }
+    result
+}
+
+/// One failed-case run in numbers: the failing node's time to exit, the median of the others'
+/// and the last node's (`None`: not within `FAIL_LIMIT`).
+fn failed_times(exits: &[Exit], failing: usize) -> [Option<Duration>; 3] {
+    let time = |e: &Exit| e.map(|(d, _)| d);
+    let others: Vec<Option<Duration>> = (0..exits.len())
+        .filter(|&i| i != failing)
+        .map(|i| time(&exits[i]))
+        .collect();
+    let last = exits.iter().map(time).collect::<Option<Vec<_>>>();
+    [
+        time(&exits[failing]),
+        median_or_none(others),
+        last.and_then(|v| v.into_iter().max()),
+    ]
+}
+
+/// The median, a `None` (never happened) counting as longer than any time.
+fn median_or_none(mut v: Vec<Option<Duration>>) -> Option<Duration> {
+    v.sort_by_key(|d| d.unwrap_or(Duration::MAX));
+    v[v.len() / 2]
+}
+
+/// The failed case for one launcher and node count: medians over `RUNS` runs.
+fn failed_case(kind: Kind, case: Case, n: usize, make: &dyn Fn(usize) -> Target) {
+    let mut runs = Vec::new();
+    for r in 0..RUNS {
+        let target = make(r);
+        let failing = target.failing.as_ref().unwrap().node;
+        match one_failed_run(kind, &target, n) {
+            Some(exits) => runs.push((failed_times(&exits, failing), exits)),
+            None => break,
+        }
+    }
+    if runs.len() < RUNS {
+        println!(
+            "{n:>5}  {:<19} {:<12} the failing worker did not take a first step within {} s",
+            kind.name(),
+            case.name(),
+            LAUNCH_LIMIT.as_secs()
+        );
+        return;
+    }
+    let column = |k: usize| {
+        let v = median_or_none(runs.iter().map(|(t, _)| t[k]).collect());
+        v.map_or(format!("none in {} s", FAIL_LIMIT.as_secs()), ms)
+    };
+    let mut codes = std::collections::BTreeMap::new();
+    for e in runs.iter().flat_map(|(_, exits)| exits) {
+        let code = match e {
+            None => "none".to_string(),
+            Some((_, Some(c))) => c.to_string(),
+            Some((_, None)) => "signal".to_string(),
+        };
+        *codes.entry(code).or_insert(0) += 1;
+    }
+    let count = |f: &dyn Fn(&Exit) -> bool| {
+        let all = runs.iter().flat_map(|(_, exits)| exits);
+        all.filter(|e| f(e)).count()
+    };
+    let zero = count(&|e| matches!(e, Some((_, Some(0)))));
+    let none = count(&|e| e.is_none());
+    let nonzero = count(&|e| e.is_some()) - zero;
+    let codes: Vec<String> = codes.iter().map(|(c, k)| format!("{c}:{k}")).collect();
+    println!(
+        "{n:>5}  {:<19} {:<12} {:>12}  {:>13}  {:>10}  {:>17}  {}",
+        kind.name(),
+        case.name(),
+        column(0),
+        column(1),
+        column(2),
+        format!("{zero}/{nonzero}/{none}"),
+        codes.join(" ")
+    );
 }
 
 /// The node id of the sealed round's member of rank `rank` (`rdzv status --json`).
@@ -447,13 +714,26 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
+    const USAGE: &str = "usage: bench_launcher HOST:PORT [--case NAME] [N ...]";
     let mut args = std::env::args().skip(1);
-    let endpoint = args
-        .next()
-        .expect("usage: bench_launcher HOST:PORT [N ...]");
-    let mut sizes: Vec<usize> = args.map(|a| a.parse().expect("N is a number")).collect();
+    let endpoint = args.next().expect(USAGE);
+    let (mut sizes, mut cases) = (Vec::new(), Vec::new());
+    while let Some(a) = args.next() {
+        if a == "--case" {
+            let name = args.next().expect(USAGE);
+            let named = Case::named(&name).unwrap_or_else(|| {
+                panic!("--case: launcher-killed, worker-killed, drained or failed, not {name}")
+            });
+            cases.extend_from_slice(named);
+        } else {
+            sizes.push(a.parse::<usize>().expect(USAGE));
+        }
+    }
     if sizes.is_empty() {
         sizes = vec![2, 8];
+    }
+    if cases.is_empty() {
+        cases = ALL_CASES.to_vec();
     }
     assert!(
         std::path::Path::new(worker()).exists(),
@@ -461,13 +741,98 @@ fn main() {
         worker()
     );
     let python = torch_python();
-    let mut kinds = vec![Kind::Rdzv, Kind::RdzvNoWatchdog];
-    match &python {
-        Some(_) => kinds.extend([Kind::TorchrunC10d, Kind::TorchrunEtcdV3]),
-        None => println!("no PyTorch environment: torchrun is not measured"),
-    }
+    let torchruns: &[Kind] = match &python {
+        Some(_) => &[Kind::TorchrunC10d, Kind::TorchrunEtcdV3],
+        None => {
+            println!("no PyTorch environment: torchrun is not measured");
+            &[]
+        }
+    };
     let scratch = std::env::temp_dir().join(format!("bench-launcher-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
+    let target = |kind: Kind, case: Case, n: usize, r: usize, min_nodes: usize| {
+        let run = format!(
+            "bench-launcher-{}-{n}-{r}-{}-{}",
+            std::process::id(),
+            kind as u8,
+            case as u8
+        );
+        let failing = case.is_failed().then(|| Failing {
+            node: n - 1,
+            stamp: scratch.join(format!("{run}.failed")),
+            peers: if case == Case::FailedPeersHold {
+                "hold"
+            } else {
+                "break"
+            },
+        });
+        Target {
+            url: format!(
+                "etcd://{endpoint}/{run}?min_nodes={min_nodes}&max_nodes={n}&last_call_timeout={LAST_CALL}"
+            ),
+            endpoint: endpoint.clone(),
+            done: scratch.join(format!("{run}.done")),
+            run,
+            c10d_port: free_port(),
+            python: python.clone(),
+            min_nodes,
+            max_restarts: if failing.is_some() { 0 } else { 3 },
+            worker: if failing.is_some() {
+                fail_worker()
+            } else {
+                worker()
+            },
+            failing,
+        }
+    };
+    let recoveries: Vec<Case> = cases.iter().copied().filter(|c| !c.is_failed()).collect();
+    if !recoveries.is_empty() {
+        recovery_table(&sizes, &recoveries, torchruns, &target);
+    }
+    let failed: Vec<Case> = cases.iter().copied().filter(|c| c.is_failed()).collect();
+    if !failed.is_empty() {
+        println!(
+            "failed: --nnodes=N, --max-restarts=0, last call {LAST_CALL} s, monitor 0.1 s; the \
+             last node's worker exits 7 after its first step, the others' block (peers hold) or \
+             fail on their broken connections (peers break); from that exit to each launcher's \
+             exit, median of {RUNS}: the failing node, the median of the others, the last \
+             node; nodes that exited 0/non-zero/not within {} s, and their exit codes over the \
+             runs",
+            FAIL_LIMIT.as_secs()
+        );
+        println!(
+            "{:>5}  {:<19} {:<12} {:>12}  {:>13}  {:>10}  {:>17}  codes",
+            "nodes",
+            "launcher",
+            "case",
+            "failing (ms)",
+            "others (ms)",
+            "last (ms)",
+            "0/non-zero/none"
+        );
+        let mut kinds = vec![Kind::Rdzv, Kind::RdzvC10d];
+        kinds.extend_from_slice(torchruns);
+        for &n in &sizes {
+            assert!(n >= 2, "N must be at least 2 (one node fails)");
+            for &kind in &kinds {
+                for &case in &failed {
+                    failed_case(kind, case, n, &|r| target(kind, case, n, r, n));
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// The launch and recovery cases, for every launcher.
+fn recovery_table(
+    sizes: &[usize],
+    cases: &[Case],
+    torchruns: &[Kind],
+    target: &dyn Fn(Kind, Case, usize, usize, usize) -> Target,
+) {
+    let mut kinds = vec![Kind::Rdzv, Kind::RdzvNoWatchdog];
+    kinds.extend_from_slice(torchruns);
     println!(
         "one peer-connected python worker per node, --nnodes=N-1:N, lease_ttl 10 s (default), \
          last call {LAST_CALL} s, monitor 0.1 s; median of {RUNS}; recovery: from the event to \
@@ -485,32 +850,16 @@ fn main() {
         "step (ms)",
         "restarts"
     );
-    for n in sizes {
+    for &n in sizes {
         assert!(n >= 2, "N must be at least 2 (one node is lost)");
         for &kind in &kinds {
-            for case in [Case::LauncherKilled, Case::WorkerKilled, Case::Drained] {
+            for &case in cases {
                 if case == Case::Drained && kind == Kind::TorchrunC10d {
                     continue; // torchrun has no drain of its own; rdzv's works on etcd-v3
                 }
                 let (mut launch, mut recovery) = (Vec::new(), Vec::new());
                 for r in 0..RUNS {
-                    let run = format!(
-                        "bench-launcher-{}-{n}-{r}-{}-{}",
-                        std::process::id(),
-                        kind as u8,
-                        case as u8
-                    );
-                    let target = Target {
-                        url: format!(
-                            "etcd://{endpoint}/{run}?min_nodes={}&max_nodes={n}&last_call_timeout={LAST_CALL}",
-                            n - 1
-                        ),
-                        endpoint: endpoint.clone(),
-                        done: scratch.join(format!("{run}.done")),
-                        run,
-                        c10d_port: free_port(),
-                        python: python.clone(),
-                    };
+                    let target = target(kind, case, n, r, n - 1);
                     let Some((l, rec)) = one_run(kind, case, &target, n) else {
                         break;
                     };
@@ -546,5 +895,4 @@ fn main() {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -13,8 +13,11 @@
 #                                        busy platform has before NOSPACE
 #        scripts/bench.sh --watched [W ...]  rounds of 8 without and with W schedulers
 #                                        watching and polling the run (default W = 1 10)
-#        scripts/bench.sh --launcher [N ...]  rdzv run: launch to all workers started, and
-#                                        SIGKILL of a node to the survivors restarted (N = 2 4 8)
+#        scripts/bench.sh --launcher [--case NAME] [N ...]  rdzv run and torchrun (N = 2 8):
+#                                        launch to all workers started, a node lost to the
+#                                        survivors restarted, and a failed job to every
+#                                        launcher's exit (--case launcher-killed,
+#                                        worker-killed, drained or failed: only those)
 #        scripts/bench.sh --frameworks [RUNS]  JAX, Lightning and DeepSpeed on 2 nodes x 2
 #                                        processes under rdzv run and torchrun: launch to the
 #                                        first collective, and recovery after a SIGKILLed node
