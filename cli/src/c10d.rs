@@ -26,6 +26,8 @@ use std::process::{Child, Command, Stdio};
 pub struct EmbeddedEtcd {
     child: Child,
     dir: PathBuf,
+    /// The client port it serves.
+    port: u16,
 }
 
 /// Starts the embedded etcd if `endpoint` (HOST:PORT) names this machine (or torch's
@@ -134,7 +136,7 @@ pub fn serve_if_here(
         etcd.display(),
         child.id()
     ));
-    Ok(Some(EmbeddedEtcd { child, dir }))
+    Ok(Some(EmbeddedEtcd { child, dir, port }))
 }
 
 impl EmbeddedEtcd {
@@ -189,29 +191,100 @@ fn find_etcd() -> Option<PathBuf> {
         })
 }
 
-/// Keeps the embedded etcd serving, after this node has left, until no other node of the run
-/// is alive, or `bound` passes: the others learn there how the job ended (closed, failed) and
-/// release their nodes, which they cannot do once it is gone. Waits by watch.
-pub async fn linger(params: &rdzv::Params, bound: std::time::Duration) {
-    let deadline = tokio::time::Instant::now() + bound;
-    let wait = async {
-        let admin = rdzv::admin::Admin::connect(params.clone()).await.ok()?;
-        let mut watch = admin.watch();
+/// How often the connections of the other nodes are counted while lingering: nothing tells
+/// when a remote process closes its connection.
+const CONNECTIONS_RECOUNT: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl EmbeddedEtcd {
+    /// Keeps this etcd serving, after this node has left, until the other nodes are done with
+    /// it, or `bound` passes: they learn there how the job ended (closed, failed) and release
+    /// their nodes, which they cannot do once it is gone (each would retry it until its
+    /// `close_timeout`). Done means no connection to this etcd is left but this launcher's own
+    /// and etcd's: another launcher's connections close only when it exits, after its last
+    /// request (a node's `alive` key goes first in its shutdown, and the last node out then
+    /// cleans up the run, so the run's keys alone cannot tell). An operator's open connection
+    /// (`rdzv status --watch`) keeps it to the bound.
+    pub async fn linger(&self, bound: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + bound;
+        let (port, etcd_pid) = (self.port, self.child.id());
         let mut said = false;
         loop {
-            let status = watch.next().await.ok()?;
-            if status.alive == 0 {
-                return Some(());
+            let others = other_clients(port, etcd_pid);
+            if others == 0 || tokio::time::Instant::now() >= deadline {
+                return;
             }
-            if !said {
-                said = true;
+            if !std::mem::replace(&mut said, true) {
                 say(format_args!(
-                    "--rdzv-backend=c10d: keeping the rendezvous served until the {} other node(s) have left (up to {:.0} s)",
-                    status.alive,
+                    "--rdzv-backend=c10d: keeping the rendezvous served until the other nodes' {others} connection(s) have closed (up to {:.0} s)",
                     bound.as_secs_f64()
                 ));
             }
+            tokio::time::sleep(CONNECTIONS_RECOUNT).await;
+        }
+    }
+}
+
+/// Connections to this machine's TCP `port` (the embedded etcd's clients) that come neither
+/// from this process nor from etcd itself (`etcd_pid`: its gRPC gateway keeps a connection to
+/// its own client port), from the kernel's tables (`/proc/net/tcp`, `tcp6`). 0 when they cannot
+/// be read.
+fn other_clients(port: u16, etcd_pid: u32) -> usize {
+    const ESTABLISHED: &str = "01";
+    // The sockets of this process and of etcd, by inode.
+    let fds = ["/proc/self/fd".to_string(), format!("/proc/{etcd_pid}/fd")];
+    let ours: std::collections::HashSet<String> = fds
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    // An address as /proc/net/tcp writes it: an IPv4-mapped one of tcp6 (a dual-stack listener's
+    // connections from IPv4 clients) as the IPv4 one tcp shows for the client's end.
+    let normal = |addr: &str| -> String {
+        match addr.strip_prefix("0000000000000000FFFF0000") {
+            Some(v4) if v4.len() == 13 => v4.to_string(),
+            _ => addr.to_string(),
         }
     };
-    let _ = tokio::time::timeout_at(deadline, wait).await;
+    // (local, remote, state, inode) of every TCP socket.
+    let sockets: Vec<(String, String, String, String)> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(t).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    Some((
+                        normal(f.get(1)?),
+                        normal(f.get(2)?),
+                        f.get(3)?.to_string(),
+                        f.get(9)?.to_string(),
+                    ))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let port_of = |addr: &str| {
+        addr.rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
+    // Their own connections to the port, by their local end.
+    let our_ends: std::collections::HashSet<&str> = sockets
+        .iter()
+        .filter(|(_, remote, _, inode)| port_of(remote) == Some(port) && ours.contains(inode))
+        .map(|(local, ..)| local.as_str())
+        .collect();
+    sockets
+        .iter()
+        .filter(|(local, remote, state, _)| {
+            port_of(local) == Some(port)
+                && state == ESTABLISHED
+                && !our_ends.contains(remote.as_str())
+        })
+        .count()
 }

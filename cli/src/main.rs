@@ -120,13 +120,9 @@ fn run(args: Box<args::run::RunArgs>) -> Exit {
     };
     let handled = cfg.signals.clone();
     // The embedded etcd outlives this node's part until the others have left.
-    let linger = match (&served, &cfg.rendezvous) {
-        (Some(_), settings::rendezvous::Rendezvous::Etcd(params)) => Some((
-            (**params).clone(),
-            cfg.shutdown_timeout + C10D_LINGER_MARGIN,
-        )),
-        _ => None,
-    };
+    let linger = served
+        .is_some()
+        .then_some(cfg.shutdown_timeout + C10D_LINGER_MARGIN);
     let agent = match agent::Agent::new(cfg, cpu_binding) {
         Ok(agent) => agent,
         Err(e) => {
@@ -149,9 +145,9 @@ fn run(args: Box<args::run::RunArgs>) -> Exit {
         let status = agent.run(&mut signals).await;
         // An etcd that lost the port to another launcher's serves no one: nothing to keep up.
         let serves = served.as_mut().is_some_and(c10d::EmbeddedEtcd::serves);
-        if let (Some((params, bound)), true) = (&linger, serves) {
+        if let (Some(bound), true, Some(etcd)) = (linger, serves, served.as_ref()) {
             tokio::select! {
-                _ = c10d::linger(params, *bound) => {}
+                _ = etcd.linger(bound) => {}
                 _ = signals.recv() => {}
             }
         }

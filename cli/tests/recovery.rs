@@ -153,20 +153,23 @@ fn a_real_failure_still_spends_the_budget() {
     assert!(l.said("restart budget spent"), "{}", l.output());
 }
 
-/// A failing worker on one node of two, with no restart left and nobody lost: the job fails on
-/// both nodes, and the healthy one (its workers only sleep) exits 1 too, within the bound that
-/// docs/LAUNCHER.md states (5 s from the failure; the healthy node's workers stop at once on
-/// SIGTERM). The lease is the default 10 s, so a wait for it would show. Before, the failing
-/// node waited `lease_ttl` for a loss and the healthy one exited 0 when the run closed.
-fn a_failure_fails_every_node(c10d: bool) {
+/// A failing worker on one node of `n`, with no restart left and nobody lost: the job fails on
+/// every node, and the healthy ones (their workers only sleep) exit 1 too, within the bound
+/// that docs/LAUNCHER.md states (5 s from the failure; the healthy nodes' workers stop at once
+/// on SIGTERM). The lease is the default 10 s, so a wait for it would show. Before, the
+/// failing node waited `lease_ttl` for a loss and the healthy one exited 0 when the run closed.
+/// With c10d, the serving node's etcd must outlast the other nodes' shutdowns: at 8 nodes one
+/// node now and then retried a vanished etcd for its whole `close_timeout` (30 s) when the
+/// serving node left as soon as no `alive` key was left.
+fn a_failure_fails_every_node(c10d: bool, n: usize) {
     let etcd = (!c10d).then(Etcd::start);
-    let dir = fresh_dir(if c10d { "fail-all-c10d" } else { "fail-all" });
+    let dir = fresh_dir(&format!("fail-all-{c10d}-{n}"));
     let failed_at = dir.join("failed_at");
-    // Rank 1 fails once both workers run; rank 0 sleeps.
+    // The last rank fails once it runs; the others sleep.
     let script = format!(
         "import os, sys, time\n\
          print('UP rank=' + os.environ['RANK'], flush=True)\n\
-         if os.environ['RANK'] == '1':\n\
+         if int(os.environ['RANK']) == int(os.environ['WORLD_SIZE']) - 1:\n\
          \x20   time.sleep(1)\n\
          \x20   open({:?}, 'w').write(repr(time.time()))\n\
          \x20   sys.exit(7)\n\
@@ -178,13 +181,16 @@ fn a_failure_fails_every_node(c10d: bool) {
     let rendezvous: Vec<String> = match &etcd {
         Some(etcd) => vec![
             "--rdzv".into(),
-            etcd.url("fail-all", "min_nodes=2&max_nodes=2&last_call_timeout=1"),
+            etcd.url(
+                "fail-all",
+                &format!("min_nodes={n}&max_nodes={n}&last_call_timeout=1"),
+            ),
         ],
         None => vec![
             "--rdzv-backend=c10d".into(),
             format!("--rdzv-endpoint=127.0.0.1:{}", common::free_port()),
             "--rdzv-id=fail-all".into(),
-            "--nnodes=2".into(),
+            format!("--nnodes={n}"),
             "--rdzv-conf=last_call_timeout=1".into(),
         ],
     };
@@ -198,10 +204,12 @@ fn a_failure_fails_every_node(c10d: bool) {
     };
     let mut first = launch();
     if c10d {
-        // The first serves the rendezvous: the second must find it served.
+        // The first serves the rendezvous: the others must find it served.
         first.wait_line(30, |l| l.contains("serving the rendezvous"));
     }
-    let mut nodes = [first, launch()];
+    let mut nodes = vec![first];
+    nodes.extend((1..n).map(|_| launch()));
+    // Each exit is read in turn: a time taken late only overstates how long a node took.
     let mut exits = Vec::new();
     for node in nodes.iter_mut() {
         let status = node.exit(60);
@@ -223,28 +231,36 @@ fn a_failure_fails_every_node(c10d: bool) {
             at - failed,
             node.output()
         );
-        eprintln!("a node exited 1 {:.2} s after the failure", at - failed);
     }
-    let healthy = nodes
+    let failing = format!("rank {} ", n - 1);
+    let healthy: Vec<&Launcher> = nodes
         .iter()
-        .find(|n| !n.said("failed: exit code 7"))
-        .expect("one node's worker did not fail");
-    assert!(
-        healthy.said("the job failed on another node: rank 1 "),
-        "{}",
-        healthy.output()
-    );
+        .filter(|l| !l.said("failed: exit code 7"))
+        .collect();
+    assert_eq!(healthy.len(), n - 1, "one node's worker failed");
+    for l in healthy {
+        assert!(
+            l.said(&format!("the job failed on another node: {failing}")),
+            "{}",
+            l.output()
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_failure_fails_every_node_at_once() {
-    a_failure_fails_every_node(false);
+    a_failure_fails_every_node(false, 2);
 }
 
 #[test]
 fn a_failure_fails_every_node_at_once_with_the_c10d_backend() {
-    a_failure_fails_every_node(true);
+    a_failure_fails_every_node(true, 2);
+}
+
+#[test]
+fn a_failure_fails_every_node_of_eight_at_once_with_the_c10d_backend() {
+    a_failure_fails_every_node(true, 8);
 }
 
 #[test]
