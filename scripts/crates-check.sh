@@ -28,7 +28,7 @@ if grep -E '^(tests|bindings|scripts|examples|benches|docs|cli)/' <<<"$lib" >&2;
 fi
 echo "rdzv: $(wc -l <<<"$lib") files"
 cli=$(list rdzv-cli)
-for must in src/main.rs src/agent.rs Cargo.toml; do
+for must in src/main.rs src/agent/mod.rs src/workers/mod.rs src/args/mod.rs src/settings/mod.rs src/host/mod.rs Cargo.toml; do
   grep -qx "$must" <<<"$cli" || { echo "rdzv-cli's package lacks $must" >&2; exit 1; }
 done
 if grep -E '^tests/' <<<"$cli" >&2; then
