@@ -74,5 +74,22 @@ echo "version $version in Cargo.toml, pyproject.toml and CMakeLists.txt"
 # is published; published together, cargo resolves it to the package made here (a registry of
 # its own under target/package). --allow-dirty: the check runs on work in progress too.
 start=$SECONDS
+# The packages of an earlier run stay under the same version, in target/package and unpacked in
+# CARGO_HOME's sources of that local registry (a directory named without a host, "-HASH"): cargo
+# would build the launcher against that stale copy of the library and fail on what changed since.
+target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+rm -rf "$target/package" "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/rdzv-"$version" \
+  "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/rdzv-cli-"$version"
+# And the library built from that registry by an earlier run: cargo takes a registry crate of a
+# given version as unchanging and would link the old build. Its dep-info names its sources.
+for dep in "$target"/*/deps/rdzv-*.d; do
+  [ -f "$dep" ] || continue
+  if grep -q "/registry/src/-[^/]*/rdzv-$version/" "$dep"; then
+    hash=${dep##*/rdzv-}
+    hash=${hash%.d}
+    deps=$(dirname "$dep")
+    rm -rf "$(dirname "$deps")/.fingerprint/rdzv-$hash" "$deps/librdzv-$hash".* "$dep"
+  fi
+done
 cargo publish --dry-run --allow-dirty --quiet -p rdzv -p rdzv-cli 2>&1 | { grep -vE '^warning: (ignoring (example|test) |aborting upload due to dry run)' || true; }
 echo "rdzv, rdzv-cli: cargo publish --dry-run builds both from their packages ($((SECONDS - start)) s)"
