@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// What "ends at once" allows: the calls end about a second after their trigger at most; the
-/// code before the fix took 27-30 s here. Machines running many tests at once are slow.
+/// What "within about a second" allows here: the calls end within a second of their trigger
+/// (`next` takes its withdrawal's second), and 2 s more is the margin a loaded 2-core machine
+/// running several suites at once needs; DESIGN says so beside the claim. The code before the
+/// fix took 27-30 s here.
 const PROMPT: Duration = Duration::from_secs(3);
 
 /// The wait's own timeout in the deadline cases; the others wait for a minute.
@@ -247,6 +249,7 @@ store_cases! {
     store_wait_restarting_under_it_ends_on_cancel: Restarting, Waiting, Cancel;
     store_wait_restarting_under_it_ends_on_its_token: Restarting, Waiting, Token;
     store_wait_restarting_under_it_ends_at_its_deadline: Restarting, Waiting, Deadline;
+    store_wait_restarting_under_it_ends_on_shutdown: Restarting, Waiting, Shutdown;
     store_wait_after_a_kill_ends_on_cancel: Killed, Before, Cancel;
     store_wait_after_a_kill_ends_on_its_token: Killed, Before, Token;
     store_wait_after_a_kill_ends_on_shutdown: Killed, Before, Shutdown;
@@ -272,7 +275,7 @@ fn a_get_with_timeout_zero_of_a_key_that_exists_succeeds() {
     assert_eq!(err.kind(), ErrorKind::Timeout);
 }
 
-fn next_wait(fault: Fault, trigger: Trigger) -> Ended {
+fn next_wait(fault: Fault, when: When, trigger: Trigger) -> Ended {
     let mut server = Server {
         etcd: Some(Etcd::start()),
         restarting: None,
@@ -292,6 +295,11 @@ fn next_wait(fault: Fault, trigger: Trigger) -> Ended {
     );
     let run = common::node::run_of(&url);
     let node = Arc::new(BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap());
+    if when == When::Before {
+        // The handle is made; etcd goes before `next` is called.
+        server.break_it(fault);
+        server.start_restarting(fault);
+    }
     let token = CancelToken::new();
     let started = Instant::now();
     let waiting = {
@@ -301,9 +309,11 @@ fn next_wait(fault: Fault, trigger: Trigger) -> Ended {
             (got, Instant::now())
         })
     };
-    common::wait_for_leader(&server.etcd().endpoint(), &format!("/rdzv/{run}/"));
-    server.break_it(fault);
-    server.start_restarting(fault);
+    if when == When::Waiting {
+        common::wait_for_leader(&server.etcd().endpoint(), &format!("/rdzv/{run}/"));
+        server.break_it(fault);
+        server.start_restarting(fault);
+    }
     let mut shutdowns = Vec::new();
     let fired = fire(
         trigger,
@@ -317,7 +327,7 @@ fn next_wait(fault: Fault, trigger: Trigger) -> Ended {
     let (got, returned) = waiting.join().unwrap();
     let late = returned.saturating_duration_since(fired);
     eprintln!(
-        "next, etcd {fault:?} under it, {trigger:?}: returned {:.2} s after the trigger ({:?})",
+        "next, etcd {fault:?} ({when:?} the call), {trigger:?}: returned {:.2} s after the trigger ({:?})",
         late.as_secs_f64(),
         got.as_ref().map_err(|e| e.to_string())
     );
@@ -332,24 +342,28 @@ fn next_wait(fault: Fault, trigger: Trigger) -> Ended {
 }
 
 macro_rules! next_cases {
-    ($($name:ident: $fault:ident, $trigger:ident;)*) => {$(
+    ($($name:ident: $fault:ident, $when:ident, $trigger:ident;)*) => {$(
         #[test]
         fn $name() {
             let trigger = Trigger::$trigger;
-            expect(next_wait(Fault::$fault, trigger), trigger);
+            expect(next_wait(Fault::$fault, When::$when, trigger), trigger);
         }
     )*};
 }
 
 next_cases! {
-    next_killed_under_it_ends_on_cancel: Killed, Cancel;
-    next_killed_under_it_ends_on_its_token: Killed, Token;
-    next_killed_under_it_ends_on_shutdown: Killed, Shutdown;
-    next_killed_under_it_ends_at_its_deadline: Killed, Deadline;
-    next_frozen_under_it_ends_on_cancel: Frozen, Cancel;
-    next_frozen_under_it_ends_on_its_token: Frozen, Token;
-    next_frozen_under_it_ends_on_shutdown: Frozen, Shutdown;
-    next_frozen_under_it_ends_at_its_deadline: Frozen, Deadline;
+    next_killed_under_it_ends_on_cancel: Killed, Waiting, Cancel;
+    next_killed_under_it_ends_on_its_token: Killed, Waiting, Token;
+    next_killed_under_it_ends_on_shutdown: Killed, Waiting, Shutdown;
+    next_killed_under_it_ends_at_its_deadline: Killed, Waiting, Deadline;
+    next_frozen_under_it_ends_on_cancel: Frozen, Waiting, Cancel;
+    next_frozen_under_it_ends_on_its_token: Frozen, Waiting, Token;
+    next_frozen_under_it_ends_on_shutdown: Frozen, Waiting, Shutdown;
+    next_frozen_under_it_ends_at_its_deadline: Frozen, Waiting, Deadline;
+    next_after_a_kill_ends_on_cancel: Killed, Before, Cancel;
+    next_after_a_kill_ends_on_its_token: Killed, Before, Token;
+    next_after_a_kill_ends_on_shutdown: Killed, Before, Shutdown;
+    next_after_a_kill_ends_at_its_deadline: Killed, Before, Deadline;
 }
 
 fn admin_watch(fault: Fault, trigger: Trigger) -> Ended {
