@@ -26,8 +26,18 @@
 //!   `FAIL_LIMIT`. `rdzv run` on the benchmark's etcd and with `--rdzv-backend=c10d`, and
 //!   torchrun with both backends.
 //!
-//! `--case NAME` (`launcher-killed`, `worker-killed`, `drained`, `failed`; repeatable) runs only
-//! those cases; all by default. `BENCH_LAUNCHER_LOGS=DIR` keeps every node's output there.
+//! - *signal*: on a job of `--nnodes=N` with two workers per node (`benches/signal_worker.py`,
+//!   which notes the wall-clock time a signal reaches it), SIGINT, and in other runs SIGTERM,
+//!   to the last node's launcher process alone. That is what a terminal's Ctrl-C reaches: it
+//!   signals the foreground process group, and both launchers start their workers in sessions
+//!   of their own, so only the launcher gets it and must forward it. From the kill to each of
+//!   that node's workers receiving the signal (the median and the slowest of the two) and to
+//!   its launcher's exit, with its exit code; `rdzv run` and torchrun on the same backends as
+//!   *failed*. N = 1 is a terminal's single-node job.
+//!
+//! `--case NAME` (`launcher-killed`, `worker-killed`, `drained`, `failed`, `signal`;
+//! repeatable) runs only those cases; all by default (N = 1 by default when only `signal` is
+//! selected). `BENCH_LAUNCHER_LOGS=DIR` keeps every node's output there.
 //!
 //! Launchers measured in the same run: `rdzv run` with its watchdog (the default) and without
 //! it (`--no-watchdog`: a killed launcher is noticed when its lease expires), and, where a
@@ -41,7 +51,7 @@
 //! HOST:PORT [--case NAME] [N ...]`.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -111,6 +121,10 @@ enum Case {
     FailedPeersHold,
     /// One node's worker exits 7; the others' workers fail on their broken connections.
     FailedPeersBreak,
+    /// SIGINT to one node's launcher process alone, as a terminal's Ctrl-C reaches it.
+    SigInt,
+    /// SIGTERM to one node's launcher process alone, as `kill PID` or a scheduler sends it.
+    SigTerm,
 }
 
 impl Case {
@@ -121,6 +135,8 @@ impl Case {
             Case::Drained => "drain",
             Case::FailedPeersHold => "peers hold",
             Case::FailedPeersBreak => "peers break",
+            Case::SigInt => "SIGINT",
+            Case::SigTerm => "SIGTERM",
         }
     }
     /// The cases `--case NAME` selects.
@@ -130,20 +146,34 @@ impl Case {
             "worker-killed" => &[Case::WorkerKilled],
             "drained" => &[Case::Drained],
             "failed" => &[Case::FailedPeersHold, Case::FailedPeersBreak],
+            "signal" => &[Case::SigInt, Case::SigTerm],
             _ => return None,
         })
     }
     fn is_failed(self) -> bool {
         matches!(self, Case::FailedPeersHold | Case::FailedPeersBreak)
     }
+    fn is_signal(self) -> bool {
+        matches!(self, Case::SigInt | Case::SigTerm)
+    }
+    /// The signal a signal case sends.
+    fn signal(self) -> i32 {
+        match self {
+            Case::SigInt => libc::SIGINT,
+            Case::SigTerm => libc::SIGTERM,
+            _ => unreachable!("not a signal case"),
+        }
+    }
 }
 
-const ALL_CASES: [Case; 5] = [
+const ALL_CASES: [Case; 7] = [
     Case::LauncherKilled,
     Case::WorkerKilled,
     Case::Drained,
     Case::FailedPeersHold,
     Case::FailedPeersBreak,
+    Case::SigInt,
+    Case::SigTerm,
 ];
 
 /// The python of the PyTorch environment, if there is one.
@@ -172,15 +202,21 @@ fn fail_worker() -> &'static str {
     concat!(env!("CARGO_MANIFEST_DIR"), "/fail_worker.py")
 }
 
+/// The worker of the signal case.
+fn signal_worker() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/signal_worker.py")
+}
+
 /// The command that starts node `i` of `kind` in a job of `target.min_nodes` to N nodes.
 fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
     let nnodes = format!("--nnodes={}:{n}", target.min_nodes);
     let restarts = format!("--max-restarts={}", target.max_restarts);
+    let nproc = format!("--nproc-per-node={}", target.nproc);
     let mut c = match kind {
         Kind::Rdzv | Kind::RdzvNoWatchdog => {
             let mut c = Command::new(rdzv_binary());
             c.args(["run", "--rdzv", &target.url, "--monitor-interval=0.1"])
-                .arg(&restarts);
+                .args([&restarts, &nproc]);
             if kind == Kind::RdzvNoWatchdog {
                 c.arg("--no-watchdog");
             }
@@ -196,6 +232,7 @@ fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
                 .args([
                     "--monitor-interval=0.1",
                     &restarts,
+                    &nproc,
                     "python3",
                     target.worker,
                 ]);
@@ -208,7 +245,7 @@ fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
                 Kind::TorchrunC10d => ("c10d", format!("127.0.0.1:{}", target.c10d_port)),
                 _ => ("etcd-v3", target.endpoint.clone()),
             };
-            c.args(["-m", "torch.distributed.run", &nnodes, "--nproc-per-node=1"])
+            c.args(["-m", "torch.distributed.run", &nnodes, &nproc])
                 .arg(format!("--rdzv-backend={backend}"))
                 .arg(format!("--rdzv-endpoint={endpoint}"))
                 .arg(format!("--rdzv-id={}", target.run))
@@ -237,7 +274,16 @@ fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
             c.env("FAIL_WORKER_STAMP", &f.stamp);
         }
     }
+    if let Some(dir) = &target.signals {
+        c.env("SIGNAL_WORKER_DIR", signal_dir(dir, i));
+    }
     c
+}
+
+/// Where node `i`'s workers of a signal-case run write when they are ready and when the
+/// signal reached them.
+fn signal_dir(run_dir: &std::path::Path, i: usize) -> PathBuf {
+    run_dir.join(format!("node-{i}"))
 }
 
 /// Where one run's nodes meet.
@@ -251,9 +297,13 @@ struct Target {
     done: PathBuf,
     min_nodes: usize,
     max_restarts: u32,
+    /// Workers per node.
+    nproc: usize,
     worker: &'static str,
     /// The failed case: which node's worker fails.
     failing: Option<Failing>,
+    /// The signal case: the run's directory, where each node's workers write (`signal_dir`).
+    signals: Option<PathBuf>,
 }
 
 /// The node whose worker exits 7 after its first step, and how the other workers take it.
@@ -484,6 +534,7 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
             (everyone[..victim].to_vec(), n as u32 - 1)
         }
         Case::FailedPeersHold | Case::FailedPeersBreak => unreachable!("one_failed_run"),
+        Case::SigInt | Case::SigTerm => unreachable!("one_signal_run"),
     };
     let got = wait_for(&rx, &others, world, RECOVERY_LIMIT, &mut seen);
     let recovered = got.map(|p| {
@@ -681,6 +732,174 @@ fn failed_case(kind: Kind, case: Case, n: usize, make: &dyn Fn(usize) -> Target)
     );
 }
 
+/// How long the signalled node's workers and launcher get after the signal: beyond the
+/// launchers' grace before SIGKILL (torchrun's `--shutdown-timeout`, 30 s by default).
+const SIGNAL_LIMIT: Duration = Duration::from_secs(45);
+
+/// Runs per launcher and signal: a run is short, and one launch is most of it.
+const SIGNAL_RUNS: usize = 5;
+
+/// One signal-case run: from the kill to each worker of the signalled node receiving the signal
+/// (`None`: not within `SIGNAL_LIMIT`), and to its launcher's exit with its exit code or signal.
+struct SignalRun {
+    workers: Vec<Option<Duration>>,
+    exit: Option<(Duration, String)>,
+}
+
+/// The `.tmp`-free files of `dir` whose names start with `prefix`, by name.
+fn files_with(dir: &std::path::Path, prefix: &str) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+        .filter(|(name, _)| name.starts_with(prefix) && !name.ends_with(".tmp"))
+        .collect()
+}
+
+/// A signal-case run: `None` if the workers were not all ready within `LAUNCH_LIMIT`.
+fn one_signal_run(kind: Kind, case: Case, target: &Target, n: usize) -> Option<SignalRun> {
+    let run_dir = target.signals.as_ref().expect("a signal-case target");
+    for i in 0..n {
+        std::fs::create_dir_all(signal_dir(run_dir, i)).unwrap();
+    }
+    // The lines are not needed here: the workers' files and the exits tell it all.
+    let (lines, _) = mpsc::channel();
+    let mut launchers = launch(kind, target, n, &lines);
+    let (tx, exits) = mpsc::channel();
+    for (i, l) in launchers.iter().enumerate() {
+        watch_exit(l.child.id(), i, tx.clone());
+    }
+    let victim = n - 1;
+    let dir = signal_dir(run_dir, victim);
+    // The workers announce their handlers by a file: polled, as nothing else tells.
+    let deadline = Instant::now() + LAUNCH_LIMIT;
+    let ready = loop {
+        let ready =
+            (0..n).all(|i| files_with(&signal_dir(run_dir, i), "ready-").len() >= target.nproc);
+        if ready || Instant::now() > deadline || exits.try_recv().is_ok() {
+            break ready;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let result = ready.then(|| {
+        let sent = SystemTime::now();
+        unsafe { libc::kill(launchers[victim].child.id() as i32, case.signal()) };
+        let deadline = Instant::now() + SIGNAL_LIMIT;
+        let mut exited = None;
+        let got = loop {
+            let got = files_with(&dir, "got-");
+            if (exited.is_some() && got.len() >= target.nproc) || Instant::now() > deadline {
+                break got;
+            }
+            // The exit is an event; the workers' files are polled between its waits.
+            match exits.recv_timeout(Duration::from_millis(10)) {
+                Ok((i, at)) if i == victim => exited = Some(at),
+                _ => {}
+            }
+        };
+        let mut workers: Vec<Option<Duration>> = got
+            .iter()
+            .map(|(_, path)| {
+                let text = std::fs::read_to_string(path).expect("a worker's stamp");
+                let secs: f64 = text.split_whitespace().next().unwrap().parse().unwrap();
+                let at = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(secs);
+                Some(at.duration_since(sent).unwrap_or_default())
+            })
+            .collect();
+        workers.resize(target.nproc, None);
+        let exit = exited.and_then(|at| {
+            let status = launchers[victim].child.try_wait().ok().flatten()?;
+            let code = match (status.code(), status.signal()) {
+                (Some(c), _) => c.to_string(),
+                (None, Some(s)) => format!("sig{s}"),
+                _ => "?".to_string(),
+            };
+            Some((at.duration_since(sent).unwrap_or_default(), code))
+        });
+        SignalRun { workers, exit }
+    });
+    let _ = std::fs::write(&target.done, b"");
+    if kind.is_rdzv() {
+        let _ = Command::new(rdzv_binary())
+            .args(["close", &target.url])
+            .stdout(Stdio::null())
+            .status();
+    }
+    for l in launchers.iter_mut() {
+        l.kill_group();
+    }
+    result
+}
+
+/// The signal case for one launcher, signal and node count: medians over `SIGNAL_RUNS` runs.
+fn signal_case(kind: Kind, case: Case, n: usize, make: &dyn Fn(usize) -> Target) {
+    let mut runs = Vec::new();
+    for r in 0..SIGNAL_RUNS {
+        match one_signal_run(kind, case, &make(r), n) {
+            Some(run) => runs.push(run),
+            None => break,
+        }
+    }
+    if runs.len() < SIGNAL_RUNS {
+        println!(
+            "{n:>5}  {:<19} {:<8} the workers were not all ready within {} s",
+            kind.name(),
+            case.name(),
+            LAUNCH_LIMIT.as_secs()
+        );
+        return;
+    }
+    let none = format!("none in {} s", SIGNAL_LIMIT.as_secs());
+    let show = |d: Option<Duration>| d.map_or(none.clone(), ms);
+    // A signal reaches a worker in about a millisecond: tenths, for those columns.
+    let tenths =
+        |d: Option<Duration>| d.map_or(none.clone(), |d| format!("{:.1}", d.as_secs_f64() * 1e3));
+    // Per run: the median of the node's workers (of two, their mean) and the slowest.
+    let middle = |r: &SignalRun| {
+        let mut v = r.workers.clone();
+        v.sort_by_key(|d| d.unwrap_or(Duration::MAX));
+        let k = v.len();
+        if k % 2 == 1 {
+            v[k / 2]
+        } else {
+            Some((v[k / 2 - 1]? + v[k / 2]?) / 2)
+        }
+    };
+    let slowest = |r: &SignalRun| {
+        r.workers
+            .iter()
+            .copied()
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .max()
+    };
+    let workers = median_or_none(runs.iter().map(middle).collect());
+    let slowest = median_or_none(runs.iter().map(slowest).collect());
+    let exit = median_or_none(runs.iter().map(|r| r.exit.as_ref().map(|e| e.0)).collect());
+    let mut codes = std::collections::BTreeMap::new();
+    for r in &runs {
+        let code = r.exit.as_ref().map_or("none".to_string(), |e| e.1.clone());
+        *codes.entry(code).or_insert(0) += 1;
+    }
+    let codes: Vec<String> = codes.iter().map(|(c, k)| format!("{c}:{k}")).collect();
+    // Every receipt of every run, to show the spread behind the medians.
+    let mut all: Vec<Option<Duration>> = runs.iter().flat_map(|r| r.workers.clone()).collect();
+    all.sort_by_key(|d| d.unwrap_or(Duration::MAX));
+    let range = format!("{}-{}", tenths(all[0]), tenths(all[all.len() - 1]));
+    println!(
+        "{n:>5}  {:<19} {:<8} {:>15}  {:>14}  {:>15}  {:>9}  {}",
+        kind.name(),
+        case.name(),
+        tenths(workers),
+        tenths(slowest),
+        range,
+        show(exit),
+        codes.join(" ")
+    );
+}
+
 /// The node id of the sealed round's member of rank `rank` (`rdzv status --json`).
 fn member_of_rank(url: &str, rank: u32) -> String {
     let out = Command::new(rdzv_binary())
@@ -722,18 +941,25 @@ fn main() {
         if a == "--case" {
             let name = args.next().expect(USAGE);
             let named = Case::named(&name).unwrap_or_else(|| {
-                panic!("--case: launcher-killed, worker-killed, drained or failed, not {name}")
+                panic!(
+                    "--case: launcher-killed, worker-killed, drained, failed or signal, not {name}"
+                )
             });
             cases.extend_from_slice(named);
         } else {
             sizes.push(a.parse::<usize>().expect(USAGE));
         }
     }
-    if sizes.is_empty() {
-        sizes = vec![2, 8];
-    }
     if cases.is_empty() {
         cases = ALL_CASES.to_vec();
+    }
+    if sizes.is_empty() {
+        // The signal case alone is about one node, as a terminal runs it.
+        sizes = if cases.iter().all(|c| c.is_signal()) {
+            vec![1]
+        } else {
+            vec![2, 8]
+        };
     }
     assert!(
         std::path::Path::new(worker()).exists(),
@@ -766,6 +992,7 @@ fn main() {
                 "break"
             },
         });
+        let signals = case.is_signal().then(|| scratch.join(&run));
         Target {
             url: format!(
                 "etcd://{endpoint}/{run}?min_nodes={min_nodes}&max_nodes={n}&last_call_timeout={LAST_CALL}"
@@ -777,15 +1004,21 @@ fn main() {
             python: python.clone(),
             min_nodes,
             max_restarts: if failing.is_some() { 0 } else { 3 },
-            worker: if failing.is_some() {
-                fail_worker()
-            } else {
-                worker()
+            nproc: if signals.is_some() { 2 } else { 1 },
+            worker: match (&failing, &signals) {
+                (Some(_), _) => fail_worker(),
+                (_, Some(_)) => signal_worker(),
+                _ => worker(),
             },
             failing,
+            signals,
         }
     };
-    let recoveries: Vec<Case> = cases.iter().copied().filter(|c| !c.is_failed()).collect();
+    let recoveries: Vec<Case> = cases
+        .iter()
+        .copied()
+        .filter(|c| !c.is_failed() && !c.is_signal())
+        .collect();
     if !recoveries.is_empty() {
         recovery_table(&sizes, &recoveries, torchruns, &target);
     }
@@ -817,6 +1050,36 @@ fn main() {
             for &kind in &kinds {
                 for &case in &failed {
                     failed_case(kind, case, n, &|r| target(kind, case, n, r, n));
+                }
+            }
+        }
+    }
+    let signalled: Vec<Case> = cases.iter().copied().filter(|c| c.is_signal()).collect();
+    if !signalled.is_empty() {
+        println!(
+            "signal: --nnodes=N, 2 workers per node, monitor 0.1 s; the signal to the last \
+             node's launcher process alone (as a terminal's Ctrl-C reaches it: the workers are \
+             in sessions of their own); from the kill to that node's workers receiving it (the \
+             median of the two, the slowest, every receipt's range) and to its launcher's \
+             exit, median of {SIGNAL_RUNS}; the launcher's exit codes over the runs"
+        );
+        println!(
+            "{:>5}  {:<19} {:<8} {:>15}  {:>14}  {:>15}  {:>9}  codes",
+            "nodes",
+            "launcher",
+            "signal",
+            "workers (ms)",
+            "slowest (ms)",
+            "range (ms)",
+            "exit (ms)"
+        );
+        let mut kinds = vec![Kind::Rdzv, Kind::RdzvC10d];
+        kinds.extend_from_slice(torchruns);
+        for &n in &sizes {
+            assert!(n >= 1, "N must be at least 1");
+            for &kind in &kinds {
+                for &case in &signalled {
+                    signal_case(kind, case, n, &|r| target(kind, case, n, r, n));
                 }
             }
         }

@@ -15,9 +15,11 @@
 #                                        watching and polling the run (default W = 1 10)
 #        scripts/bench.sh --launcher [--case NAME] [N ...]  rdzv run and torchrun (N = 2 8):
 #                                        launch to all workers started, a node lost to the
-#                                        survivors restarted, and a failed job to every
-#                                        launcher's exit (--case launcher-killed,
-#                                        worker-killed, drained or failed: only those)
+#                                        survivors restarted, a failed job to every
+#                                        launcher's exit, and SIGINT/SIGTERM to a launcher to
+#                                        its workers' receipt and its exit (--case
+#                                        launcher-killed, worker-killed, drained, failed or
+#                                        signal: only those; signal alone: N = 1)
 #        scripts/bench.sh --frameworks [RUNS]  JAX, Lightning and DeepSpeed on 2 nodes x 2
 #                                        processes under rdzv run and torchrun: launch to the
 #                                        first collective, and recovery after a SIGKILLed node
