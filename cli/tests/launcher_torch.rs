@@ -368,6 +368,8 @@ struct Side {
     code: Option<i32>,
     console: Vec<String>,
     files: Vec<String>,
+    /// The lines of the attempt's filtered_stdout.log and filtered_stderr.log, sorted.
+    filtered: Vec<String>,
     output: String,
 }
 
@@ -412,10 +414,20 @@ fn side(
         }
     }
     files.sort();
+    let mut filtered: Vec<String> = files
+        .iter()
+        .filter(|f| f.contains("filtered_std"))
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(run_dir.join(f)).unwrap();
+            text.lines().map(str::to_string).collect::<Vec<_>>()
+        })
+        .collect();
+    filtered.sort();
     Side {
         code,
         console,
         files,
+        filtered,
         output,
     }
 }
@@ -488,6 +500,8 @@ fn console_and_log_files_are_torchruns() {
         assert_eq!(r.code, t.code, "{flags:?}:\n{}", r.output);
         assert_eq!(r.console, t.console, "console lines, {flags:?}");
         assert_eq!(r.files, t.files, "log files, {flags:?}");
+        // The filtered files hold the lines as the console shows them, prefix and all.
+        assert_eq!(r.filtered, t.filtered, "filtered_*.log, {flags:?}");
     }
     // The template, through torchrun's variable.
     let env = [(
@@ -544,6 +558,21 @@ fn a_failure_is_reported_as_torchrun_reports_it() {
     assert_eq!(t.code, Some(1), "{}", t.output);
     assert_eq!(r.code, t.code, "{}", r.output);
     assert_eq!(r.files, t.files, "log files");
+    // torchrun's report block, whole lines as it prints them (no prefix of the launcher's).
+    for line in [
+        "Failures:",
+        "  <NO_OTHER_FAILURES>",
+        "Root Cause (first observed failure):",
+        "[0]:",
+    ] {
+        for (who, side) in [("torchrun", t), ("rdzv run", r)] {
+            assert!(
+                side.output.lines().any(|l| l.trim_end() == line),
+                "{who} prints no line {line:?}:\n{}",
+                side.output
+            );
+        }
+    }
     for line in [
         "FAILED",
         "Root Cause (first observed failure):",
