@@ -342,30 +342,32 @@ fn a_job_rides_out_a_rolling_upgrade_of_its_etcd() {
     let mut cluster = EtcdCluster::start_from(3, &[], Some(old));
     let url = cluster.url(
         "upgrade",
-        "min_nodes=2&max_nodes=2&last_call_timeout=0.5&lease_ttl=5",
+        "min_nodes=2&max_nodes=2&last_call_timeout=0.5&lease_ttl=5&join_timeout=60",
     );
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // Each node forms round after round until told to stop; any error fails the test.
+    // Each node forms round after round until the run is closed; any other error fails the
+    // test. (A stop flag would leave one node waiting in `next` for a partner that stopped.)
     let nodes: Vec<_> = (0..2)
         .map(|_| {
-            let (url, stop) = (url.clone(), stop.clone());
+            let url = url.clone();
             std::thread::spawn(move || -> Result<u64, String> {
                 let node = BlockingRendezvous::new(Params::from_url(&url).unwrap())
                     .map_err(|e| format!("new: {e}"))?;
                 let mut rounds = 0;
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    let (info, store) = node.next().map_err(|e| format!("next: {e}"))?;
-                    let key = format!("k{}", info.rank);
+                loop {
+                    let (info, store) = match node.next() {
+                        Ok(round) => round,
+                        Err(e) if e.kind() == rdzv::ErrorKind::Closed => break,
+                        Err(e) => return Err(format!("next: {e}")),
+                    };
+                    let other = format!("k{}", 1 - info.rank);
                     store
-                        .set(&key, b"v")
+                        .set(&format!("k{}", info.rank), b"v")
                         .map_err(|e| format!("store set: {e}"))?;
-                    store
-                        .get(
-                            &format!("k{}", 1 - info.rank),
-                            Some(Duration::from_secs(60)),
-                        )
-                        .map_err(|e| format!("store get: {e}"))?;
-                    rounds += 1;
+                    match store.get(&other, Some(Duration::from_secs(60))) {
+                        Ok(_) => rounds += 1,
+                        Err(e) if e.kind() == rdzv::ErrorKind::Closed => break,
+                        Err(e) => return Err(format!("store get: {e}")),
+                    }
                 }
                 node.shutdown().map_err(|e| format!("shutdown: {e}"))?;
                 Ok(rounds)
@@ -392,7 +394,7 @@ fn a_job_rides_out_a_rolling_upgrade_of_its_etcd() {
         cluster.upgrade(i, &new);
         round_moves_on(&format!("after member {i} was upgraded"));
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    admin.close().unwrap();
     for n in nodes {
         let rounds = n
             .join()
