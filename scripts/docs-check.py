@@ -46,6 +46,8 @@ def definitions():
             continue
         if path.suffix == ".rs":
             rust.update(re.findall(r"\bfn\s+([a-z_][a-z0-9_]*)\s*[<(]", text))
+            # Tests a macro makes from a table of cases (`name: Killed, Waiting, Cancel;`).
+            rust.update(re.findall(r"^\s*([a-z_][a-z0-9_]*):\s*[A-Z]\w*(?:,\s*[A-Z]\w*)*;", text, re.M))
             modules.add(path.stem if path.stem != "mod" else path.parent.name)
         elif path.suffix == ".go":
             go.update(re.findall(r"\bfunc\s+(Test\w+|Example\w*|Benchmark\w+)\s*\(", text))
