@@ -559,20 +559,21 @@ fn a_failure_is_reported_as_torchrun_reports_it() {
     assert_eq!(r.code, t.code, "{}", r.output);
     assert_eq!(r.files, t.files, "log files");
     // torchrun's report block, whole lines as it prints them (no prefix of the launcher's).
-    for line in [
-        "Failures:",
-        "  <NO_OTHER_FAILURES>",
-        "Root Cause (first observed failure):",
-        "[0]:",
-    ] {
+    let whole = |side: &Side, line: &str| side.output.lines().any(|l| l.trim_end() == line);
+    for line in ["Failures:", "Root Cause (first observed failure):", "[0]:"] {
         for (who, side) in [("torchrun", t), ("rdzv run", r)] {
             assert!(
-                side.output.lines().any(|l| l.trim_end() == line),
+                whole(side, line),
                 "{who} prints no line {line:?}:\n{}",
                 side.output
             );
         }
     }
+    // Rank 0, which the launcher stopped, is no failure of its own: `rdzv run` names it after
+    // the block. torchrun lists it under "Failures:" (exitcode -15) when its agent collects the
+    // SIGTERMed worker before it reports, which a loaded machine makes likely (1 run in 3 of
+    // the test command): no line of that part is compared.
+    assert!(whole(r, "  <NO_OTHER_FAILURES>"), "{}", r.output);
     for line in [
         "FAILED",
         "Root Cause (first observed failure):",
