@@ -40,7 +40,19 @@ fn compile(source: &str, output: &str) -> PathBuf {
     // The repository: this test belongs to tests/ (the rdzv-tests package).
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let lib = soname_dir();
-    let out = lib.join(output);
+    // One program per test process: the test command runs this suite in several processes at
+    // once (one per etcd version), and a program one of them is writing cannot be executed by
+    // another ("Text file busy"). Those of processes that have ended are removed here.
+    let out = lib.join(format!("{output}-{}", std::process::id()));
+    for entry in std::fs::read_dir(&lib).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let owner = name
+            .strip_prefix(&format!("{output}-"))
+            .and_then(|p| p.parse::<u32>().ok());
+        if owner.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let mut cmd = Command::new(cc);
     cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread"])
