@@ -77,6 +77,61 @@
 #define RDZV_ADDR_CAPACITY 256
 
 /**
+ * Heartbeats whose intervals are not counted in the longest interval (`max_interval`): the
+ * first steps of a job (compilation, warm-up, the first collectives) are slow and say
+ * nothing about how long a step takes (NVRx skips its first iterations the same way).
+ */
+#define WARMUP_BEATS 5
+
+
+
+
+
+#define VERSION 1
+
+#define MAGIC_AT 0
+
+#define VERSION_PID_AT 8
+
+#define BEATS_AT 16
+
+#define LAST_BEAT_AT 24
+
+#define STEP_AT 32
+
+#define MAX_INTERVAL_AT 40
+
+#define LAST_EVENT_AT 48
+
+#define STACK_SIGNAL_AT 56
+
+#define OPEN_SEQ_AT 64
+
+#define OPEN_DEPTH_AT 72
+
+#define OPEN_STARTED_AT 80
+
+#define OPEN_NAME_AT 88
+
+#define NAME_BYTES 48
+
+#define SECTIONS_AT 192
+
+#define SECTIONS 16
+
+#define SECTION_BYTES 64
+
+#define SECTION_NAME_BYTES 40
+
+#define SECTION_COUNT_OFF 40
+
+#define SECTION_MAX_OFF 48
+
+#define SECTION_TOTAL_OFF 56
+
+#define PAGE_BYTES (SECTIONS_AT + (SECTIONS * SECTION_BYTES))
+
+/**
  * Keys longer than this are refused: etcd keeps keys in memory and in every index.
  */
 #define RDZV_MAX_KEY_BYTES 4096
@@ -671,6 +726,53 @@ rdzv_status_t rdzv_params_set(rdzv_params_t *params,
  * Frees parameters. NULL is a no-op. Handles created from them are not affected.
  */
 void rdzv_params_free(rdzv_params_t *params);
+
+/**
+ * One heartbeat: the worker made progress (call it once per training step, or around each
+ * collective). Under `rdzv run` it is a few stores to memory the launcher reads (tens of
+ * nanoseconds, no system call); outside `rdzv run` it does nothing. Never fails, never
+ * blocks. Safe from any thread.
+ */
+void rdzv_heartbeat(void);
+
+/**
+ * A heartbeat that also says which step the worker reached: a global iteration that goes on
+ * from a checkpoint across restarts, so `rdzv run --max-no-progress-restarts` compares steps
+ * across attempts instead of counting heartbeats. `step` must be non-negative
+ * (RDZV_ERR_INVALID_ARGUMENT otherwise, and nothing is recorded). Safe from any thread.
+ */
+rdzv_status_t rdzv_heartbeat_step(int64_t step, rdzv_error_t **error);
+
+/**
+ * Opens the section `name` (1 to 39 bytes of UTF-8, no NUL): `rdzv run`'s per-section
+ * timeout (`--section-timeout name=SECONDS`, or learned with `auto`) runs until
+ * `rdzv_section_end(name)`. Sections nest. The name is checked everywhere
+ * (RDZV_ERR_INVALID_ARGUMENT for NULL, invalid UTF-8, empty or too long); outside `rdzv run`
+ * nothing else happens. Safe from any thread: sections are the process's, not the thread's.
+ */
+rdzv_status_t rdzv_section_begin(const char *name, rdzv_error_t **error);
+
+/**
+ * Closes the innermost open section called `name` and records how long it took. Under
+ * `rdzv run`, closing a section that is not open is RDZV_ERR_INVALID_ARGUMENT (the message
+ * lists the open ones); outside it only the name is checked. Safe from any thread.
+ */
+rdzv_status_t rdzv_section_end(const char *name, rdzv_error_t **error);
+
+/**
+ * Tells `rdzv run` which signal makes this process write its threads' stacks to the file
+ * named by `RDZV_STACKS_FILE` (a handler the process installed; the Python module registers
+ * `faulthandler` this way): the launcher sends it to a hung worker before stopping it, as
+ * evidence. 0 takes it back. Only a process that installed such a handler may call this: the
+ * signal's default action would otherwise end it. `signal` must be 0 to 64.
+ */
+rdzv_status_t rdzv_set_stack_signal(int32_t signal, rdzv_error_t **error);
+
+/**
+ * Whether this process runs under `rdzv run` with progress monitoring (`RDZV_PROGRESS_FILE`
+ * names a page it could map): heartbeats and sections are seen. Never fails.
+ */
+bool rdzv_is_monitored(void);
 
 /**
  * Creates a handle: connects to etcd (shared with other handles of this process that use the

@@ -35,6 +35,7 @@ pub mod error;
 pub mod ffi;
 pub mod log;
 pub mod params;
+pub mod progress;
 pub mod rendezvous;
 pub mod store;
 mod util;
