@@ -5,11 +5,13 @@
 //!
 //! Submodules, each using only those listed before it: `values` (typed flag values and their
 //! parsers), `rendezvous` (the flags that name a run, shared by `run` and the operator
-//! commands), `run` (`rdzv run`), `ops` (`status`, `close`, `purge`, `drain`).
+//! commands), `monitor` (`rdzv run`'s hang, progress and health flags), `run` (`rdzv run`), `ops` (`status`, `close`, `purge`, `drain`).
 
 pub mod values;
 
 pub mod rendezvous;
+
+pub mod monitor;
 
 pub mod ops;
 pub mod run;

@@ -2,6 +2,7 @@
 //! each read from its `PET_*` variable when not given (a flag wins), each parsed into its type
 //! by `values`; and everything from PROGRAM on, which is the program's.
 
+use super::monitor::MonitorFlags;
 use super::rendezvous::RdzvFlags;
 use super::values::{
     self, Backend, CommaList, Framework, HandledSignals, Nnodes, NprocPerNode, RankFilter, Shell,
@@ -278,6 +279,8 @@ pub struct RunArgs {
     /// at once; without it they notice when this node's lease expires (lease_ttl).
     #[arg(long, env = "RDZV_NO_WATCHDOG", value_parser = FalseyValueParser::new())]
     pub no_watchdog: bool,
+    #[command(flatten)]
+    pub monitor: MonitorFlags,
     /// The program to start and its arguments. Everything from PROGRAM on is the program's,
     /// flags included (`train.py --help` asks the script for its help), as torchrun hands
     /// it to the script. PROGRAM runs under python3 unless it is an executable file (an ELF

@@ -6,17 +6,20 @@
 //!
 //! Submodules, each using only those listed before it: `rendezvous` (where the rendezvous
 //! happens, torch's `--rdzv-conf` keys), `program` (what each worker runs, which programs run
-//! under Python).
+//! under Python), `monitor` (hangs, progress and health).
 
 pub mod rendezvous;
 
 pub mod program;
+
+pub mod monitor;
 
 use crate::args::run::RunArgs;
 use crate::args::values::{self, Framework, NprocPerNode, StreamSpec};
 use crate::exit::{usage, Usage};
 use crate::host::numa::Policy;
 use crate::host::{accelerators, cpus};
+use monitor::MonitorConfig;
 use program::Program;
 use rendezvous::{C10d, Rendezvous};
 use std::path::PathBuf;
@@ -54,6 +57,8 @@ pub struct RunConfig {
     pub duplicate_stderr_filters: Vec<String>,
     /// Start the watchdog that releases this node if the launcher is killed (`watchdog.rs`).
     pub watchdog: bool,
+    /// Hangs, progress and health (`--hang-timeout`, `--health-check`, ...).
+    pub monitor: MonitorConfig,
     /// Lines to tell the user before starting (notes on accepted aliases, defaults taken).
     pub notes: Vec<String>,
 }
@@ -130,6 +135,7 @@ impl RunConfig {
             duplicate_stdout_filters: a.duplicate_stdout_filters.unwrap_or_default().0,
             duplicate_stderr_filters: a.duplicate_stderr_filters.unwrap_or_default().0,
             watchdog: !a.no_watchdog,
+            monitor: MonitorConfig::from_flags(a.monitor)?,
             notes,
         })
     }

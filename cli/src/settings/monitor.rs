@@ -1,0 +1,70 @@
+//! What `rdzv run` watches beyond exits: progress (hang timeouts, given or learned), restarts
+//! that make no progress, and the node's health command.
+
+use crate::args::monitor::{MonitorFlags, Timeout};
+use crate::exit::{usage, Usage};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Default)]
+pub struct MonitorConfig {
+    /// `--hang-timeout`: for heartbeats (and any section without a timeout of its own).
+    pub hang: Option<Timeout>,
+    /// `--section-timeout`: per section name.
+    pub sections: Vec<(String, Timeout)>,
+    /// `--hang-initial-timeout`: with `auto`, until a timeout is learned.
+    pub initial: Option<Duration>,
+    pub max_no_progress_restarts: Option<u32>,
+    pub health: Option<HealthCheck>,
+}
+
+/// `--health-check` and its interval and timeout.
+#[derive(Debug, Clone)]
+pub struct HealthCheck {
+    pub command: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl MonitorConfig {
+    pub fn from_flags(f: MonitorFlags) -> Result<MonitorConfig, Usage> {
+        if f.hang_initial_timeout.is_some() && f.hang_timeout != Some(Timeout::Auto) {
+            return Err(usage(
+                "--hang-initial-timeout: only with --hang-timeout auto (a given timeout applies from the first heartbeat)",
+            ));
+        }
+        let mut sections: Vec<(String, Timeout)> = Vec::new();
+        for (name, timeout) in f.section_timeout {
+            if sections.iter().any(|(n, _)| *n == name) {
+                return Err(usage(format!(
+                    "--section-timeout: section {name:?} is given twice"
+                )));
+            }
+            sections.push((name, timeout));
+        }
+        let health = match f.health_check {
+            Some(command) if command.trim().is_empty() => {
+                return Err(usage(
+                    "--health-check: expected a command, got an empty one",
+                ))
+            }
+            Some(command) => Some(HealthCheck {
+                command,
+                interval: f.health_check_interval,
+                timeout: f.health_check_timeout,
+            }),
+            None => None,
+        };
+        Ok(MonitorConfig {
+            hang: f.hang_timeout,
+            sections,
+            initial: f.hang_initial_timeout,
+            max_no_progress_restarts: f.max_no_progress_restarts,
+            health,
+        })
+    }
+
+    /// Whether workers' progress pages are read at all.
+    pub fn watches_progress(&self) -> bool {
+        self.hang.is_some() || !self.sections.is_empty()
+    }
+}
