@@ -29,6 +29,8 @@ mod ranks;
 
 mod workers;
 
+mod monitor;
+
 mod c10d;
 
 mod watchdog;

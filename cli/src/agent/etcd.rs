@@ -266,6 +266,16 @@ impl Source for Etcd {
         self.rdzv.members().await.ok()
     }
 
+    fn shared(&self, round: &Round) -> Option<&Store> {
+        self.shared_store(round)
+    }
+
+    async fn drain_self(&self, why: &str) {
+        if let Err(e) = self.rdzv.drain(why).await {
+            say(format_args!("could not drain this node: {}", e.message()));
+        }
+    }
+
     async fn loss_seen(&self) -> Option<String> {
         match self.rdzv.num_lost().await {
             Ok(lost) if lost > 0 => Some(format!("{lost} member(s) of the round were lost")),

@@ -78,6 +78,12 @@ impl Source for Fixed {
 
     async fn fail_job(&self, _why: &str) {}
 
+    fn shared(&self, _round: &Round) -> Option<&rdzv::Store> {
+        None
+    }
+
+    async fn drain_self(&self, _why: &str) {}
+
     async fn exit_barrier(&self, _: &Round, _: Duration, _: &mut Signals) -> Exit {
         Exit::Success
     }

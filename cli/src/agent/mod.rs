@@ -52,6 +52,12 @@ pub use signals::Signals;
 
 use crate::exit::{signal_name, Exit};
 use crate::host::cpus::Cpus;
+use crate::host::hostname;
+use crate::monitor::evidence::{self, Evidence};
+use crate::monitor::hang::{self, HangMonitor, Hung, Learned};
+use crate::monitor::health::{self, Unhealthy};
+use crate::monitor::progress::NoProgress;
+use crate::monitor::workers::{self as watched, Watched};
 use crate::output::{self, say};
 use crate::ranks::NodeInfo;
 use crate::settings::rendezvous::Rendezvous as Mode;
@@ -69,6 +75,20 @@ enum Outcome {
     Succeeded,
     Failed,
     Stop(Stop),
+    /// A worker of this node made no progress for longer than its timeout.
+    Hung(Hung),
+    /// Another node found a hung worker (what it announced).
+    PeerHung(serde_json::Value),
+    /// This node's health check failed while training.
+    Unhealthy(Unhealthy),
+}
+
+/// What the monitors beside a running group found first (`watch`).
+enum Event {
+    Stop(Stop),
+    Hung(Hung),
+    PeerHung(serde_json::Value),
+    Unhealthy(Unhealthy),
 }
 
 /// What one round leaves for the next.
@@ -91,6 +111,10 @@ pub struct Agent {
     reported_error_file: bool,
     /// `--numa-binding`: the CPUs of each local rank (empty: no binding).
     cpu_binding: Vec<Cpus>,
+    /// What `--hang-timeout auto` learned in earlier attempts (smoothed).
+    learned: Learned,
+    /// `--max-no-progress-restarts`: restarts in a row without progress.
+    no_progress: NoProgress,
 }
 
 impl Agent {
@@ -129,6 +153,8 @@ impl Agent {
             extra_env,
             reported_error_file: false,
             cpu_binding,
+            learned: Learned::default(),
+            no_progress: NoProgress::default(),
         })
     }
 
@@ -176,6 +202,15 @@ impl Agent {
         carried: &mut Carried,
         signals: &mut Signals,
     ) -> Result<(), Exit> {
+        if let Some(hc) = &self.cfg.monitor.health {
+            if let Err(Unhealthy(why)) = health::check(hc).await {
+                output::error(format_args!("{why}: this node takes no rank"));
+                if let Some(failures) = carried.failed.as_deref() {
+                    self.reported_error_file = report::report(self.cfg.program.name(), failures);
+                }
+                return Err(Exit::Failure);
+            }
+        }
         let round = match source.next_round(signals).await {
             Ok(round) => round,
             Err(stop) => return Err(self.stopped(stop, carried.failed.as_deref())),
@@ -222,12 +257,19 @@ impl Agent {
             framework: self.cfg.framework,
             virtual_local_rank: self.cfg.virtual_local_rank,
             cpu_binding: &self.cpu_binding,
+            progress: self.cfg.monitor.watches_progress()
+                || self.cfg.monitor.max_no_progress_restarts.is_some(),
         };
         let mut group = Group::start(&spec, &workers, &self.logs).map_err(|e| {
             output::error(e);
             Exit::Failure
         })?;
-        match self.monitor(source, &mut group, &round, signals).await {
+        let watched = watched::watch(&group);
+        let outcome = self
+            .monitor(source, &mut group, &watched, &round, signals)
+            .await;
+        self.learn(source, &round, &watched).await;
+        match outcome {
             Outcome::Succeeded => {
                 group.finish().await;
                 say("all workers of this node finished successfully");
@@ -235,11 +277,123 @@ impl Agent {
                 Err(source.exit_barrier(&round, timeout, signals).await)
             }
             Outcome::Failed => {
-                self.after_failure(source, &mut group, &round, carried, signals)
+                self.after_failure(source, &mut group, &watched, &round, carried, signals)
                     .await
+            }
+            Outcome::Hung(hung) => {
+                self.after_hang(source, &mut group, &watched, &round, hung, signals)
+                    .await?;
+                self.after_failure(source, &mut group, &watched, &round, carried, signals)
+                    .await
+            }
+            Outcome::PeerHung(what) => {
+                self.after_peer_hang(source, &mut group, &watched, &round, what, signals)
+                    .await?;
+                carried.failed = None;
+                Ok(())
+            }
+            Outcome::Unhealthy(Unhealthy(why)) => {
+                output::error(format_args!(
+                    "{why}: draining this node so that the others re-form without it"
+                ));
+                source.drain_self(&why).await;
+                self.stop_group(&mut group, libc::SIGTERM, signals).await?;
+                Err(Exit::Failure)
             }
             Outcome::Stop(stop) => self.stop_for(&mut group, stop, carried, signals).await,
         }
+    }
+
+    /// After an attempt, with `--hang-timeout auto`: what its workers showed (and the job's,
+    /// through the round's store) is smoothed into what the next attempt starts from.
+    async fn learn<S: Source>(&mut self, source: &S, round: &Round, workers: &[Watched]) {
+        if self.cfg.monitor.hang.is_none() && self.cfg.monitor.sections.is_empty() {
+            return;
+        }
+        let mut attempt = Learned::observed(workers);
+        if let Some(store) = source.shared(round) {
+            attempt.merge(&hang::read_learned(store).await);
+        }
+        if attempt != Learned::default() {
+            self.learned = self.learned.smoothed(&attempt);
+        }
+    }
+
+    /// A worker of this node hung: tells the other launchers (who answer with their workers'
+    /// progress), collects the evidence, writes the hung worker's error file (so the failure
+    /// report and TORCHELASTIC_ERROR_FILE say what happened), kills the group, and names the
+    /// suspect and its victims across nodes. The failure then costs what a failure costs.
+    async fn after_hang<S: Source>(
+        &mut self,
+        source: &S,
+        group: &mut Group,
+        workers: &[Watched],
+        round: &Round,
+        hung: Hung,
+        signals: &mut Signals,
+    ) -> Result<(), Exit> {
+        let host = hostname();
+        output::error(format_args!("hang: {}", hung.describe()));
+        let store = source.shared(round);
+        let progress = progress_of(group, workers, &host);
+        if let Some(store) = store {
+            hang::announce(store, round.group_rank, &host, &hung).await;
+            hang::share_progress(store, round.group_rank, &host, &progress).await;
+        }
+        let evidence = collect_evidence(workers).await;
+        let hung_worker = workers
+            .iter()
+            .position(|w| w.global_rank == hung.global_rank);
+        let stacks = hung_worker
+            .and_then(|i| evidence[i].stacks.as_ref())
+            .and_then(|p| std::fs::read_to_string(p).ok());
+        if let Some(i) = hung_worker {
+            write_hang_error_file(&workers[i].error_file, &hung, stacks.as_deref());
+        }
+        self.stop_group(group, libc::SIGKILL, signals).await?;
+        let all = match store {
+            Some(store) => hang::gather(store, round.group_world_size, hang::GATHER_BOUND).await,
+            None => progress,
+        };
+        if let Some(verdict) = hang::verdict(&all) {
+            for line in verdict.lines() {
+                say(format_args!("hang: {line}"));
+            }
+        }
+        for (w, e) in workers.iter().zip(&evidence) {
+            say_evidence(w, e);
+        }
+        Ok(())
+    }
+
+    /// Another node found a hung worker: answers with this node's workers' progress, collects
+    /// their evidence (victims show where they wait), stops them and forms a new round (no
+    /// restart spent here: the detecting node spends it).
+    async fn after_peer_hang<S: Source>(
+        &mut self,
+        source: &S,
+        group: &mut Group,
+        workers: &[Watched],
+        round: &Round,
+        what: serde_json::Value,
+        signals: &mut Signals,
+    ) -> Result<(), Exit> {
+        say(format_args!(
+            "hang on node {} ({}): {}; stopping the workers to form a new round",
+            what["node"],
+            what["host"].as_str().unwrap_or("?"),
+            what["what"].as_str().unwrap_or("a worker hung")
+        ));
+        if let Some(store) = source.shared(round) {
+            let host = hostname();
+            let progress = progress_of(group, workers, &host);
+            hang::share_progress(store, round.group_rank, &host, &progress).await;
+        }
+        let evidence = collect_evidence(workers).await;
+        for (w, e) in workers.iter().zip(&evidence) {
+            say_evidence(w, e);
+        }
+        self.stop_group(group, libc::SIGKILL, signals).await
     }
 
     /// This node's entry in the exchange.
@@ -262,10 +416,23 @@ impl Agent {
         &self,
         source: &S,
         group: &mut Group,
+        workers: &[Watched],
         round: &Round,
         signals: &mut Signals,
     ) -> Outcome {
-        let watch = watch(source, round);
+        let hangs = HangMonitor {
+            cfg: &self.cfg.monitor,
+            carried: &self.learned,
+            interval: self.cfg.monitor_interval,
+            store: source.shared(round),
+        };
+        let watch = watch(
+            source,
+            round,
+            &hangs,
+            workers,
+            self.cfg.monitor.health.as_ref(),
+        );
         tokio::pin!(watch);
         loop {
             tokio::select! {
@@ -283,7 +450,12 @@ impl Agent {
                         return Outcome::Succeeded;
                     }
                 }
-                stop = &mut watch => return Outcome::Stop(stop),
+                event = &mut watch => return match event {
+                    Event::Stop(stop) => Outcome::Stop(stop),
+                    Event::Hung(hung) => Outcome::Hung(hung),
+                    Event::PeerHung(what) => Outcome::PeerHung(what),
+                    Event::Unhealthy(why) => Outcome::Unhealthy(why),
+                },
                 sig = signals.recv() => return Outcome::Stop(Stop::Signal(sig)),
             }
         }
@@ -294,6 +466,7 @@ impl Agent {
         &mut self,
         source: &S,
         group: &mut Group,
+        workers: &[Watched],
         round: &Round,
         carried: &mut Carried,
         signals: &mut Signals,
@@ -301,6 +474,19 @@ impl Agent {
         self.stop_group(group, libc::SIGTERM, signals).await?;
         let failures = group.failures();
         let why = report::summary(&failures);
+        if let Some(max) = self.cfg.monitor.max_no_progress_restarts {
+            self.no_progress.attempt_ended(workers);
+            if self.no_progress.in_a_row > max {
+                let stop = format!(
+                    "no progress: {} (--max-no-progress-restarts {max})",
+                    self.no_progress.describe()
+                );
+                output::error(format_args!("{stop}: the job failed"));
+                source.fail_job(&format!("{why}; {stop}")).await;
+                self.reported_error_file = report::report(self.cfg.program.name(), &failures);
+                return Err(Exit::Failure);
+            }
+        }
         match failure::verdict(source, &mut self.restarts, round, &why, signals).await {
             Verdict::Loss(why) => {
                 say(format_args!(
@@ -443,11 +629,89 @@ impl Agent {
 /// What can end a running round from outside its group, whichever comes first: the
 /// membership check (members lost, nodes waiting, the run closed, this node drained) and
 /// another node's failure verdict. Hang and health monitoring joins here (module comment).
-async fn watch<S: Source>(source: &S, round: &Round) -> Stop {
+async fn watch<S: Source>(
+    source: &S,
+    round: &Round,
+    hangs: &HangMonitor<'_>,
+    workers: &[Watched],
+    health: Option<&crate::settings::monitor::HealthCheck>,
+) -> Event {
+    let peer_hung = async {
+        match source.shared(round) {
+            Some(store) if hangs.cfg.watches_progress() => hang::peer_hung(store).await,
+            _ => std::future::pending().await,
+        }
+    };
+    let unhealthy = async {
+        match health {
+            Some(hc) => health::watch(hc).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
-        stop = source.membership_change(true) => stop,
-        stop = source.peer_failed(round) => stop,
+        stop = source.membership_change(true) => Event::Stop(stop),
+        stop = source.peer_failed(round) => Event::Stop(stop),
+        hung = hangs.watch(workers) => Event::Hung(hung),
+        what = peer_hung => Event::PeerHung(what),
+        why = unhealthy => Event::Unhealthy(why),
     }
+}
+
+/// What each worker's page says, for the other nodes and the verdict (`Watched::progress`).
+fn progress_of(group: &Group, workers: &[Watched], host: &str) -> Vec<serde_json::Value> {
+    workers
+        .iter()
+        .zip(&group.workers)
+        .map(|(w, g)| w.progress(host, g.ended.is_some()))
+        .collect()
+}
+
+/// Every worker's evidence, collected at once, each bounded (`hang::EVIDENCE_BOUND`).
+async fn collect_evidence(workers: &[Watched]) -> Vec<Evidence> {
+    // Concurrently: one after the other would multiply the bound.
+    crate::monitor::join_all(
+        workers
+            .iter()
+            .map(|w| evidence::collect(w, hang::EVIDENCE_BOUND)),
+    )
+    .await
+}
+
+/// One line per worker saying where its evidence is.
+fn say_evidence(w: &Watched, e: &Evidence) {
+    let mut parts = Vec::new();
+    if let Some(p) = &e.stacks {
+        parts.push(format!("stacks {}", p.display()));
+    }
+    if let Some(p) = &e.flight_recorder {
+        parts.push(format!("flight recorder {}", p.display()));
+    }
+    if let Some(p) = &e.kernel {
+        parts.push(format!("threads {}", p.display()));
+    }
+    if !parts.is_empty() {
+        say(format_args!(
+            "rank {} evidence: {}",
+            w.global_rank,
+            parts.join(", ")
+        ));
+    }
+}
+
+/// The hung worker's error file, as torchelastic writes one (the report and the launcher's
+/// own TORCHELASTIC_ERROR_FILE take it from there): the hang, and its stacks if it gave them.
+fn write_hang_error_file(path: &std::path::Path, hung: &Hung, stacks: Option<&str>) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let body = serde_json::json!({"message": {
+        "message": format!("hang: {}", hung.describe()),
+        "extraInfo": {
+            "py_callstack": stacks.unwrap_or("(no stacks: the worker registered no stack signal and py-spy is not installed)"),
+            "timestamp": now.to_string(),
+        },
+    }});
+    let _ = std::fs::write(path, body.to_string());
 }
 
 /// A run id as a directory name.

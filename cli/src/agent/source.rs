@@ -82,6 +82,14 @@ pub trait Source {
     /// Ends the job as failed for every launcher of the run (`why`: the root cause).
     async fn fail_job(&self, why: &str);
 
+    /// The round's store, when other launchers share it (the hang monitor's protocol and
+    /// learned timeouts go through it). None on a fixed layout or in a round of one node.
+    fn shared(&self, round: &Round) -> Option<&rdzv::Store>;
+
+    /// Drains this node with `why` (a failed health check): the others re-form without it at
+    /// once. Nothing to do on a fixed layout.
+    async fn drain_self(&self, why: &str);
+
     /// EXIT BARRIER: keeps a node whose workers all succeeded until every node's did, or
     /// `timeout` passes, or the job fails elsewhere. Returns the launcher's exit status.
     async fn exit_barrier(&self, round: &Round, timeout: Duration, signals: &mut Signals) -> Exit;

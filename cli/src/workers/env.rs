@@ -26,6 +26,15 @@ pub struct GroupSpec<'a> {
     pub virtual_local_rank: bool,
     /// `--numa-binding`: the CPUs of each local rank (empty: no binding).
     pub cpu_binding: &'a [crate::host::cpus::Cpus],
+    /// Each worker gets a progress page (RDZV_PROGRESS_FILE) and a stacks file
+    /// (RDZV_STACKS_FILE) in its directory: the hang monitor reads them.
+    pub progress: bool,
+}
+
+/// A worker's progress page and stacks file, in its directory beside its error file.
+pub fn progress_files(error_file: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = error_file.parent().unwrap_or(Path::new("."));
+    (dir.join("progress"), dir.join("stacks.txt"))
 }
 
 /// The environment torchrun's agent gives a worker (on top of the launcher's own).
@@ -90,6 +99,17 @@ pub fn worker_env(
     }
     if let (Framework::Jax, Some(port)) = (spec.framework, r.coordinator_port) {
         env.extend(jax_env(spec.master_addr, port, r));
+    }
+    if spec.progress {
+        let (page, stacks) = progress_files(error_file);
+        env.push((
+            rdzv::progress::PROGRESS_FILE_ENV.into(),
+            page.display().to_string(),
+        ));
+        env.push((
+            rdzv::progress::STACKS_FILE_ENV.into(),
+            stacks.display().to_string(),
+        ));
     }
     env.extend(spec.extra_env.iter().cloned());
     env
@@ -165,6 +185,7 @@ mod tests {
             framework,
             virtual_local_rank: false,
             cpu_binding: &[],
+            progress: false,
         }
     }
 

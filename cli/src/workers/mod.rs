@@ -73,6 +73,11 @@ impl Group {
         let attempt = AttemptLogs::open(logs, spec.restart_count)?;
         for (index, r) in ranks.iter().enumerate() {
             let (error_file, routes) = attempt.worker(spec.role, r)?;
+            if spec.progress {
+                let (page, stacks) = env::progress_files(&error_file);
+                rdzv::progress::create_page(&page)?;
+                let _ = std::fs::remove_file(stacks);
+            }
             let mut child = match process::spawn(spec, r, &error_file, &routes) {
                 Ok(child) => child,
                 Err(e) => {

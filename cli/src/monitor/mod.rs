@@ -1,0 +1,46 @@
+//! What no exit reports: hung workers, restarts that make no progress, sick nodes.
+//!
+//! Workers report progress through rdzv's progress API (heartbeats and named sections on a page
+//! the launcher maps, `rdzv::progress`); the agent runs these monitors beside its group and
+//! turns what they find into a stop, as it does a worker's exit (`agent/mod.rs`).
+//!
+//! Submodules, each using only those listed before it: `workers` (the group's pages as the
+//! monitors read them, and what a worker's progress looks like to other nodes), `evidence`
+//! (a hung worker's stacks and the kernel's view of every worker), `hang` (timeouts given or
+//! learned, job-wide; detecting a hang; suspect versus victims across nodes), `progress` (the
+//! no-progress restart count), `health` (the node's health command).
+
+pub mod workers;
+
+pub mod evidence;
+
+pub mod hang;
+
+pub mod progress;
+
+pub mod health;
+
+/// Runs the futures concurrently on this task and returns their outputs in order.
+pub async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut set: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = (0..set.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in set.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        match pending {
+            true => std::task::Poll::Pending,
+            false => std::task::Poll::Ready(()),
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|v| v.expect("every future finished"))
+        .collect()
+}
