@@ -5,6 +5,9 @@
 #include <rdzv/rdzv.hpp>
 
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -12,6 +15,11 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
 #include <functional>
 #include <future>
 #include <memory>
@@ -1051,7 +1059,183 @@ TEST(Library, VersionIsTheHeaders) {
   EXPECT_EQ(rdzv::version(), RDZV_VERSION);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Progress (heartbeats and sections). The page is mapped on a process's first progress call,
+// from RDZV_PROGRESS_FILE as it is then, so the monitored cases run in a child: this program
+// again, with RDZV_CPP_TEST_PROGRESS_CHILD naming what it does (main() below), and the test
+// reads the page it wrote at the offsets src/progress/layout.rs documents.
+// ---------------------------------------------------------------------------------------------
+
+extern "C" char** environ;
+
+namespace {
+
+constexpr size_t kPageBytes = 4096;
+constexpr size_t kMagicAt = 0, kVersionPidAt = 8, kBeatsAt = 16, kLastBeatAt = 24, kStepAt = 32,
+                 kStackSignalAt = 56, kOpenDepthAt = 72, kOpenNameAt = 88, kSectionsAt = 192,
+                 kSectionBytes = 64, kSectionCountOff = 40;
+
+// A zeroed page in a temporary file, removed with the object.
+class PageFile {
+ public:
+  PageFile() {
+    const char* dir = std::getenv("TMPDIR");
+    path_ = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/rdzv-progress-XXXXXX";
+    const int fd = ::mkstemp(path_.data());
+    if (fd < 0 || ::ftruncate(fd, kPageBytes) != 0) throw std::runtime_error("cannot make " + path_);
+    ::close(fd);
+  }
+  ~PageFile() { ::unlink(path_.c_str()); }
+  PageFile(const PageFile&) = delete;
+  PageFile& operator=(const PageFile&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  std::string bytes() const {
+    std::ifstream in(path_, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  uint64_t word(size_t offset) const {
+    const std::string page = bytes();
+    uint64_t w = 0;
+    if (page.size() >= offset + 8) std::memcpy(&w, page.data() + offset, 8);
+    return w;
+  }
+  std::string name(size_t offset, size_t len) const {
+    const std::string page = bytes().substr(offset, len);
+    return page.substr(0, page.find('\0'));
+  }
+
+ private:
+  std::string path_;
+};
+
+// Runs this program as a progress child doing `mode`, with RDZV_PROGRESS_FILE set to `page`
+// ("" leaves it unset); returns its exit status (-1 if it did not exit).
+int run_progress_child(const std::string& mode, const std::string& page) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string var(*e);
+    if (var.rfind("RDZV_PROGRESS_FILE=", 0) != 0 && var.rfind("RDZV_CPP_TEST_PROGRESS_CHILD=", 0) != 0)
+      env.push_back(var);
+  }
+  env.push_back("RDZV_CPP_TEST_PROGRESS_CHILD=" + mode);
+  if (!page.empty()) env.push_back("RDZV_PROGRESS_FILE=" + page);
+  std::vector<char*> envp;
+  for (auto& var : env) envp.push_back(var.data());
+  envp.push_back(nullptr);
+  char arg0[] = "rdzv_cpp_tests";
+  char* argv[] = {arg0, nullptr};
+  pid_t pid = 0;
+  if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return -1;
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+template <class E, class Fn>
+bool throws(Fn&& fn) {
+  try {
+    fn();
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+  }
+  return false;
+}
+
+// The child's side. Says what went wrong on stderr (which the test shows) and exits 1.
+int progress_child(const std::string& mode) {
+  const auto fail = [](const char* what) {
+    std::cerr << "progress child: " << what << "\n";
+    return 1;
+  };
+  if (mode == "unmappable") {
+    // RDZV_PROGRESS_FILE names no file: not monitored, and nothing fails.
+    if (rdzv::is_monitored()) return fail("monitored without a page");
+    rdzv::heartbeat();
+    rdzv::heartbeat(3);
+    rdzv::section_begin("step");
+    rdzv::section_end("step");
+    return 0;
+  }
+  if (mode != "monitored") return fail("unknown mode");
+  if (!rdzv::is_monitored()) return fail("not monitored");
+  rdzv::heartbeat();
+  rdzv::heartbeat();
+  rdzv::heartbeat(41);  // beats 3, step 41 (the page holds step + 1)
+  if (!throws<rdzv::InvalidArgumentError>([] { rdzv::heartbeat(-1); }))
+    return fail("heartbeat(-1) did not throw InvalidArgumentError");
+  { rdzv::Section step("step"); }  // one ended "step"
+  {
+    rdzv::Section moved("moved");
+    rdzv::Section owner(std::move(moved));  // only `owner` ends it, once
+    if (moved.is_open() || !owner.is_open()) return fail("a moved Section still owns its section");
+  }
+  if (!throws<rdzv::InvalidArgumentError>([] { rdzv::section_end("never-open"); }))
+    return fail("ending a section that is not open did not throw under monitoring");
+  rdzv::Section early("early");
+  early.end();
+  if (!throws<rdzv::InvalidArgumentError>([] { rdzv::section_end("early"); }))
+    return fail("Section::end() left its section open");
+  rdzv::set_stack_signal(SIGRTMIN + 4);
+  rdzv::section_begin("outer");
+  rdzv::section_begin("forward");  // left open: depth 2, innermost "forward"
+  return 0;
+}
+
+TEST(Progress, HeartbeatsStepAndSectionsReachThePage) {
+  PageFile page;
+  ASSERT_EQ(run_progress_child("monitored", page.path()), 0) << "see the child's stderr above";
+  EXPECT_EQ(page.name(kMagicAt, 8), "RDZVPRG1");
+  EXPECT_EQ(page.word(kVersionPidAt) & 0xffffffffu, 1u);  // layout version
+  EXPECT_NE(page.word(kVersionPidAt) >> 32, 0u);          // the child's pid
+  EXPECT_EQ(page.word(kBeatsAt), 3u);
+  EXPECT_GT(page.word(kLastBeatAt), 0u);
+  EXPECT_EQ(page.word(kStepAt), 42u);
+  EXPECT_EQ(page.word(kStackSignalAt), static_cast<uint64_t>(SIGRTMIN + 4));
+  EXPECT_EQ(page.word(kOpenDepthAt), 2u);
+  EXPECT_EQ(page.name(kOpenNameAt, 48), "forward");
+  // Ended sections, in the order their names were first ended: one of each.
+  const char* ended[] = {"step", "moved", "early"};
+  for (size_t slot = 0; slot < 3; ++slot) {
+    const size_t at = kSectionsAt + slot * kSectionBytes;
+    EXPECT_EQ(page.name(at, 40), ended[slot]);
+    EXPECT_EQ(page.word(at + kSectionCountOff), 1u) << ended[slot];
+  }
+}
+
+TEST(Progress, AProgressFileThatCannotBeMappedIsNotMonitoredAndNothingFails) {
+  EXPECT_EQ(run_progress_child("unmappable", "/nonexistent/rdzv-progress-page"), 0);
+}
+
+TEST(Progress, OutsideRdzvRunEveryCallIsANoOpButBadNamesFail) {
+  if (std::getenv("RDZV_PROGRESS_FILE") != nullptr) GTEST_SKIP() << "RDZV_PROGRESS_FILE is set";
+  EXPECT_FALSE(rdzv::is_monitored());
+  rdzv::heartbeat();
+  EXPECT_NO_THROW(rdzv::heartbeat(7));
+  EXPECT_NO_THROW(rdzv::section_begin("step"));
+  EXPECT_NO_THROW(rdzv::section_end("step"));
+  EXPECT_NO_THROW(rdzv::section_end("never-open"));  // only checked under rdzv run
+  EXPECT_NO_THROW({ rdzv::Section s("forward"); });
+  EXPECT_NO_THROW(rdzv::set_stack_signal(0));
+  // Steps and names are checked everywhere.
+  EXPECT_THROW(rdzv::heartbeat(-1), rdzv::InvalidArgumentError);
+  EXPECT_THROW(rdzv::section_begin(""), rdzv::InvalidArgumentError);
+  EXPECT_THROW(rdzv::section_begin(std::string(40, 'x')), rdzv::InvalidArgumentError);
+  EXPECT_NO_THROW(rdzv::section_begin(std::string(39, 'x')));
+  EXPECT_THROW(rdzv::section_end(std::string("a\0b", 3)), rdzv::InvalidArgumentError);
+  EXPECT_THROW(rdzv::Section(""), rdzv::InvalidArgumentError);
+  EXPECT_THROW(rdzv::set_stack_signal(65), rdzv::InvalidArgumentError);
+  static_assert(!std::is_copy_constructible_v<rdzv::Section>);
+  static_assert(std::is_nothrow_move_constructible_v<rdzv::Section>);
+  static_assert(std::is_nothrow_destructible_v<rdzv::Section>);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (const char* mode = std::getenv("RDZV_CPP_TEST_PROGRESS_CHILD")) return progress_child(mode);
   ::testing::InitGoogleTest(&argc, argv);
   ::testing::AddGlobalTestEnvironment(new EtcdEnvironment);
   return RUN_ALL_TESTS();

@@ -15,6 +15,9 @@
 // being read. Destroying a handle while another
 // thread uses it is undefined, as in C: call shutdown() and join the other threads first.
 //
+// heartbeat(), section_begin()/section_end(), the RAII Section and is_monitored() feed `rdzv run`'s
+// hang monitor; outside it they do nothing (see "Progress" below).
+//
 // A moved-from object holds no handle; calls on it throw ShutdownError, as calls on a closed
 // handle do in every binding. A Store's calls throw ShutdownError once its Rendezvous is shut
 // down or destroyed: keep the Rendezvous alive while its stores are used.
@@ -292,6 +295,108 @@ inline void set_log_handler(LogHandler handler) {
   rdzv_set_log_handler(next ? &detail::log_trampoline : nullptr, next.get());
   detail::log_handler_slot() = std::move(next);  // the old one is finished with: free it
 }
+
+// ---------------------------------------------------------------------------------------------
+// Progress: heartbeats and sections, for `rdzv run`'s hang monitor
+// ---------------------------------------------------------------------------------------------
+//
+// Under `rdzv run` each call is a few stores to a page the launcher reads (tens of
+// nanoseconds, no system call); outside it (no RDZV_PROGRESS_FILE) every call returns at once,
+// but names and steps are still checked, so a bad one is found before a real run. The page is
+// mapped on the process's first progress call. All of these are safe from any thread; sections
+// are the process's, not a thread's.
+
+/// One heartbeat: the worker made progress (call it once per training step). Never throws.
+inline void heartbeat() noexcept { rdzv_heartbeat(); }
+
+/// A heartbeat that also says which step the worker reached (a global iteration that goes on
+/// from a checkpoint across restarts). Throws InvalidArgumentError for a negative step.
+inline void heartbeat(int64_t step) {
+  detail::call([&](rdzv_error_t** e) { return rdzv_heartbeat_step(step, e); });
+}
+
+namespace detail {
+/// A section name as C wants it; a NUL inside would cut the name short, so it is refused here.
+inline const char* section_name(const std::string& name) {
+  if (name.find('\0') != std::string::npos)
+    throw InvalidArgumentError(RDZV_ERR_INVALID_ARGUMENT, "section name: contains a NUL byte");
+  return name.c_str();
+}
+}  // namespace detail
+
+/// Opens the section `name` (1 to 39 bytes of UTF-8): `rdzv run --section-timeout name=SECONDS`
+/// runs until section_end(name). Sections nest. Throws InvalidArgumentError for a bad name.
+inline void section_begin(const std::string& name) {
+  const char* c = detail::section_name(name);
+  detail::call([&](rdzv_error_t** e) { return rdzv_section_begin(c, e); });
+}
+
+/// Closes the innermost open section called `name` and records how long it took. Throws
+/// InvalidArgumentError for a bad name, and under `rdzv run` when no such section is open.
+inline void section_end(const std::string& name) {
+  const char* c = detail::section_name(name);
+  detail::call([&](rdzv_error_t** e) { return rdzv_section_end(c, e); });
+}
+
+/// Whether this process runs under `rdzv run`'s progress monitoring (its calls are seen).
+inline bool is_monitored() noexcept { return rdzv_is_monitored(); }
+
+/// Tells `rdzv run` which signal makes this process write its threads' stacks to the file named
+/// by RDZV_STACKS_FILE; 0 takes it back. Only for a process that installed such a handler: the
+/// launcher sends the signal to a hung worker, whose default action would otherwise end it.
+inline void set_stack_signal(int signal) {
+  detail::call([&](rdzv_error_t** e) { return rdzv_set_stack_signal(signal, e); });
+}
+
+/// A section open for the object's lifetime: the constructor opens it (and throws as
+/// section_begin does), the destructor closes it and never throws. end() closes it early and
+/// throws on failure. Move-only; a moved-from Section closes nothing.
+///
+///   for (...) { rdzv::Section step("step"); forward(); backward(); rdzv::heartbeat(i); }
+class Section {
+ public:
+  explicit Section(std::string name) : name_(std::move(name)) {
+    section_begin(name_);
+    open_ = true;
+  }
+  ~Section() { end_quietly(); }
+
+  Section(Section&& other) noexcept
+      : name_(std::move(other.name_)), open_(std::exchange(other.open_, false)) {}
+  Section& operator=(Section&& other) noexcept {
+    if (this != &other) {
+      end_quietly();
+      name_ = std::move(other.name_);
+      open_ = std::exchange(other.open_, false);
+    }
+    return *this;
+  }
+  Section(const Section&) = delete;
+  Section& operator=(const Section&) = delete;
+
+  /// Closes the section now (the destructor then does nothing); throws as section_end does.
+  void end() {
+    if (!open_) return;
+    open_ = false;
+    section_end(name_);
+  }
+
+  const std::string& name() const noexcept { return name_; }
+  /// Whether this object still has its section open.
+  bool is_open() const noexcept { return open_; }
+
+ private:
+  void end_quietly() noexcept {
+    if (!open_) return;
+    open_ = false;
+    rdzv_error_t* err = nullptr;
+    rdzv_section_end(name_.c_str(), &err);  // a destructor must not throw: a failure is dropped
+    rdzv_error_free(err);
+  }
+
+  std::string name_;
+  bool open_ = false;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Cancel tokens
