@@ -11,6 +11,10 @@ The API mirrors ``torch.distributed.elastic.rendezvous``; torch is not needed
 (``rdzv.torch_backend`` plugs this into torchrun when it is installed). ``rdzv.Admin`` is an
 operator's or scheduler's handle on a run, which never joins it (status, watch, close, purge,
 drain).
+
+A worker under ``rdzv run`` reports progress for its hang monitor with ``rdzv.heartbeat()``
+and ``rdzv.section(name)`` (``rdzv.progress``; no-ops elsewhere); ``rdzv.fault_tolerance`` has
+NVRx's ``RankMonitorClient`` on top of them.
 """
 
 from . import admin
@@ -31,6 +35,9 @@ from .errors import (
 )
 from .handler import EtcdV3RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
 from .params import ParametersLike, RendezvousParameters
+
+# Under rdzv run, importing progress registers faulthandler for the launcher's stack dumps.
+from .progress import heartbeat, is_monitored, section, section_begin, section_end
 from .store import Store
 
 __version__ = "0.1.0"
@@ -67,5 +74,10 @@ __all__ = [
     "Status",
     "Store",
     "Timeout",
+    "heartbeat",
+    "is_monitored",
+    "section",
+    "section_begin",
+    "section_end",
     "version",
 ]

@@ -181,6 +181,12 @@ SIGNATURES = {
     ),
     "rdzv_params_set": (rdzv_status_t, [ParamsP, c_char_p, c_char_p, ErrorPP]),
     "rdzv_params_free": (None, [ParamsP]),
+    "rdzv_heartbeat": (None, []),
+    "rdzv_heartbeat_step": (rdzv_status_t, [c_int64, ErrorPP]),
+    "rdzv_section_begin": (rdzv_status_t, [c_char_p, ErrorPP]),
+    "rdzv_section_end": (rdzv_status_t, [c_char_p, ErrorPP]),
+    "rdzv_set_stack_signal": (rdzv_status_t, [c_int32, ErrorPP]),
+    "rdzv_is_monitored": (c_bool, []),
     "rdzv_new": (rdzv_status_t, [ParamsP, POINTER(RdzvP), ErrorPP]),
     "rdzv_next": (rdzv_status_t, [RdzvP, POINTER(rdzv_round_t), POINTER(StoreP), ErrorPP]),
     "rdzv_next_with_cancel": (
