@@ -143,6 +143,19 @@ impl BlockingRendezvous {
             },
         ))
     }
+    /// The run's store, which lives as long as the run, across rounds
+    /// (`Rendezvous::run_store`).
+    pub fn run_store(&self) -> Result<BlockingStore> {
+        self.run_store_with(&CancelToken::new())
+    }
+    /// `run_store`, ended by `cancel`.
+    pub fn run_store_with(&self, cancel: &CancelToken) -> Result<BlockingStore> {
+        let store = self.owned.run(self.inner.run_store_with(cancel))?;
+        Ok(BlockingStore {
+            owned: Owned::new()?,
+            inner: store,
+        })
+    }
     pub fn is_closed(&self) -> Result<bool> {
         self.owned.run(self.inner.is_closed())
     }
@@ -330,7 +343,7 @@ impl Drop for BlockingAdmin {
     }
 }
 
-/// A blocking handle on one round's store.
+/// A blocking handle on one round's store, or on the run's (`BlockingRendezvous::run_store`).
 pub struct BlockingStore {
     owned: Owned,
     inner: Store,
@@ -447,8 +460,13 @@ impl BlockingStore {
     pub fn cancel(&self) {
         self.inner.cancel()
     }
+    /// The store's round; `u64::MAX` for the run's store.
     pub fn round(&self) -> u64 {
         self.inner.round()
+    }
+    /// True for the run's store.
+    pub fn is_run_store(&self) -> bool {
+        self.inner.is_run_store()
     }
 }
 

@@ -16,6 +16,7 @@
 //! r/{round:020}/lane/{k:04}/closed  written with `closed` while this round was open
 //! r/{round:020}/lane/{k:04}/drain/{node}  written with `drain/{node}` while this round was open
 //! r/{round:020}/store/{key}    the round's key-value store
+//! store/{key}                  the run's key-value store (across rounds), bound to the run's lease
 //! ```
 //!
 //! Round numbers are zero-padded so a range over `r/` lists rounds in order. A node's lane is
@@ -141,6 +142,11 @@ impl Keys {
     pub fn store_prefix(&self, round: u64) -> String {
         format!("{}store/", self.round_prefix(round))
     }
+    /// The run's store: it lives as long as the run (its values are bound to the run's lease,
+    /// its writes guarded by `lease`), across rounds.
+    pub fn run_store_prefix(&self) -> String {
+        format!("{}store/", self.namespace)
+    }
 
     /// The node id at the end of a `join/`, `gone/`, `alive/` or `drain/` key.
     pub fn node_of(key: &[u8]) -> Option<&str> {
@@ -196,5 +202,23 @@ mod tests {
             keys.lane_drain(3, 7, "sealed").as_bytes()
         ));
         assert_eq!(Keys::node_of(keys.alive("n7").as_bytes()), Some("n7"));
+    }
+
+    #[test]
+    fn the_run_store_is_apart_from_the_rounds_and_the_run_s_own_keys() {
+        let keys = Keys::new("/p", "job");
+        let store = keys.run_store_prefix();
+        assert_eq!(store, "/p/job/store/");
+        for key in [
+            keys.closed(),
+            keys.current(),
+            keys.run_lease(),
+            keys.alive("n1"),
+            keys.drain("n1"),
+            keys.rounds_prefix(),
+            keys.store_prefix(0),
+        ] {
+            assert!(!key.starts_with(&store), "{key}");
+        }
     }
 }

@@ -431,6 +431,52 @@ impl Rendezvous {
         Ok(members)
     }
 
+    /// The run's store: the store of a round (`set`, `get`, `add`, `compare_set`, `wait`, ...,
+    /// with the same semantics and limits) that lives as long as the run instead of two
+    /// rounds, for what a job keeps across rounds: a restart budget (`add` is atomic across
+    /// nodes), the last hang report, each node's last health check, why a node left. Keys
+    /// under `notes/` are the run's notes, which `Admin::status` (and `rdzv status`) shows.
+    ///
+    /// Every value is bound to the run's lease, so the store goes with the run: deleted by the
+    /// last node out and by a purge, and expired one `lease_ttl` after no node is left to
+    /// refresh the lease. Every write is guarded by the run's `lease` key still naming the
+    /// lease the store was made with, so a store whose run is gone (or started over under a
+    /// new lease, after every node was cut off for longer than `lease_ttl`) fails with a state
+    /// error and writes nothing; take it again then. Calls fail with *shutdown* once this node
+    /// is shut down; waits end as a round store's do (closed run, shutdown, `Store::cancel`,
+    /// a token). `Store::round` returns `u64::MAX` for it.
+    ///
+    /// Needs no round: a node may take it as soon as it is made. Asks etcd only when this
+    /// node's leases have lapsed (it then registers again, as `next` would).
+    ///
+    /// ```no_run
+    /// # async fn budget(node: &rdzv::Rendezvous) -> rdzv::Result<()> {
+    /// let run = node.run_store().await?;
+    /// if run.add("restarts", 1).await? > 3 {
+    ///     run.set("notes/failed", b"restart budget spent").await?;
+    ///     node.set_failed("restart budget spent").await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn run_store(&self) -> Result<Store> {
+        self.check_not_shut_down()?;
+        self.ensure_lease(self.quick_deadline()).await?;
+        let lease = self.run_lease_id()?;
+        Ok(Store::for_run(
+            self.etcd.clone(),
+            &self.keys,
+            lease,
+            self.params.store_timeout(),
+            self.shutdown.subscribe(),
+        ))
+    }
+
+    /// `run_store`, ended by `token`.
+    pub async fn run_store_with(&self, token: &CancelToken) -> Result<Store> {
+        token.run("run_store", self.run_store()).await
+    }
+
     fn member_of(&self, mut sealed: FinalRecord, rank: u32) -> (RoundInfo, Store) {
         // The lane's ranks were for finding this node's own: not kept.
         sealed.lane = None;
@@ -1188,8 +1234,8 @@ impl Rendezvous {
         Ok(())
     }
 
-    /// The last node out of a run deletes its rounds, stores, round counter and lease, so a
-    /// finished job leaves nothing behind and a later job with the same id starts from round 0.
+    /// The last node out of a run deletes its rounds, stores (the rounds' and the run's), round
+    /// counter and lease, so a finished job leaves nothing behind and a later job with the same id starts from round 0.
     /// `closed` stays until its retention lease expires. Guarded by "no live node": a node that
     /// is still there (even one that is only waiting, or one that died and whose lease has not
     /// expired yet) keeps the run as it is; the run's lease then removes it later.
@@ -1221,6 +1267,10 @@ impl Rendezvous {
             .and_then([
                 TxnOp::delete(
                     self.keys.rounds_prefix(),
+                    Some(DeleteOptions::new().with_prefix()),
+                ),
+                TxnOp::delete(
+                    self.keys.run_store_prefix(),
                     Some(DeleteOptions::new().with_prefix()),
                 ),
                 TxnOp::delete(self.keys.current(), None),

@@ -5,7 +5,14 @@
 //!
 //! A store lives exactly as long as its round's `final` key: every write is guarded by it, so
 //! a store whose round was deleted (rotated out, or the run finished and was cleaned up) fails
-//! instead of writing keys nobody will ever delete. Waits end early when they can no longer
+//! instead of writing keys nobody will ever delete.
+//!
+//! The run's store (`Rendezvous::run_store`) is the same store over `store/` at the run's
+//! level, for what must outlive a round (a job-wide restart budget, why a node left). It lives
+//! as long as the run's lease it was made with: its values are bound to that lease, and every
+//! write is guarded by the run's `lease` key still naming it, as a round's store is by `final`.
+//! The last node out and a purge delete `lease` with the rest of the run, so a run store of a
+//! finished run writes nothing either. Waits end early when they can no longer
 //! succeed: the run closed with the keys still missing, the node shut down, `cancel`, or the
 //! caller's cancel token. Those, and the wait's deadline, end it whatever etcd is doing: a
 //! read or a watch that etcd does not answer is abandoned (a wait writes nothing, so there is
@@ -53,10 +60,12 @@ struct Waiting<'a> {
 #[derive(Clone)]
 pub struct Store {
     etcd: Etcd,
-    round: u64,
+    /// The round this store belongs to; None for the run's store.
+    round: Option<u64>,
     prefix: String,
-    /// The round's `final` key: the store exists while it does.
-    sealed: String,
+    /// The key the store lives by: the round's `final` (the store exists while it does), or
+    /// the run's `lease` (the run's store exists while it names the store's lease).
+    anchor: String,
     closed: String,
     /// The run's lease, to which every value is bound (as the round's `final` is): a store
     /// whose nodes are all gone expires with the rest of the run.
@@ -86,9 +95,9 @@ impl Store {
     ) -> Store {
         Store {
             etcd,
-            round,
+            round: Some(round),
             prefix: keys.store_prefix(round),
-            sealed: keys.final_(round),
+            anchor: keys.final_(round),
             closed: keys.closed(),
             lease,
             timeout: Arc::new(Mutex::new(timeout)),
@@ -97,9 +106,46 @@ impl Store {
         }
     }
 
-    /// The round this store belongs to.
+    /// The run's store, its values bound to the run's lease `lease` and its writes guarded by
+    /// the run's `lease` key naming it.
+    pub(crate) fn for_run(
+        etcd: Etcd,
+        keys: &Keys,
+        lease: i64,
+        timeout: Duration,
+        shutdown: watch::Receiver<bool>,
+    ) -> Store {
+        Store {
+            etcd,
+            round: None,
+            prefix: keys.run_store_prefix(),
+            anchor: keys.run_lease(),
+            closed: keys.closed(),
+            lease: Some(lease),
+            timeout: Arc::new(Mutex::new(timeout)),
+            shutdown,
+            cancel: Arc::new(HandleCancel::default()),
+        }
+    }
+
+    /// The round this store belongs to. The run's store (`Rendezvous::run_store`) belongs to
+    /// none: for it this is `u64::MAX`, a number no round ever has (`is_run_store` says so
+    /// too).
     pub fn round(&self) -> u64 {
-        self.round
+        self.round.unwrap_or(u64::MAX)
+    }
+
+    /// True for the run's store (`Rendezvous::run_store`), false for a round's.
+    pub fn is_run_store(&self) -> bool {
+        self.round.is_none()
+    }
+
+    /// How the errors of waits name this store.
+    fn what(&self) -> &'static str {
+        match self.round {
+            Some(_) => "store",
+            None => "run store",
+        }
     }
 
     /// The default timeout of `get`, `wait` and `multi_get` (c10d's `set_timeout`).
@@ -123,12 +169,19 @@ impl Store {
 
     fn usable(&self) -> Result<()> {
         match *self.shutdown.borrow() {
-            true => Err(Error::new(
-                ErrorKind::Shutdown,
-                "store: the node that joined this round was shut down",
-            )),
+            true => Err(self.shut_down()),
             false => Ok(()),
         }
+    }
+
+    fn shut_down(&self) -> Error {
+        Error::new(
+            ErrorKind::Shutdown,
+            match self.round {
+                Some(_) => "store: the node that joined this round was shut down",
+                None => "run store: the node it was taken from was shut down",
+            },
+        )
     }
 
     fn key(&self, key: &str) -> Result<String> {
@@ -179,27 +232,63 @@ impl Store {
         ))
     }
 
-    fn round_exists(&self) -> Compare {
-        Compare::create_revision(self.sealed.clone(), CompareOp::Greater, 0)
-    }
-
-    /// The error for a store whose round no longer exists in etcd.
-    fn gone(&self, closed: bool) -> Error {
-        match closed {
-            true => Error::closed(format!(
-                "store of round {}: the run was closed and its data deleted",
-                self.round
-            )),
-            false => Error::state(format!(
-                "store of round {} no longer exists: the run moved on (a round's store is \
-                 deleted when the round two after it forms) or its data was deleted",
-                self.round
-            )),
+    /// The guard of every write: the store's round (its `final`), or for the run's store the
+    /// run's `lease` key naming the store's lease, still exists.
+    fn exists(&self) -> Compare {
+        match (self.round, self.lease) {
+            (None, Some(lease)) => {
+                Compare::value(self.anchor.clone(), CompareOp::Equal, lease.to_string())
+            }
+            _ => Compare::create_revision(self.anchor.clone(), CompareOp::Greater, 0),
         }
     }
 
-    /// Sends a write guarded by "the round still exists"; its else branch reads `final` and
-    /// `closed` after `extra` reads of its own, so the caller can tell why it failed.
+    /// A read of the key the store lives by, for `exists_in`: a count for a round's `final`
+    /// (the value is of no use here), the value for the run's `lease` (a decimal id).
+    fn read_anchor(&self) -> TxnOp {
+        let options = match self.round {
+            Some(_) => Some(GetOptions::new().with_count_only()),
+            None => None,
+        };
+        TxnOp::get(self.anchor.clone(), options)
+    }
+
+    /// Whether `read_anchor`'s answer says the store still exists (as `exists` would).
+    fn exists_in(&self, got: &etcd_client::GetResponse) -> bool {
+        match (self.round, self.lease) {
+            (None, Some(lease)) => got
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.value() == lease.to_string().as_bytes()),
+            _ => got.count() > 0,
+        }
+    }
+
+    /// The error for a store whose round (or run) no longer exists in etcd.
+    fn gone(&self, closed: bool) -> Error {
+        match (self.round, closed) {
+            (Some(round), true) => Error::closed(format!(
+                "store of round {round}: the run was closed and its data deleted"
+            )),
+            (Some(round), false) => Error::state(format!(
+                "store of round {round} no longer exists: the run moved on (a round's store is \
+                 deleted when the round two after it forms) or its data was deleted"
+            )),
+            (None, true) => Error::closed(
+                "run store: the run was closed and its data deleted (its last node left, or it \
+                 was purged)",
+            ),
+            (None, false) => Error::state(
+                "run store no longer exists: the run finished (its last node left), was \
+                 purged, or its lease expired with every node cut off and it started over \
+                 (take the run store again)",
+            ),
+        }
+    }
+
+    /// Sends a write guarded by "the store still exists"; its else branch reads the key the
+    /// store lives by and `closed` after `extra` reads of its own, so the caller can tell why
+    /// it failed.
     async fn guarded(
         &self,
         what: &str,
@@ -208,12 +297,9 @@ impl Store {
         mut reads: Vec<TxnOp>,
     ) -> Result<std::result::Result<TxnResponse, Vec<etcd_client::GetResponse>>> {
         self.usable()?;
-        let mut when = vec![self.round_exists()];
+        let mut when = vec![self.exists()];
         when.extend(guards);
-        reads.push(TxnOp::get(
-            self.sealed.clone(),
-            Some(GetOptions::new().with_count_only()),
-        ));
+        reads.push(self.read_anchor());
         reads.push(TxnOp::get(
             self.closed.clone(),
             Some(GetOptions::new().with_count_only()),
@@ -224,8 +310,8 @@ impl Store {
             return Ok(Ok(resp));
         }
         let got = ranges(&resp);
-        let (sealed, closed) = (&got[got.len() - 2], &got[got.len() - 1]);
-        if sealed.count() == 0 {
+        let (anchor, closed) = (&got[got.len() - 2], &got[got.len() - 1]);
+        if !self.exists_in(anchor) {
             return Err(self.gone(closed.count() > 0));
         }
         Ok(Err(got))
@@ -237,7 +323,7 @@ impl Store {
         let put = self.put(full, value.to_vec())?;
         self.guarded("store set", vec![], vec![put], vec![])
             .await?
-            .map_err(|_| Error::internal("store set: guard failed with the round present"))?;
+            .map_err(|_| Error::internal("store set: guard failed with the store present"))?;
         Ok(())
     }
 
@@ -376,7 +462,7 @@ impl Store {
             )
             .await?
             .map_err(|_| {
-                Error::internal("store delete_key: guard failed with the round present")
+                Error::internal("store delete_key: guard failed with the store present")
             })?;
         Ok(resp
             .op_responses()
@@ -384,13 +470,13 @@ impl Store {
             .any(|op| matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0)))
     }
 
-    /// Number of keys in this round's store.
+    /// Number of keys in this store.
     pub async fn num_keys(&self) -> Result<i64> {
         self.usable()?;
         let count = GetOptions::new().with_count_only();
         let txn = Txn::new().and_then([
             TxnOp::get(self.prefix.clone(), Some(count.clone().with_prefix())),
-            TxnOp::get(self.sealed.clone(), Some(count.clone())),
+            self.read_anchor(),
             TxnOp::get(self.closed.clone(), Some(count)),
         ]);
         let resp = self
@@ -398,7 +484,7 @@ impl Store {
             .txn(self.op_deadline(), "store num_keys", txn)
             .await?;
         let got = ranges(&resp);
-        if got[1].count() == 0 {
+        if !self.exists_in(&got[1]) {
             return Err(self.gone(got[2].count() > 0));
         }
         Ok(got[0].count())
@@ -453,7 +539,7 @@ impl Store {
             let chunk: Vec<TxnOp> = ops.by_ref().take(WRITE_KEYS_PER_TXN).collect();
             self.guarded("store set", vec![], chunk, vec![])
                 .await?
-                .map_err(|_| Error::internal("store set: guard failed with the round present"))?;
+                .map_err(|_| Error::internal("store set: guard failed with the store present"))?;
         }
         Ok(())
     }
@@ -540,15 +626,15 @@ impl Store {
             .map(|k| TxnOp::get(k.clone(), None))
             .collect();
         let count = GetOptions::new().with_count_only();
-        ops.push(TxnOp::get(self.sealed.clone(), Some(count.clone())));
+        ops.push(self.read_anchor());
         ops.push(TxnOp::get(self.closed.clone(), Some(count)));
         let resp = self
             .etcd
             .txn(deadline, "store get", Txn::new().and_then(ops))
             .await?;
         let got = ranges(&resp);
-        let (sealed, closed) = (&got[first], got[first + 1].count() > 0);
-        if sealed.count() == 0 {
+        let (anchor, closed) = (&got[first], got[first + 1].count() > 0);
+        if !self.exists_in(anchor) {
             return Err(self.gone(closed));
         }
         let value = |g: &etcd_client::GetResponse| g.kvs().first().map(|kv| kv.value().to_vec());
@@ -571,7 +657,8 @@ impl Store {
 
     /// Read, then watch the store until every missing key appears. Ends early, with the
     /// matching error, when the keys can no longer appear for this caller: the run was closed
-    /// with keys still missing, the round's data was deleted, the node shut down, or `cancel`.
+    /// with keys still missing, the round's (or run's) data was deleted, the node shut down, or
+    /// `cancel`.
     async fn wait_for(&self, keys: &[&str], waiting: Waiting<'_>) -> Result<Vec<Vec<u8>>> {
         let started = Instant::now();
         let call = &waiting.call;
@@ -587,7 +674,7 @@ impl Store {
         call.ended(&result);
         let who = self.etcd.who();
         tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
-            keys = %keys.join(","), waited_ms = started.elapsed().as_millis() as u64,
+            run_store = self.is_run_store(), keys = %keys.join(","), waited_ms = started.elapsed().as_millis() as u64,
             outcome = %result.as_ref().map_or_else(|e| e.to_string(), |_| "found".into()), "store wait ended");
         result
     }
@@ -605,10 +692,10 @@ impl Store {
         let by_cancel = || {
             Error::new(
                 ErrorKind::Cancelled,
-                "store: wait cancelled by rdzv_store_cancel",
+                format!("{}: wait cancelled by rdzv_store_cancel", self.what()),
             )
         };
-        let by_token = || cancelled_by_token("store: wait");
+        let by_token = || cancelled_by_token(&format!("{}: wait", self.what()));
         if cancel.is_cancelled() {
             return Err(by_cancel());
         }
@@ -621,10 +708,7 @@ impl Store {
         let mut shutdown = self.shutdown.clone();
         tokio::select! {
             found = self.watch_for_keys(keys, deadline, timeout) => found,
-            _ = shutdown.wait_for(|down| *down) => Err(Error::new(
-                ErrorKind::Shutdown,
-                "store: the node that joined this round was shut down",
-            )),
+            _ = shutdown.wait_for(|down| *down) => Err(self.shut_down()),
             _ = cancel.cancelled() => Err(by_cancel()),
             _ = token.cancelled() => Err(by_token()),
         }
@@ -648,7 +732,8 @@ impl Store {
         let timed_out = |missing: &HashSet<String>| {
             let waited = timeout.unwrap_or_else(|| self.timeout());
             Error::timeout(format!(
-                "store: key(s) {:?} not set within {:.1} s",
+                "{}: key(s) {:?} not set within {:.1} s",
+                self.what(),
                 names(missing),
                 waited.as_secs_f64()
             ))
@@ -656,7 +741,7 @@ impl Store {
         let targets = [
             Target::Prefix(self.prefix.clone()),
             Target::Key(self.closed.clone()),
-            Target::Key(self.sealed.clone()),
+            Target::Key(self.anchor.clone()),
         ];
         let mut watch = None;
         loop {
@@ -680,7 +765,8 @@ impl Store {
             }
             if read.closed {
                 return Err(Error::closed(format!(
-                    "store: the run was closed while key(s) {:?} were still unset",
+                    "{}: the run was closed while key(s) {:?} were still unset",
+                    self.what(),
                     names(&missing)
                 )));
             }
@@ -693,7 +779,7 @@ impl Store {
                 watch = Some(self.etcd.watch(&targets, watch_by).await?);
                 let who = self.etcd.who();
                 tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
-                    missing = %names(&missing).join(","), "store wait watching");
+                    run_store = self.is_run_store(), missing = %names(&missing).join(","), "store wait watching");
                 continue;
             };
             let intact = loop {
@@ -708,10 +794,12 @@ impl Store {
                     let key = String::from_utf8_lossy(kv.key());
                     match ev.event_type() {
                         EventType::Put if key == self.closed => reread = true,
+                        // The run's `lease` rewritten: the run started over under another.
+                        EventType::Put if key == self.anchor => reread = true,
                         EventType::Put => {
                             missing.remove(key.as_ref());
                         }
-                        EventType::Delete if key == self.sealed => reread = true,
+                        EventType::Delete if key == self.anchor => reread = true,
                         EventType::Delete => {}
                     }
                 }

@@ -400,6 +400,11 @@ fn a_run_whose_member_died_leaves_nothing_once_its_leases_expire() {
             let node = node(&url);
             let (_, store) = node.next().unwrap();
             store.set("x", b"1").unwrap();
+            // The run's store goes with the run's lease too.
+            let run = node.run_store().unwrap();
+            run.add("restarts", 1).unwrap();
+            run.set(&format!("notes/{}", node.node_id()), b"here")
+                .unwrap();
             node
         }
     });
@@ -455,6 +460,8 @@ fn a_drained_then_killed_node_leaves_only_the_closed_marker() {
         move |i| {
             let (info, store) = nodes[i].next().unwrap();
             store.set("y", b"1").unwrap();
+            let run = nodes[i].run_store().unwrap();
+            run.set("notes/left", b"drained: preempted").unwrap();
             (info.round, nodes[i].clone())
         }
     });
@@ -488,6 +495,8 @@ fn a_live_node_keeps_the_run_after_the_node_that_created_it_died() {
     let (first, store) = survivor.next().unwrap();
     assert_eq!((first.round, first.world_size), (0, 2));
     store.set("x", b"kept").unwrap();
+    let run_store = survivor.run_store().unwrap();
+    run_store.set("notes/x", b"kept").unwrap();
     victim.round(30);
     victim.child.kill().unwrap();
     victim.child.wait().unwrap();
@@ -511,6 +520,7 @@ fn a_live_node_keeps_the_run_after_the_node_that_created_it_died() {
     let (second, _) = survivor.next().unwrap();
     assert_eq!((second.round, second.world_size), (1, 1), "the run went on");
     assert_eq!(store.get("x", None).unwrap(), b"kept");
+    assert_eq!(run_store.get("notes/x", None).unwrap(), b"kept");
     survivor.shutdown().unwrap();
     assert_eq!(
         count_under(&etcd, &run),

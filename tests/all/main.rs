@@ -25,6 +25,7 @@ mod lifetime;
 mod processes;
 mod races;
 mod rendezvous;
+mod run_store;
 mod scale;
 mod security;
 mod soak;
