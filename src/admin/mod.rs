@@ -20,7 +20,7 @@ use crate::rendezvous::records::{members_from_chunks, FinalRecord, JoinRecord};
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use once_cell::sync::Lazy;
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -54,6 +54,10 @@ pub struct RunStatus {
     pub waiting: Vec<Joiner>,
     /// Live nodes of the run (members, waiting nodes and spares alike).
     pub alive: usize,
+    /// The run's notes: the keys of the run's store (`Rendezvous::run_store`) under `notes/`,
+    /// without that prefix, and their values as text (UTF-8, invalid bytes replaced), in key
+    /// order. What the nodes want an operator to see (why a node left, the last hang report).
+    pub notes: BTreeMap<String, String>,
     /// Alarms the etcd cluster has raised (for every run on it, not this one alone): while
     /// `NOSPACE` is raised etcd refuses every write, so no round forms and no store takes a
     /// value until an operator frees space and disarms it.
@@ -167,6 +171,7 @@ impl RunStatus {
             "lost": self.lost().iter().map(|m| json!({"rank": m.rank, "node": m.node})).collect::<Vec<_>>(),
             "draining": self.draining().iter().map(|m| json!({"rank": m.rank, "node": m.node})).collect::<Vec<_>>(),
             "alive": self.alive,
+            "notes": self.notes,
             "alarms": self.alarms.iter().map(|a| json!({
                 "alarm": a.alarm, "member": format!("{:x}", a.member),
             })).collect::<Vec<_>>(),
@@ -228,6 +233,7 @@ impl Admin {
                 k.drain_prefix(),
                 Some(GetOptions::new().with_prefix().with_keys_only()),
             ),
+            TxnOp::get(k.run_notes_prefix(), Some(GetOptions::new().with_prefix())),
         ]);
         let resp = self.etcd.txn(deadline, "status", first).await?;
         let alarms = self.alarms(deadline).await?;
@@ -238,6 +244,18 @@ impl Admin {
             .kvs()
             .iter()
             .filter_map(|kv| Keys::node_of(kv.key()))
+            .collect();
+        let notes_prefix = k.run_notes_prefix();
+        let notes: BTreeMap<String, String> = got[5]
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let name = kv.key().strip_prefix(notes_prefix.as_bytes())?;
+                Some((
+                    String::from_utf8_lossy(name).into_owned(),
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                ))
+            })
             .collect();
         let open_round: u64 = match current.kvs().first() {
             Some(kv) => std::str::from_utf8(kv.value())
@@ -330,6 +348,7 @@ impl Admin {
             sealed,
             waiting,
             alive: alive.len(),
+            notes,
             alarms,
             revision,
         })
@@ -380,7 +399,7 @@ impl Admin {
     /// Watches the run: `StatusWatch::next` returns the current status first, then each
     /// status that differs from the one before, as etcd reports the change (by watch, not by
     /// polling), read once the burst of changes has passed (see `SETTLE_MAX`). Writes to a
-    /// round's store do not count as changes.
+    /// round's store, and to the run's store outside its notes, do not count as changes.
     pub fn watch(&self) -> StatusWatch {
         StatusWatch {
             admin: self.clone(),
@@ -615,11 +634,17 @@ impl StatusWatch {
     }
 
     /// Store keys (`r/{round}/store/...`) change with the workers' traffic, never with the
-    /// run's membership.
+    /// run's membership; so do the run store's (`store/...`), but for its notes, which the
+    /// status shows.
     fn is_store_key(&self, key: &[u8]) -> bool {
-        let rounds = self.admin.keys.rounds_prefix();
-        key.strip_prefix(rounds.as_bytes())
+        let keys = &self.admin.keys;
+        let rounds = keys.rounds_prefix();
+        let in_round_store = key
+            .strip_prefix(rounds.as_bytes())
             .and_then(|rest| rest.get(20..))
-            .is_some_and(|rest| rest.starts_with(b"/store/"))
+            .is_some_and(|rest| rest.starts_with(b"/store/"));
+        in_round_store
+            || (key.starts_with(keys.run_store_prefix().as_bytes())
+                && !key.starts_with(keys.run_notes_prefix().as_bytes()))
     }
 }

@@ -17,6 +17,7 @@
 //! r/{round:020}/lane/{k:04}/drain/{node}  written with `drain/{node}` while this round was open
 //! r/{round:020}/store/{key}    the round's key-value store
 //! store/{key}                  the run's key-value store (across rounds), bound to the run's lease
+//! store/notes/{name}           the run's notes: keys of the run's store that `Admin::status` shows
 //! ```
 //!
 //! Round numbers are zero-padded so a range over `r/` lists rounds in order. A node's lane is
@@ -42,6 +43,9 @@ pub fn escape_run_id(run_id: &str) -> String {
     }
     out
 }
+
+/// Where the run's notes are in the run's store (a key of that store, as its user writes it).
+pub const RUN_NOTES: &str = "notes/";
 
 #[derive(Clone, Debug)]
 pub struct Keys {
@@ -147,6 +151,11 @@ impl Keys {
     pub fn run_store_prefix(&self) -> String {
         format!("{}store/", self.namespace)
     }
+    /// The run's notes: the keys of the run's store under `notes/`, which operators see in
+    /// the run's status.
+    pub fn run_notes_prefix(&self) -> String {
+        format!("{}{RUN_NOTES}", self.run_store_prefix())
+    }
 
     /// The node id at the end of a `join/`, `gone/`, `alive/` or `drain/` key.
     pub fn node_of(key: &[u8]) -> Option<&str> {
@@ -209,6 +218,7 @@ mod tests {
         let keys = Keys::new("/p", "job");
         let store = keys.run_store_prefix();
         assert_eq!(store, "/p/job/store/");
+        assert!(keys.run_notes_prefix().starts_with(&store));
         for key in [
             keys.closed(),
             keys.current(),

@@ -467,6 +467,7 @@ mod tests {
                 draining: false,
             }],
             alive: 3,
+            notes: Default::default(),
             alarms: vec![],
             revision: 42,
         };

@@ -1,13 +1,14 @@
 //! The run's store (`Rendezvous::run_store`) against a real etcd: it outlives rounds, its
 //! `add` is exact across nodes, it goes with the run (deleted by the last node out and by a
-//! purge, nothing written after), and its waits end as a round store's do.
+//! purge, nothing written after), its waits end as a round store's do, and its `notes/` keys
+//! are in the run's status, its JSON and its watch.
 
 use crate::common;
 
 use common::node::run_of;
 use common::{on_threads, Etcd};
 use rdzv::admin::{Admin, Purge};
-use rdzv::{BlockingRendezvous, ErrorKind, Params};
+use rdzv::{BlockingAdmin, BlockingRendezvous, ErrorKind, Params};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -291,4 +292,51 @@ fn run_store_waits_end_as_round_store_waits_do() {
     assert_eq!(sb.get("why/a", None).unwrap(), b"closed by a");
     b.shutdown().unwrap();
     a.shutdown().unwrap();
+}
+
+/// Keys under `notes/` are the run's notes: in the status (read with the rest of it), in its
+/// JSON, and seen by the watch; the run store's other keys are not notes and wake no watcher.
+#[test]
+fn notes_are_in_the_status_its_json_and_its_watch() {
+    let etcd = Etcd::start();
+    let url = etcd.url("run-store-notes", "min_nodes=1");
+    let member = node(&url);
+    member.next().unwrap();
+    let run = member.run_store().unwrap();
+    run.set("notes/why/node-2", b"drained: preempted").unwrap();
+    run.set("notes/hang", &[b'r', 0xff, b'3']).unwrap();
+    run.set("restarts", b"2").unwrap();
+    let operator = BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap();
+    let status = operator.status().unwrap();
+    let notes: Vec<(&str, &str)> = status
+        .notes
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        notes,
+        [("hang", "r\u{fffd}3"), ("why/node-2", "drained: preempted")],
+        "notes in key order, invalid UTF-8 replaced, other keys left out"
+    );
+    let json = status.to_json();
+    assert_eq!(json["notes"]["why/node-2"], "drained: preempted");
+    assert_eq!(json["notes"].as_object().unwrap().len(), 2);
+
+    // The watch: the first status, then nothing for a write outside the notes, then the note.
+    let first = operator.watch_next(Duration::from_secs(30)).unwrap();
+    assert_eq!(first.notes.len(), 2);
+    run.set("restarts", b"3").unwrap();
+    let quiet = operator.watch_next(Duration::from_millis(800)).unwrap_err();
+    assert_eq!(quiet.kind(), ErrorKind::Timeout, "{quiet}");
+    run.set("notes/hang", b"rank 5 in allreduce").unwrap();
+    let changed = operator.watch_next(Duration::from_secs(30)).unwrap();
+    assert_eq!(changed.notes["hang"], "rank 5 in allreduce");
+    assert!(run.delete_key("notes/hang").unwrap());
+    let removed = operator.watch_next(Duration::from_secs(30)).unwrap();
+    assert!(!removed.notes.contains_key("hang"));
+    member.shutdown().unwrap();
+    assert!(
+        operator.status().unwrap().notes.is_empty(),
+        "gone with the run"
+    );
 }
