@@ -243,7 +243,23 @@ fn table(s: &RunStatus) -> Vec<String> {
             format!(": {}", lost.join(", "))
         }
     ));
+    // What the nodes left for an operator in the run's store (`notes/`), one line each, in
+    // key order.
+    for (key, value) in &s.notes {
+        lines.push(format!("note     {key}: {}", one_line(value)));
+    }
     lines
+}
+
+/// A note's value on one line: line breaks and other control characters escaped.
+fn one_line(value: &str) -> String {
+    value
+        .chars()
+        .map(|c| match c {
+            c if c.is_control() => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 /// What an etcd alarm means for the run, and where the operator's way out is written.
@@ -360,6 +376,16 @@ fn changes(before: Option<&RunStatus>, now: &RunStatus) -> String {
             }
         }
     }
+    for (key, value) in &now.notes {
+        if b.notes.get(key) != Some(value) {
+            said.push(format!("note {key}: {}", one_line(value)));
+        }
+    }
+    // A run deleted from etcd takes its notes with it: said once, above.
+    let gone = |k: &&String| now.exists && !now.notes.contains_key(*k);
+    for key in b.notes.keys().filter(gone) {
+        said.push(format!("note {key} removed"));
+    }
     if said.is_empty() && b.alive != now.alive {
         said.push(format!("{} live node(s)", now.alive));
     }
@@ -376,4 +402,55 @@ fn clock() -> String {
         .map_or(0, |d| d.as_secs());
     let day = secs % 86_400;
     format!("{:02}:{:02}:{:02}", day / 3600, day % 3600 / 60, day % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_notes(notes: &[(&str, &str)]) -> RunStatus {
+        RunStatus {
+            run_id: "job".into(),
+            exists: true,
+            closed: false,
+            failure: None,
+            open_round: 1,
+            sealed: None,
+            waiting: vec![],
+            alive: 2,
+            notes: notes
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            alarms: vec![],
+            revision: 7,
+        }
+    }
+
+    #[test]
+    fn notes_are_shown_one_line_each_in_key_order() {
+        let s = with_notes(&[("why/n2", "drained: preempted"), ("hang", "rank 3\nstuck")]);
+        let lines = table(&s);
+        let notes: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.starts_with("note "))
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                "note     hang: rank 3\\nstuck",
+                "note     why/n2: drained: preempted"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_watch_says_which_note_changed() {
+        let before = with_notes(&[("a", "1"), ("b", "2")]);
+        let now = with_notes(&[("a", "1"), ("b", "3"), ("c", "4")]);
+        assert_eq!(changes(Some(&before), &now), "note b: 3; note c: 4");
+        let fewer = with_notes(&[("a", "1")]);
+        assert_eq!(changes(Some(&before), &fewer), "note b removed");
+    }
 }
