@@ -251,7 +251,9 @@ typedef struct rdzv_params_t rdzv_params_t;
 
 /**
  * The store of one round, under the run's prefix and the round number: a node of an old round
- * cannot touch a newer round's store. Thread-safe: any function may be called from several
+ * cannot touch a newer round's store. The run's store (`rdzv_run_store`) is the same type,
+ * with the same functions, over the whole run instead of one round (its lifetime is described
+ * there; the rest below holds for it too). Thread-safe: any function may be called from several
  * threads at once. Keys are non-empty NUL-terminated UTF-8 strings of at most 4096 bytes;
  * values are bytes (at most about 1.5 MiB, etcd's request limit). Timeouts are in
  * milliseconds: negative means the store's default (300 s, see `rdzv_store_set_timeout`),
@@ -832,6 +834,43 @@ rdzv_status_t rdzv_next_with_cancel(rdzv_t *rdzv,
                                     rdzv_error_t **error);
 
 /**
+ * Sets `*out` to a new handle on the run's store: a store with the same functions and
+ * semantics as a round's (`rdzv_store_*`: set, get, add, compare_set, wait, multi_get,
+ * delete_key, ...) that lives as long as the run instead of two rounds, for what a job keeps
+ * across rounds: a restart budget (`rdzv_store_add` is atomic across nodes), the last hang
+ * report, each node's last health check, why a node left. Keys under `notes/` are the run's
+ * notes, which `rdzv status` shows (`notes/why` is shown as `why`).
+ *
+ * Lifetime: every value is bound to the run's lease, so the store's data goes with the run:
+ * deleted when the last node leaves (`rdzv_shutdown`) or the run is purged, and expired one
+ * `lease_ttl` after no live node is left to refresh the lease. Every write is guarded by the
+ * run still existing under the lease the store was made with: once the run is gone (or started
+ * over under a new lease, after every node was cut off for longer than `lease_ttl`), calls fail
+ * with `RDZV_ERR_STATE` (`RDZV_ERR_CLOSED` if the run was closed) and nothing is written; take
+ * the store again then. As for a round's store, every call fails with `RDZV_ERR_SHUTDOWN` once
+ * this node is shut down (a wait in progress returns at once), a wait whose keys are still
+ * missing when the run is closed returns `RDZV_ERR_CLOSED`, and `rdzv_store_cancel` and cancel
+ * tokens end waits.
+ *
+ * Needs no round: it may be called as soon as the handle exists. Asks etcd only when this
+ * node's leases have lapsed (it registers again then, as `rdzv_next` would; at most
+ * `connect_timeout`). Each call makes a new handle on the same store. Does not consume `node`.
+ * On success `*out` owns the new handle: free it with `rdzv_store_free` (before or after
+ * `rdzv_free`, as a round's store).
+ */
+rdzv_status_t rdzv_run_store(const rdzv_t *node, rdzv_store_t **out, rdzv_error_t **error);
+
+/**
+ * `rdzv_run_store`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+ * once, without asking etcd, if it already is). `cancel` may be NULL (no token). The token is
+ * not consumed.
+ */
+rdzv_status_t rdzv_run_store_with_cancel(const rdzv_t *node,
+                                         const rdzv_cancel_token_t *cancel,
+                                         rdzv_store_t **out,
+                                         rdzv_error_t **error);
+
+/**
  * Sets `*closed` to whether the run has been closed by any node. One etcd read, at most
  * `connect_timeout`.
  */
@@ -1146,7 +1185,7 @@ rdzv_status_t rdzv_store_delete_key_with_cancel(const rdzv_store_t *store,
                                                 rdzv_error_t **error);
 
 /**
- * Sets `*count` to the number of keys in this round's store.
+ * Sets `*count` to the number of keys in this store.
  */
 rdzv_status_t rdzv_store_num_keys(const rdzv_store_t *store, int64_t *count, rdzv_error_t **error);
 

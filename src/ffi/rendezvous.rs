@@ -157,6 +157,57 @@ fn next(
     })
 }
 
+/// Sets `*out` to a new handle on the run's store: a store with the same functions and
+/// semantics as a round's (`rdzv_store_*`: set, get, add, compare_set, wait, multi_get,
+/// delete_key, ...) that lives as long as the run instead of two rounds, for what a job keeps
+/// across rounds: a restart budget (`rdzv_store_add` is atomic across nodes), the last hang
+/// report, each node's last health check, why a node left. Keys under `notes/` are the run's
+/// notes, which `rdzv status` shows (`notes/why` is shown as `why`).
+///
+/// Lifetime: every value is bound to the run's lease, so the store's data goes with the run:
+/// deleted when the last node leaves (`rdzv_shutdown`) or the run is purged, and expired one
+/// `lease_ttl` after no live node is left to refresh the lease. Every write is guarded by the
+/// run still existing under the lease the store was made with: once the run is gone (or started
+/// over under a new lease, after every node was cut off for longer than `lease_ttl`), calls fail
+/// with `RDZV_ERR_STATE` (`RDZV_ERR_CLOSED` if the run was closed) and nothing is written; take
+/// the store again then. As for a round's store, every call fails with `RDZV_ERR_SHUTDOWN` once
+/// this node is shut down (a wait in progress returns at once), a wait whose keys are still
+/// missing when the run is closed returns `RDZV_ERR_CLOSED`, and `rdzv_store_cancel` and cancel
+/// tokens end waits.
+///
+/// Needs no round: it may be called as soon as the handle exists. Asks etcd only when this
+/// node's leases have lapsed (it registers again then, as `rdzv_next` would; at most
+/// `connect_timeout`). Each call makes a new handle on the same store. Does not consume `node`.
+/// On success `*out` owns the new handle: free it with `rdzv_store_free` (before or after
+/// `rdzv_free`, as a round's store).
+#[no_mangle]
+pub extern "C" fn rdzv_run_store(
+    node: *const rdzv_t,
+    out: *mut *mut rdzv_store_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    rdzv_run_store_with_cancel(node, std::ptr::null(), out, error)
+}
+
+/// `rdzv_run_store`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at
+/// once, without asking etcd, if it already is). `cancel` may be NULL (no token). The token is
+/// not consumed.
+#[no_mangle]
+pub extern "C" fn rdzv_run_store_with_cancel(
+    node: *const rdzv_t,
+    cancel: *const rdzv_cancel_token_t,
+    out: *mut *mut rdzv_store_t,
+    error: *mut *mut rdzv_error_t,
+) -> rdzv_status_t {
+    boundary(error, || {
+        let handle = arg_ref(node, "node")?;
+        let out = arg_out(out, "out")?;
+        let store = handle.inner.run_store_with(&arg_cancel(cancel))?;
+        *out = Box::into_raw(Box::new(rdzv_store_t(store)));
+        Ok(())
+    })
+}
+
 /// Sets `*closed` to whether the run has been closed by any node. One etcd read, at most
 /// `connect_timeout`.
 #[no_mangle]

@@ -1,4 +1,4 @@
-//! `rdzv_store_t`: the key-value store of one round (c10d `Store` semantics).
+//! `rdzv_store_t`: the key-value store of one round, or of the run (c10d `Store` semantics).
 
 use super::boundary::{
     arg_bytes, arg_out, arg_ref, arg_str, arg_strs, boundary, give_bytes, rdzv_error_t,
@@ -11,7 +11,9 @@ use std::ffi::c_char;
 use std::time::Duration;
 
 /// The store of one round, under the run's prefix and the round number: a node of an old round
-/// cannot touch a newer round's store. Thread-safe: any function may be called from several
+/// cannot touch a newer round's store. The run's store (`rdzv_run_store`) is the same type,
+/// with the same functions, over the whole run instead of one round (its lifetime is described
+/// there; the rest below holds for it too). Thread-safe: any function may be called from several
 /// threads at once. Keys are non-empty NUL-terminated UTF-8 strings of at most 4096 bytes;
 /// values are bytes (at most about 1.5 MiB, etcd's request limit). Timeouts are in
 /// milliseconds: negative means the store's default (300 s, see `rdzv_store_set_timeout`),
@@ -318,7 +320,7 @@ pub extern "C" fn rdzv_store_delete_key_with_cancel(
     })
 }
 
-/// Sets `*count` to the number of keys in this round's store.
+/// Sets `*count` to the number of keys in this store.
 #[no_mangle]
 pub extern "C" fn rdzv_store_num_keys(
     store: *const rdzv_store_t,

@@ -1,6 +1,7 @@
 /* End-to-end test of the C ABI, compiled against include/rdzv.h and linked with the built
  * library: the header's and the library's versions, bad input at the boundary, then three
- * nodes on threads forming a round and exchanging values through the store.   Usage: rdzv_test ETCD_HOST:PORT RUN_ID */
+ * nodes on threads forming a round and exchanging values through the store, and the run's
+ * store across rounds.   Usage: rdzv_test ETCD_HOST:PORT RUN_ID */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <pthread.h>
@@ -199,6 +200,9 @@ static void every_call_takes_a_token(const char *endpoint, const char *run, rdzv
     EXPECT(rdzv_num_lost_with_cancel(h, token, &count, &err), RDZV_ERR_CANCELLED, "token");
     EXPECT(rdzv_drain_with_cancel(h, "no", token, &err), RDZV_ERR_CANCELLED, "token");
     EXPECT(rdzv_is_draining_with_cancel(h, token, &yes, &err), RDZV_ERR_CANCELLED, "token");
+    rdzv_store_t *run_store = NULL;
+    EXPECT(rdzv_run_store_with_cancel(h, token, &run_store, &err), RDZV_ERR_CANCELLED, "token");
+    CHECK(run_store == NULL, "run store written on failure");
     EXPECT(rdzv_store_set_with_cancel(s, "cancelled", (const uint8_t *)"x", 1, token, &err), RDZV_ERR_CANCELLED, "token");
     EXPECT(rdzv_store_add_with_cancel(s, "cancelled-count", 1, token, &n, &err), RDZV_ERR_CANCELLED, "token");
     EXPECT(rdzv_store_compare_set_with_cancel(s, "cancelled", NULL, 0, (const uint8_t *)"x", 1, token, &v, &len, &err),
@@ -377,6 +381,57 @@ static void fork_child_uses_new_handles(const char *endpoint, const char *run) {
     rdzv_params_free(p);
 }
 
+/* The run's store: the same store functions over the whole run. A value set in round 0 is read
+ * in round 2, when round 0's own store is gone; a second handle on it sees the same keys; its
+ * calls fail with RDZV_ERR_SHUTDOWN once the node is shut down, and the handle is freed with
+ * rdzv_store_free after the node's rdzv_free. */
+static void run_store(const char *endpoint, const char *run) {
+    char run_url[512];
+    snprintf(run_url, sizeof run_url, "etcd://%s/%s-run-store?min_nodes=1&max_nodes=1%s", endpoint, run, extra);
+    rdzv_params_t *p = NULL;
+    rdzv_t *h = NULL;
+    rdzv_store_t *round0 = NULL, *rs = NULL, *again = NULL;
+    rdzv_round_t round;
+    CHECK(rdzv_params_from_url(run_url, &p, NULL) == RDZV_OK, "run store params");
+    CHECK(rdzv_new(p, &h, NULL) == RDZV_OK, "run store handle");
+    EXPECT(rdzv_run_store(NULL, &rs, &err), RDZV_ERR_INVALID_ARGUMENT, "node");
+    EXPECT(rdzv_run_store(h, NULL, &err), RDZV_ERR_INVALID_ARGUMENT, "out");
+    CHECK(rdzv_run_store(h, &rs, NULL) == RDZV_OK && rs != NULL, "run store before any round");
+    CHECK(rdzv_next(h, &round, &round0, NULL) == RDZV_OK && round.round == 0, "round 0");
+    CHECK(rdzv_store_set(rs, "notes/why", (const uint8_t *)"set in round 0", 14, NULL) == RDZV_OK, "set");
+    int64_t n = 0;
+    CHECK(rdzv_store_add(rs, "restarts", 2, &n, NULL) == RDZV_OK && n == 2, "add");
+    CHECK(rdzv_store_set(round0, "k", (const uint8_t *)"v", 1, NULL) == RDZV_OK, "round 0 set");
+    CHECK(rdzv_next(h, &round, NULL, NULL) == RDZV_OK && round.round == 1, "round 1");
+    CHECK(rdzv_next(h, &round, NULL, NULL) == RDZV_OK && round.round == 2, "round 2");
+    uint8_t *v = NULL;
+    size_t len = 0;
+    EXPECT(rdzv_store_get(round0, "k", 0, &v, &len, &err), RDZV_ERR_STATE, "no longer exists");
+    CHECK(rdzv_run_store(h, &again, NULL) == RDZV_OK, "a second run store handle");
+    CHECK(rdzv_store_get(again, "notes/why", 0, &v, &len, NULL) == RDZV_OK && len == 14 &&
+          memcmp(v, "set in round 0", 14) == 0, "read in round 2");
+    rdzv_bytes_free(v, len);
+    CHECK(rdzv_store_add(again, "restarts", 1, &n, NULL) == RDZV_OK && n == 3, "add again");
+    CHECK(rdzv_store_num_keys(rs, &n, NULL) == RDZV_OK && n == 2, "num keys %lld", (long long)n);
+    rdzv_admin_t *a = NULL;
+    rdzv_run_status_t *status = NULL;
+    CHECK(rdzv_admin_new(p, &a, NULL) == RDZV_OK, "admin handle");
+    CHECK(rdzv_admin_status(a, &status, NULL) == RDZV_OK && status->exists, "status");
+    rdzv_run_status_free(status);
+    CHECK(rdzv_shutdown(h, NULL) == RDZV_OK, "shutdown");
+    EXPECT(rdzv_store_set(rs, "after", (const uint8_t *)"1", 1, &err), RDZV_ERR_SHUTDOWN, "run store");
+    EXPECT(rdzv_run_store(h, &again, &err), RDZV_ERR_SHUTDOWN, "shut down");
+    /* The last node out took the run, its store with it. */
+    CHECK(rdzv_admin_status(a, &status, NULL) == RDZV_OK && !status->exists, "run left in etcd");
+    rdzv_run_status_free(status);
+    rdzv_admin_free(a);
+    rdzv_free(h);
+    rdzv_store_free(again);
+    rdzv_store_free(rs);
+    rdzv_store_free(round0);
+    rdzv_params_free(p);
+}
+
 /* Edge cases at the store boundary: zero and huge timeouts, bad keys, oversized values, and a
  * few thousand random byte strings fed to the parsers. Each gives its documented status. */
 static void edge_cases(const char *endpoint, const char *run) {
@@ -470,6 +525,7 @@ int main(int argc, char **argv) {
     /* Under valgrind the forked child's deliberate leak of the parent's runtime would count. */
     if (!getenv("RDZV_TEST_NO_FORK")) fork_child_uses_new_handles(argv[1], argv[2]);
     edge_cases(argv[1], argv[2]);
+    run_store(argv[1], argv[2]);
     printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);
     return failures ? 1 : 0;
 }
