@@ -193,6 +193,11 @@ SIGNATURES = {
         rdzv_status_t,
         [RdzvP, CancelTokenP, POINTER(rdzv_round_t), POINTER(StoreP), ErrorPP],
     ),
+    "rdzv_run_store": (rdzv_status_t, [RdzvP, POINTER(StoreP), ErrorPP]),
+    "rdzv_run_store_with_cancel": (
+        rdzv_status_t,
+        [RdzvP, CancelTokenP, POINTER(StoreP), ErrorPP],
+    ),
     "rdzv_is_closed": (rdzv_status_t, [RdzvP, POINTER(c_bool), ErrorPP]),
     "rdzv_is_closed_with_cancel": (rdzv_status_t, [RdzvP, CancelTokenP, POINTER(c_bool), ErrorPP]),
     "rdzv_set_closed": (rdzv_status_t, [RdzvP, ErrorPP]),

@@ -159,6 +159,28 @@ class EtcdV3RendezvousHandler(Managed):
         info = RendezvousStoreInfo(rnd.master_addr.decode("utf-8", "replace"), rnd.master_port)
         return RendezvousInfo(store, rnd.rank, rnd.world_size, info, rnd.round)
 
+    def run_store(self) -> Store:
+        """The run's store: a ``Store`` like a round's, with the same calls, that lives as long
+        as the run instead of two rounds, for what a job keeps across rounds (a restart budget:
+        ``add`` is atomic across nodes; why a node left). Keys under ``notes/`` are the run's
+        notes, which ``Admin.status()`` and ``rdzv status`` show. Its values go with the run:
+        deleted when the last node leaves or the run is purged, expired one ``lease_ttl`` after
+        no node is left; once the run is gone its calls raise ``RendezvousStateError`` and
+        write nothing. Needs no round. Close it when done (``with`` block); its calls raise
+        ``RendezvousShutdownError`` once this handler is shut down or closed."""
+        L = lib()
+
+        def work(token: Any) -> Any:
+            with self._res.use() as p:
+                out = _ffi.StoreP()
+                call(L.rdzv_run_store_with_cancel, p, token, ctypes.byref(out))
+                return out
+
+        ptr = run_cancellable(
+            work, name=f"rdzv-run-store:{self._node_id}", discard=L.rdzv_store_free
+        )
+        return Store._from_ptr(ptr, self._store_timeout)
+
     def _ask(self, fn: Any, *args: Any, what: str) -> None:
         ask(self._res, fn, TOKEN, *args, name=f"rdzv-{what}:{self._node_id}")
 

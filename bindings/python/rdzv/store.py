@@ -35,7 +35,8 @@ T = TypeVar("T")
 
 
 class Store(Managed):
-    """The store of one round, returned in ``RendezvousInfo.store``.
+    """The store of one round, returned in ``RendezvousInfo.store``, or of the whole run
+    (``EtcdV3RendezvousHandler.run_store()``), with the same calls.
 
     Keys are non-empty ``str`` (at most 4096 bytes of UTF-8); values are ``bytes`` or ``str``
     (encoded as UTF-8) and always come back as ``bytes``. Timeouts are ``datetime.timedelta``
@@ -54,7 +55,9 @@ class Store(Managed):
     _name: str
 
     def __init__(self, *args: object, **kwargs: object):
-        raise TypeError("a Store comes from next_rendezvous(); it cannot be created directly")
+        raise TypeError(
+            "a Store comes from next_rendezvous() or run_store(); it cannot be created directly"
+        )
 
     @classmethod
     def _from_ptr(cls, ptr: Any, timeout: float) -> Store:
