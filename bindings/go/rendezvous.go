@@ -133,6 +133,24 @@ func (r *Rendezvous) next(tok *C.rdzv_cancel_token_t) nextResult {
 	return res
 }
 
+// RunStore returns a new handle on the run's store: a Store with the methods of a round's
+// that lives as long as the run instead of two rounds, for what a job keeps across rounds (a
+// restart budget: Add is atomic across nodes; why a node left). Keys under "notes/" are the
+// run's notes, which rdzv status shows. Its values go with the run: deleted when the last node
+// leaves or the run is purged, expired one lease_ttl after no node is left; once the run is
+// gone its calls fail with ErrState and write nothing. Needs no round. Close it when done; its
+// calls fail with ErrShutdown once this handle is shut down.
+func (r *Rendezvous) RunStore(ctx context.Context) (*Store, error) {
+	var store *C.rdzv_store_t
+	err := r.withContext(ctx, "run store", func(ptr *C.rdzv_t, tok *C.rdzv_cancel_token_t, e **C.rdzv_error_t) C.rdzv_status_t {
+		return C.rdzv_run_store_with_cancel(ptr, tok, &store, e)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newStore(store), nil
+}
+
 // IsClosed reports whether any node has closed the run (one etcd read, at most
 // connect_timeout). If ctx ends first, the call ends at once with an error matching both
 // ErrCancelled and ctx.Err(); so do the other calls below.
