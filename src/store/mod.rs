@@ -246,11 +246,8 @@ impl Store {
     /// A read of the key the store lives by, for `exists_in`: a count for a round's `final`
     /// (the value is of no use here), the value for the run's `lease` (a decimal id).
     fn read_anchor(&self) -> TxnOp {
-        let options = match self.round {
-            Some(_) => Some(GetOptions::new().with_count_only()),
-            None => None,
-        };
-        TxnOp::get(self.anchor.clone(), options)
+        let count = self.round.map(|_| GetOptions::new().with_count_only());
+        TxnOp::get(self.anchor.clone(), count)
     }
 
     /// Whether `read_anchor`'s answer says the store still exists (as `exists` would).
