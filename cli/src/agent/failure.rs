@@ -132,6 +132,12 @@ pub async fn declare(store: &Store, why: &str) -> String {
     }
 }
 
+/// Answers a question that is coming (another node's hang, whose restart it is about to
+/// decide): this launcher (node rank `group_rank`) is alive.
+pub async fn answer(store: &Store, group_rank: u32) {
+    let _ = store.set(&here_key(group_rank), b"1").await;
+}
+
 /// Waits for another node to ask (`ask_others`), answers that this launcher (node rank
 /// `group_rank`) is alive, then waits for the verdict. Never resolves when the store fails
 /// (the run closed: the membership check sees that).

@@ -335,10 +335,10 @@ impl Agent {
         let host = hostname();
         output::error(format_args!("hang: {}", hung.describe()));
         let store = source.shared(round);
-        let progress = progress_of(group, workers, &host);
+        let progress = progress_of(workers, &host);
         if let Some(store) = store {
             hang::announce(store, round.group_rank, &host, &hung).await;
-            hang::share_progress(store, round.group_rank, &host, &progress).await;
+            hang::share_progress(store, round.group_rank, &progress).await;
         }
         let evidence = collect_evidence(workers).await;
         let hung_worker = workers
@@ -386,8 +386,11 @@ impl Agent {
         ));
         if let Some(store) = source.shared(round) {
             let host = hostname();
-            let progress = progress_of(group, workers, &host);
-            hang::share_progress(store, round.group_rank, &host, &progress).await;
+            let progress = progress_of(workers, &host);
+            hang::share_progress(store, round.group_rank, &progress).await;
+            // The detecting node may have no restart left: it then asks whether a member was
+            // lost, and this node, off to the next round, would not be there to say no.
+            failure::answer(store, round.group_rank).await;
         }
         let evidence = collect_evidence(workers).await;
         for (w, e) in workers.iter().zip(&evidence) {
@@ -658,12 +661,8 @@ async fn watch<S: Source>(
 }
 
 /// What each worker's page says, for the other nodes and the verdict (`Watched::progress`).
-fn progress_of(group: &Group, workers: &[Watched], host: &str) -> Vec<serde_json::Value> {
-    workers
-        .iter()
-        .zip(&group.workers)
-        .map(|(w, g)| w.progress(host, g.ended.is_some()))
-        .collect()
+fn progress_of(workers: &[Watched], host: &str) -> Vec<serde_json::Value> {
+    workers.iter().map(|w| w.progress(host)).collect()
 }
 
 /// Every worker's evidence, collected at once, each bounded (`hang::EVIDENCE_BOUND`).

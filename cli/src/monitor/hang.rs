@@ -302,6 +302,7 @@ impl HangMonitor<'_> {
     fn first_past(&self, workers: &[Watched], job: &Learned) -> Option<Hung> {
         workers
             .iter()
+            .filter(|w| !w.has_exited())
             .filter_map(|w| {
                 let s = w.snapshot();
                 let (silent, timeout, source) = self.limit(s.as_ref(), w.started.elapsed(), job)?;
@@ -375,7 +376,7 @@ pub async fn announce(store: &Store, group_rank: u32, host: &str, hung: &Hung) {
 }
 
 /// Publishes this node's workers' progress (`Watched::progress`) under its node rank.
-pub async fn share_progress(store: &Store, group_rank: u32, host: &str, mine: &[Value]) {
+pub async fn share_progress(store: &Store, group_rank: u32, mine: &[Value]) {
     let key = format!("{PROGRESS}/{group_rank}");
     if let Err(e) = store
         .set(&key, Value::from(mine).to_string().as_bytes())

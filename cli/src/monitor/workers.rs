@@ -6,6 +6,8 @@ use crate::workers::Group;
 use rdzv::progress::{reader::Reader, Snapshot};
 use serde_json::{json, Value};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 /// One worker of the group, and its page.
@@ -17,6 +19,8 @@ pub struct Watched {
     pub reader: Option<Reader>,
     pub stacks: PathBuf,
     pub error_file: PathBuf,
+    /// Set once the worker has exited: nothing to watch any more.
+    pub exited: Arc<AtomicBool>,
 }
 
 /// The group's workers, their pages mapped (a page that cannot be mapped is not watched).
@@ -34,6 +38,7 @@ pub fn watch(group: &Group) -> Vec<Watched> {
                 reader: Reader::open(&page).ok(),
                 stacks,
                 error_file: w.error_file.clone(),
+                exited: w.exited.clone(),
             }
         })
         .collect()
@@ -44,10 +49,15 @@ impl Watched {
         self.reader.as_ref()?.snapshot()
     }
 
+    pub fn has_exited(&self) -> bool {
+        self.exited.load(Ordering::Relaxed)
+    }
+
     /// What this worker's page says, for other nodes and the report: its last progress as
     /// wall-clock milliseconds since the epoch, so that nodes can compare. A worker that has
     /// exited (`ended`) is neither suspect nor victim.
-    pub fn progress(&self, host: &str, ended: bool) -> Value {
+    pub fn progress(&self, host: &str) -> Value {
+        let ended = self.has_exited();
         let s = self.snapshot();
         let now = SystemTime::now();
         let wall = |ago: Duration| {

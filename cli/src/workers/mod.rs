@@ -42,6 +42,8 @@ pub struct Worker {
     pub ended: Option<(Ended, SystemTime)>,
     /// The agent had asked it to stop when it ended: not a failure of its own.
     pub stopped: bool,
+    /// Set when it has ended, for the monitors that run beside the group.
+    pub exited: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One round's workers on this node.
@@ -97,6 +99,7 @@ impl Group {
                 error_file,
                 ended: None,
                 stopped: false,
+                exited: Default::default(),
             });
         }
         Ok(group)
@@ -114,6 +117,9 @@ impl Group {
         let (index, status) = self.exits.recv().await?;
         let worker = &mut self.workers[index];
         worker.ended = Some((Ended::of(status), SystemTime::now()));
+        worker
+            .exited
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         worker.stopped = self.stop_sent;
         Some(index)
     }
