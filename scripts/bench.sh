@@ -31,9 +31,45 @@
 #        scripts/bench.sh --quorum [ARGS]  rdzv against torchft's Lighthouse in the same run:
 #                                        quorum/round formation (N = 2 8 64 256) and recovery
 #                                        after a SIGKILL (torchft installed beside PyTorch)
+#        scripts/bench.sh --heartbeat [REPS]  what a worker's progress calls cost: a heartbeat,
+#                                        one with a step and a section begin+end pair, in C,
+#                                        C++, Go, Python and Rust, not monitored and monitored
+#                                        (a page as rdzv run makes), median of REPS (default
+#                                        15) repetitions; NVRx 0.7.0's RankMonitorClient beside
+#                                        them (scripts/nvrx-env.sh; not with RDZV_SKIP_TORCH=1).
+#                                        No etcd
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+if [ "${1:-}" = "--heartbeat" ]; then
+  reps=${2:-15}
+  cargo build --release --quiet -p rdzv -p rdzv-bench --lib --bin bench_heartbeat
+  target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  lib=$(scripts/dev-lib.sh release)
+  out="$target/heartbeat-bench"
+  mkdir -p "$out"
+  cc -O2 -Wall -Iinclude benches/heartbeat/heartbeat.c -L"$lib" -Wl,-rpath,"$lib" -lrdzv -o "$out/heartbeat-c"
+  c++ -O2 -std=c++17 -Wall -Iinclude -Ibindings/cpp/include benches/heartbeat/heartbeat.cpp \
+    -L"$lib" -Wl,-rpath,"$lib" -lrdzv -o "$out/heartbeat-cpp"
+  # CGO_LDFLAGS come before the rdzv_dev tag's (the debug build's): the release library is linked.
+  (cd benches/heartbeat/go && CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib" go build -tags rdzv_dev -o "$out/heartbeat-go" .)
+  if [ "${RDZV_SKIP_TORCH:-0}" = 1 ]; then
+    nvrx=(--nvrx-unavailable "skipped (RDZV_SKIP_TORCH=1: NVRx needs PyTorch)")
+  elif nvrx_python=$(scripts/nvrx-env.sh 2>"$out/nvrx-env.log"); then
+    nvrx=(--nvrx "$(printf '%q ' "$nvrx_python" benches/heartbeat/nvrx.py)")
+  else
+    nvrx=(--nvrx-unavailable "scripts/nvrx-env.sh failed: $(tail -n 1 "$out/nvrx-env.log")")
+  fi
+  echo "$(nproc) cores, load $(cut -d ' ' -f 1-3 /proc/loadavg); the release library"
+  # Every program loads the release library: the C, C++ and Go ones through LD_LIBRARY_PATH
+  # (before their rpath), Python's through RDZV_LIBRARY.
+  LD_LIBRARY_PATH="$lib" RDZV_LIBRARY="$target/release/librdzv.so" PYTHONPATH="$PWD/bindings/python" \
+    python3 benches/heartbeat/run.py --reps "$reps" --program "C=$out/heartbeat-c" \
+    --program "C++=$out/heartbeat-cpp" --program "Go=$out/heartbeat-go" \
+    --program "Python=$(printf '%q ' python3 benches/heartbeat/heartbeat.py)" \
+    --program "Rust=$target/release/bench_heartbeat" "${nvrx[@]}"
+  exit 0
+fi
 # --cluster: the same benchmark against a 3-member etcd cluster on loopback, as production runs.
 members=1
 [ "${1:-}" != "--cluster" ] || members=3
