@@ -45,7 +45,7 @@ elif mode == "collective":
     # this round: restart counts differ between nodes, as under torchrun).
     shared, world = os.environ["SHARED"], int(os.environ["WORLD_SIZE"])
     tag = os.environ["MASTER_PORT"]
-    for step in range(30):
+    for step in range(int(os.environ.get("STEPS", "30"))):
         with rdzv.section("step"):
             time.sleep(0.03)
             if rank == hang_rank and attempt == 0 and step == 10:
@@ -328,7 +328,28 @@ fn across_two_nodes_the_rank_that_stopped_first_is_the_suspect_and_the_others_wa
         "--max-restarts",
         "1",
     ];
-    let mut nodes: Vec<Launcher> = (0..2).map(|_| s.run(&flags, "collective", &[])).collect();
+    let mut nodes: Vec<Launcher> = (0..2)
+        .map(|_| s.run(&flags, "collective", &[("STEPS", "90")]))
+        .collect();
+    // While the next round runs (90 steps of 30 ms), `rdzv status` shows the hang's note.
+    nodes[0].wait_line(60, |l| l.contains("round 1 formed"));
+    let status = Command::new(RDZV)
+        .args(["status", "--json", &url])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let note: serde_json::Value =
+        serde_json::from_str(status["notes"]["hang"].as_str().expect("a hang note")).unwrap();
+    assert_eq!(note["verdict"]["suspect"]["rank"], 1, "{note}");
+    assert_eq!(
+        note["verdict"]["victims"].as_array().unwrap().len(),
+        3,
+        "{note}"
+    );
+    assert!(
+        note["hung"].as_str().unwrap().contains("made no progress"),
+        "{note}"
+    );
     for l in nodes.iter_mut() {
         assert_eq!(code(l.exit(90)), 0, "{}", l.output());
     }

@@ -270,6 +270,32 @@ impl Source for Etcd {
         self.shared_store(round)
     }
 
+    async fn note(&self, key: &str, value: &str) {
+        let written = match self.rdzv.run_store().await {
+            Ok(run) => run.set(&format!("notes/{key}"), value.as_bytes()).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            say(format_args!(
+                "could not leave the note {key:?} for rdzv status: {}",
+                e.message()
+            ));
+        }
+    }
+
+    async fn charge_job(&self, round: &Round) -> Option<u32> {
+        let run = self.rdzv.run_store().await.ok()?;
+        // The first node to charge this round counts it; the others read the count.
+        let mark = format!("rdzv/agent/restarts/round/{}", round.number);
+        let me = self.rdzv.node_id().as_bytes();
+        let first = run.compare_set(&mark, b"", me).await.ok()?;
+        let spent = match first == me {
+            true => run.add("rdzv/agent/restarts", 1).await.ok()?,
+            false => run.add("rdzv/agent/restarts", 0).await.ok()?,
+        };
+        u32::try_from(spent).ok()
+    }
+
     async fn drain_self(&self, why: &str) {
         if let Err(e) = self.rdzv.drain(why).await {
             say(format_args!("could not drain this node: {}", e.message()));

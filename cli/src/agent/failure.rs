@@ -68,6 +68,24 @@ pub async fn verdict<S: Source>(
     if budget.used < budget.max {
         let members = source.members().await;
         budget.used += 1;
+        // The job's count in etcd: a node that fails fast and rejoins as a new launcher does
+        // not start from zero (pytorch#147064), and every node sees what the job spent.
+        if let Some(spent) = source.charge_job(round).await {
+            if spent > budget.used {
+                budget.used = spent;
+            }
+            source
+                .note("restarts", &format!("{spent} of {} spent", budget.max))
+                .await;
+            if spent > budget.max {
+                budget.used = budget.max;
+                return match source.wait_for_loss(round, why, signals).await {
+                    None => Verdict::Spent,
+                    Some(Stop::Changed(why)) => Verdict::Loss(why),
+                    Some(stop) => Verdict::Stop(stop),
+                };
+            }
+        }
         return Verdict::Charged(members);
     }
     match source.wait_for_loss(round, why, signals).await {

@@ -84,6 +84,12 @@ impl Source for Fixed {
 
     async fn drain_self(&self, _why: &str) {}
 
+    async fn note(&self, _key: &str, _value: &str) {}
+
+    async fn charge_job(&self, _round: &Round) -> Option<u32> {
+        None
+    }
+
     async fn exit_barrier(&self, _: &Round, _: Duration, _: &mut Signals) -> Exit {
         Exit::Success
     }

@@ -205,6 +205,12 @@ impl Agent {
         if let Some(hc) = &self.cfg.monitor.health {
             if let Err(Unhealthy(why)) = health::check(hc).await {
                 output::error(format_args!("{why}: this node takes no rank"));
+                source
+                    .note(
+                        &format!("health/{}", hostname()),
+                        &format!("kept out: {why}"),
+                    )
+                    .await;
                 if let Some(failures) = carried.failed.as_deref() {
                     self.reported_error_file = report::report(self.cfg.program.name(), failures);
                 }
@@ -297,6 +303,12 @@ impl Agent {
                     "{why}: draining this node so that the others re-form without it"
                 ));
                 source.drain_self(&why).await;
+                source
+                    .note(
+                        &format!("health/{}", hostname()),
+                        &format!("drained: {why}"),
+                    )
+                    .await;
                 self.stop_group(&mut group, libc::SIGTERM, signals).await?;
                 Err(Exit::Failure)
             }
@@ -355,7 +367,8 @@ impl Agent {
             Some(store) => hang::gather(store, round.group_world_size, hang::GATHER_BOUND).await,
             None => progress,
         };
-        if let Some(verdict) = hang::verdict(&all) {
+        let verdict = hang::verdict(&all);
+        if let Some(verdict) = &verdict {
             for line in verdict.lines() {
                 say(format_args!("hang: {line}"));
             }
@@ -363,6 +376,20 @@ impl Agent {
         for (w, e) in workers.iter().zip(&evidence) {
             say_evidence(w, e);
         }
+        // For `rdzv status`: which rank hung, where, for how long, and where the evidence is.
+        let mut note = serde_json::json!({
+            "round": round.number,
+            "found_by": host,
+            "hung": hung.describe(),
+            "evidence": workers.iter().zip(&evidence).filter_map(|(w, e)| {
+                let at = e.stacks.as_ref().or(e.kernel.as_ref())?;
+                Some((w.global_rank.to_string(), at.display().to_string().into()))
+            }).collect::<serde_json::Map<String, serde_json::Value>>(),
+        });
+        if let Some(verdict) = &verdict {
+            note["verdict"] = verdict.to_json();
+        }
+        source.note("hang", &note.to_string()).await;
         Ok(())
     }
 

@@ -86,6 +86,15 @@ pub trait Source {
     /// learned timeouts go through it). None on a fixed layout or in a round of one node.
     fn shared(&self, round: &Round) -> Option<&rdzv::Store>;
 
+    /// Leaves a note for operators: `notes/{key}` in the run's store, shown by `rdzv status`
+    /// (best effort: a note is never worth failing for). Nothing on a fixed layout.
+    async fn note(&self, key: &str, value: &str);
+
+    /// Charges one restart to the job's budget in the run's store, once per round however many
+    /// nodes charge it (`round`: the round that failed); returns the restarts the job has
+    /// spent. None on a fixed layout or when etcd cannot say.
+    async fn charge_job(&self, round: &Round) -> Option<u32>;
+
     /// Drains this node with `why` (a failed health check): the others re-form without it at
     /// once. Nothing to do on a fixed layout.
     async fn drain_self(&self, why: &str);
