@@ -105,7 +105,7 @@ impl Mapping {
 
     /// The 8-byte word at `offset` (a multiple of 8 below `PAGE_BYTES`).
     pub fn word(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= PAGE_BYTES);
+        assert!(offset.is_multiple_of(8) && offset + 8 <= PAGE_BYTES);
         // SAFETY: in bounds and aligned (mmap returns page-aligned memory); the mapping lives
         // as long as `self`, and shared memory is only ever accessed atomically.
         unsafe { &*(self.base.add(offset) as *const AtomicU64) }
