@@ -48,7 +48,10 @@ elif mode == "collective":
     for step in range(int(os.environ.get("STEPS", "30"))):
         with rdzv.section("step"):
             time.sleep(0.03)
-            if rank == hang_rank and attempt == 0 and step == 10:
+            # Once in the job (restart counts differ between nodes: the node that finds a
+            # hang spends the restart, the others re-form).
+            if rank == hang_rank and step == 10 and not os.path.exists(f"{shared}/hung"):
+                open(f"{shared}/hung", "w").close()
                 hang_here()
         with rdzv.section("allreduce"):
             open(f"{shared}/{tag}.{rank}.{step}", "w").close()
