@@ -248,6 +248,16 @@ fn table(s: &RunStatus) -> Vec<String> {
     for (key, value) in &s.notes {
         lines.push(format!("note     {key}: {}", one_line(value)));
     }
+    // Nodes much slower than the median (their launchers' `pace/` notes).
+    for slow in crate::monitor::pace::stragglers(&s.notes) {
+        lines.push(format!(
+            "slow     {}: {:.3} s per step, {:.1}x the median node's {:.3} s",
+            slow.host,
+            slow.step.as_secs_f64(),
+            slow.step.as_secs_f64() / slow.median.as_secs_f64(),
+            slow.median.as_secs_f64()
+        ));
+    }
     lines
 }
 

@@ -66,6 +66,12 @@ elif mode == "steady":
         rdzv.heartbeat()
     if os.environ.get("HANG_AT_END") and rank == hang_rank:
         hang_here()
+elif mode == "paced":
+    # Steps of STEP_S seconds for SECONDS_TO_RUN.
+    until = time.monotonic() + float(os.environ["SECONDS_TO_RUN"])
+    while time.monotonic() < until:
+        time.sleep(float(os.environ["STEP_S"]))
+        rdzv.heartbeat()
 elif mode == "stuck-at-step":
     # Resumes from the same checkpoint every attempt, reaches step 39 and fails.
     for step in range(20, 40):
@@ -547,4 +553,57 @@ fn a_worker_written_for_nvrx_works_by_changing_one_import() {
     let hang = l.line_with_or_panic("hang: rank 1 (local rank 1");
     assert!(hang.contains(r#"in section "step""#), "{hang}");
     l.line_with_or_panic("DONE rank=1 attempt=1 monitored=True");
+}
+
+#[test]
+fn rdzv_status_flags_a_node_much_slower_than_the_others() {
+    let etcd = Etcd::start();
+    let url = etcd.url("pace", "min_nodes=2&max_nodes=2");
+    let s = Scratch::new();
+    let flags = ["--rdzv", &url, "--pace-interval", "0.5"];
+    let run = |step: &'static str| {
+        s.run(
+            &flags,
+            "paced",
+            &[("SECONDS_TO_RUN", "20"), ("STEP_S", step)],
+        )
+    };
+    let mut nodes = [run("0.02"), run("0.1")];
+    for l in nodes.iter_mut() {
+        l.wait_line(60, |line| line.contains("formed:"));
+    }
+    let slow_id = node_id(&nodes[1]);
+    // Each launcher writes its pace when it first knows it (after one interval); poll the
+    // status until both are in (bounded), then the slow node is flagged.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let text = loop {
+        let out = Command::new(RDZV).args(["status", &url]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.matches("note     pace/").count() == 2 || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    };
+    let slow: Vec<&str> = text.lines().filter(|l| l.starts_with("slow ")).collect();
+    assert_eq!(
+        slow.len(),
+        1,
+        "{text}\n---\n{}\n---\n{}",
+        nodes[0].output(),
+        nodes[1].output()
+    );
+    assert!(slow[0].contains(&format!("/{slow_id}:")), "{text}");
+    let ratio = number_after(slow[0], "s per step, ");
+    assert!(ratio > 3.0, "{text}");
+    for l in nodes.iter_mut() {
+        l.signal(libc::SIGTERM);
+        l.exit(30);
+    }
+}
+
+/// The node id a launcher joined as (its "joining run ... as node ID" line).
+fn node_id(l: &Launcher) -> String {
+    let line = l.line_with_or_panic("as node ");
+    let at = line.find("as node ").unwrap() + "as node ".len();
+    line[at..].split_whitespace().next().unwrap().to_string()
 }

@@ -270,6 +270,10 @@ impl Source for Etcd {
         self.shared_store(round)
     }
 
+    fn who(&self) -> String {
+        format!("{}/{}", crate::host::hostname(), self.rdzv.node_id())
+    }
+
     async fn note(&self, key: &str, value: &str) {
         let written = match self.rdzv.run_store().await {
             Ok(run) => run.set(&format!("notes/{key}"), value.as_bytes()).await,

@@ -86,6 +86,10 @@ impl Source for Fixed {
 
     async fn note(&self, _key: &str, _value: &str) {}
 
+    fn who(&self) -> String {
+        crate::host::hostname()
+    }
+
     async fn charge_job(&self, _round: &Round) -> Option<u32> {
         None
     }

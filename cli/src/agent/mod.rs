@@ -56,6 +56,7 @@ use crate::host::hostname;
 use crate::monitor::evidence::{self, Evidence};
 use crate::monitor::hang::{self, HangMonitor, Hung, Learned};
 use crate::monitor::health::{self, Unhealthy};
+use crate::monitor::pace::Meter;
 use crate::monitor::progress::NoProgress;
 use crate::monitor::workers::{self as watched, Watched};
 use crate::output::{self, say};
@@ -207,7 +208,7 @@ impl Agent {
                 output::error(format_args!("{why}: this node takes no rank"));
                 source
                     .note(
-                        &format!("health/{}", hostname()),
+                        &format!("health/{}", source.who()),
                         &format!("kept out: {why}"),
                     )
                     .await;
@@ -263,8 +264,9 @@ impl Agent {
             framework: self.cfg.framework,
             virtual_local_rank: self.cfg.virtual_local_rank,
             cpu_binding: &self.cpu_binding,
-            progress: self.cfg.monitor.watches_progress()
-                || self.cfg.monitor.max_no_progress_restarts.is_some(),
+            // Always: a worker that reports progress is seen (its pace, `rdzv status`) even
+            // without hang timeouts; one that does not never maps its page.
+            progress: true,
         };
         let mut group = Group::start(&spec, &workers, &self.logs).map_err(|e| {
             output::error(e);
@@ -305,7 +307,7 @@ impl Agent {
                 source.drain_self(&why).await;
                 source
                     .note(
-                        &format!("health/{}", hostname()),
+                        &format!("health/{}", source.who()),
                         &format!("drained: {why}"),
                     )
                     .await;
@@ -678,12 +680,26 @@ async fn watch<S: Source>(
             None => std::future::pending().await,
         }
     };
+    let pace = async {
+        let Some(period) = hangs.cfg.pace else {
+            return std::future::pending().await;
+        };
+        let mut meter = Meter::new();
+        let key = format!("pace/{}", source.who());
+        loop {
+            if let Some(note) = meter.sample(workers) {
+                source.note(&key, &note).await;
+            }
+            tokio::time::sleep(period).await;
+        }
+    };
     tokio::select! {
         stop = source.membership_change(true) => Event::Stop(stop),
         stop = source.peer_failed(round) => Event::Stop(stop),
         hung = hangs.watch(workers) => Event::Hung(hung),
         what = peer_hung => Event::PeerHung(what),
         why = unhealthy => Event::Unhealthy(why),
+        never = pace => never,
     }
 }
 

@@ -86,6 +86,10 @@ pub trait Source {
     /// learned timeouts go through it). None on a fixed layout or in a round of one node.
     fn shared(&self, round: &Round) -> Option<&rdzv::Store>;
 
+    /// This launcher as the run's notes name it: `HOST/NODE_ID` (two launchers may share a
+    /// host).
+    fn who(&self) -> String;
+
     /// Leaves a note for operators: `notes/{key}` in the run's store, shown by `rdzv status`
     /// (best effort: a note is never worth failing for). Nothing on a fixed layout.
     async fn note(&self, key: &str, value: &str);

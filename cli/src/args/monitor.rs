@@ -42,6 +42,17 @@ pub struct MonitorFlags {
     /// heartbeat past the warm-up).
     #[arg(long, env = "RDZV_MAX_NO_PROGRESS_RESTARTS", value_name = "K")]
     pub max_no_progress_restarts: Option<u32>,
+    /// How often each launcher measures its workers' pace (seconds per heartbeat) for
+    /// `rdzv status`'s straggler flag; it writes a note only when the pace changed by a fifth.
+    /// 0: never.
+    #[arg(
+        long,
+        env = "RDZV_PACE_INTERVAL",
+        default_value = "60",
+        value_name = "SECONDS",
+        value_parser = pace_interval
+    )]
+    pub pace_interval: Duration,
     /// A command (run with sh -c) that says whether this node is healthy: run before every
     /// join and every --health-check-interval while training. Failing before a join, the
     /// node takes no rank and exits 1; failing while training, the node drains itself, so the
@@ -108,6 +119,10 @@ pub fn section_timeout(s: &str) -> Result<(String, Timeout), Usage> {
 
 pub fn initial_timeout(s: &str) -> Result<Duration, Usage> {
     seconds("--hang-initial-timeout", s, false)
+}
+
+pub fn pace_interval(s: &str) -> Result<Duration, Usage> {
+    seconds("--pace-interval", s, true)
 }
 
 pub fn health_check_interval(s: &str) -> Result<Duration, Usage> {

@@ -8,7 +8,7 @@
 //! monitors read them, and what a worker's progress looks like to other nodes), `evidence`
 //! (a hung worker's stacks and the kernel's view of every worker), `hang` (timeouts given or
 //! learned, job-wide; detecting a hang; suspect versus victims across nodes), `progress` (the
-//! no-progress restart count), `health` (the node's health command).
+//! no-progress restart count), `pace` (each node's pace, and which nodes straggle), `health` (the node's health command).
 
 pub mod workers;
 
@@ -17,6 +17,8 @@ pub mod evidence;
 pub mod hang;
 
 pub mod progress;
+
+pub mod pace;
 
 pub mod health;
 

@@ -15,6 +15,8 @@ pub struct MonitorConfig {
     pub initial: Option<Duration>,
     pub max_no_progress_restarts: Option<u32>,
     pub health: Option<HealthCheck>,
+    /// `--pace-interval` (None: 0, never).
+    pub pace: Option<Duration>,
 }
 
 /// `--health-check` and its interval and timeout.
@@ -60,6 +62,7 @@ impl MonitorConfig {
             initial: f.hang_initial_timeout,
             max_no_progress_restarts: f.max_no_progress_restarts,
             health,
+            pace: Some(f.pace_interval).filter(|p| !p.is_zero()),
         })
     }
 
