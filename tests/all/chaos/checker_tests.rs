@@ -451,10 +451,21 @@ fn a_member_cut_off_past_its_lease_may_return_a_later_round() {
     assert!(found.is_empty(), "{found:#?}");
 }
 
+/// Cut off for 4.8 s with a 3 s lease (short of "surely expired", 5 s): its lease may have
+/// expired, and a later round is right then too (as a chaos run saw, seed 80343550).
+#[test]
+fn a_member_cut_off_long_enough_that_its_lease_may_have_expired_may_return_a_later_round() {
+    let (found, _) = violations(&cut_off_around_the_seal(18300));
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+/// Cut off for 1.5 s with a 3 s lease: its lease cannot have expired (the earliest is 2 s
+/// after the cut, had its last refresh come a third of the TTL before), so it must return
+/// the round it was sealed in.
 #[test]
 fn a_member_cut_off_within_its_lease_must_return_its_round() {
     expect(
-        &cut_off_around_the_seal(15500),
+        &cut_off_around_the_seal(15000),
         "membership",
         &["round 1", "node D", "returned round 2"],
     );
