@@ -35,14 +35,21 @@
 //!   its launcher's exit, with its exit code; `rdzv run` and torchrun on the same backends as
 //!   *failed*. N = 1 is a terminal's single-node job.
 //!
-//! `--case NAME` (`launcher-killed`, `worker-killed`, `drained`, `failed`, `signal`;
+//! - *hang*: on a job of `--nnodes=N`, one gloo worker per node, one rank hangs once; from the
+//!   hang to every rank of the next attempt past its first all_reduce, and where that time
+//!   goes (`launcher/hang.rs`). `rdzv run --hang-timeout 5` beside NVIDIA's `ft_launcher` and
+//!   torchrun.
+//!
+//! `--case NAME` (`launcher-killed`, `worker-killed`, `drained`, `failed`, `signal`, `hang`;
 //! repeatable) runs only those cases; all by default (N = 1 by default when only `signal` is
 //! selected). `BENCH_LAUNCHER_LOGS=DIR` keeps every node's output there.
 //!
 //! Launchers measured in the same run: `rdzv run` with its watchdog (the default) and without
 //! it (`--no-watchdog`: a killed launcher is noticed when its lease expires), and, where a
 //! PyTorch environment exists (`RDZV_TORCH_PYTHON`, or the one `scripts/torch-env.sh`
-//! caches), torchrun with its c10d backend and with rdzv's `etcd-v3` backend. Every launcher
+//! caches), torchrun with its c10d backend and with rdzv's `etcd-v3` backend; in the hang case
+//! NVIDIA's `ft_launcher` too, where an environment with nvidia-resiliency-ext exists
+//! (`RDZV_NVRX_PYTHON`, which `scripts/bench.sh` sets from `scripts/nvrx-env.sh`). Every launcher
 //! gets the library's default `lease_ttl` (10 s), `last_call_timeout=1` and
 //! `--monitor-interval=0.1`, `--max-restarts=3`.
 //!
@@ -56,6 +63,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
+
+#[path = "launcher/hang.rs"]
+mod hang;
 
 const LAST_CALL: u64 = 1;
 const RUNS: usize = 3;
@@ -94,6 +104,8 @@ enum Kind {
     TorchrunC10d,
     /// torchrun with rdzv's etcd-v3 backend.
     TorchrunEtcdV3,
+    /// NVIDIA's `ft_launcher` (nvidia-resiliency-ext) with its c10d backend.
+    FtLauncher,
 }
 
 impl Kind {
@@ -104,6 +116,7 @@ impl Kind {
             Kind::RdzvC10d => "rdzv run c10d",
             Kind::TorchrunC10d => "torchrun c10d",
             Kind::TorchrunEtcdV3 => "torchrun etcd-v3",
+            Kind::FtLauncher => "ft_launcher c10d",
         }
     }
     /// `rdzv run` on the benchmark's etcd.
@@ -125,6 +138,8 @@ enum Case {
     SigInt,
     /// SIGTERM to one node's launcher process alone, as `kill PID` or a scheduler sends it.
     SigTerm,
+    /// One rank hangs once in the job; the launcher finds it and the job steps again.
+    Hang,
 }
 
 impl Case {
@@ -137,6 +152,7 @@ impl Case {
             Case::FailedPeersBreak => "peers break",
             Case::SigInt => "SIGINT",
             Case::SigTerm => "SIGTERM",
+            Case::Hang => "hang",
         }
     }
     /// The cases `--case NAME` selects.
@@ -147,6 +163,7 @@ impl Case {
             "drained" => &[Case::Drained],
             "failed" => &[Case::FailedPeersHold, Case::FailedPeersBreak],
             "signal" => &[Case::SigInt, Case::SigTerm],
+            "hang" => &[Case::Hang],
             _ => return None,
         })
     }
@@ -166,7 +183,7 @@ impl Case {
     }
 }
 
-const ALL_CASES: [Case; 7] = [
+const ALL_CASES: [Case; 8] = [
     Case::LauncherKilled,
     Case::WorkerKilled,
     Case::Drained,
@@ -174,6 +191,7 @@ const ALL_CASES: [Case; 7] = [
     Case::FailedPeersBreak,
     Case::SigInt,
     Case::SigTerm,
+    Case::Hang,
 ];
 
 /// The python of the PyTorch environment, if there is one.
@@ -220,7 +238,10 @@ fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
             if kind == Kind::RdzvNoWatchdog {
                 c.arg("--no-watchdog");
             }
-            c.args(["python3", target.worker]);
+            if target.hang.is_some() {
+                c.arg(format!("--hang-timeout={}", hang::TIMEOUT.as_secs()));
+            }
+            c.arg(&target.interpreter).arg(target.worker);
             c
         }
         Kind::RdzvC10d => {
@@ -229,13 +250,9 @@ fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
                 .arg(format!("--rdzv-endpoint=127.0.0.1:{}", target.c10d_port))
                 .arg(format!("--rdzv-id={}", target.run))
                 .arg(format!("--rdzv-conf=last_call_timeout={LAST_CALL}"))
-                .args([
-                    "--monitor-interval=0.1",
-                    &restarts,
-                    &nproc,
-                    "python3",
-                    target.worker,
-                ]);
+                .args(["--monitor-interval=0.1", &restarts, &nproc])
+                .arg(&target.interpreter)
+                .arg(target.worker);
             c
         }
         Kind::TorchrunC10d | Kind::TorchrunEtcdV3 => {
@@ -251,7 +268,9 @@ fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
                 .arg(format!("--rdzv-id={}", target.run))
                 .arg(format!("--rdzv-conf=last_call_timeout={LAST_CALL}"))
                 .args(["--monitor-interval=0.1", "--local-addr=127.0.0.1"])
-                .args([&restarts, "--no-python", "python3", target.worker]);
+                .args([&restarts, "--no-python"])
+                .arg(&target.interpreter)
+                .arg(target.worker);
             // rdzv's backend from this checkout, on the library built with this benchmark.
             let lib = rdzv_binary().with_file_name("librdzv.so");
             let package = concat!(env!("CARGO_MANIFEST_DIR"), "/../bindings/python");
@@ -265,6 +284,26 @@ fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
             }
             c
         }
+        Kind::FtLauncher => {
+            let mut c = Command::new(target.nvrx.as_ref().expect("NVRx python"));
+            c.args(["-m", "nvidia_resiliency_ext.fault_tolerance.launcher"])
+                .args([&nnodes, &nproc, "--rdzv-backend=c10d"])
+                .arg(format!("--rdzv-endpoint=127.0.0.1:{}", target.c10d_port))
+                .arg(format!("--rdzv-id={}", target.run))
+                .args([
+                    "--monitor-interval=0.1",
+                    "--local-addr=127.0.0.1",
+                    &restarts,
+                ])
+                .args(hang::ft_launcher_flags())
+                .arg("--no-python")
+                .arg(&target.interpreter)
+                .arg(target.worker);
+            // Its rendezvous closes itself when two launchers of a round share a host, unless
+            // told that this is a simulation, as here (`ft_rendezvous_barrier.py`).
+            c.env("NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE", "1");
+            c
+        }
     };
     c.env("PEER_WORKER_DONE", &target.done)
         .env("PEER_WORKER_LIFETIME", "300");
@@ -276,6 +315,9 @@ fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
     }
     if let Some(dir) = &target.signals {
         c.env("SIGNAL_WORKER_DIR", signal_dir(dir, i));
+    }
+    if let Some(dir) = &target.hang {
+        hang::worker_env(&mut c, kind, dir, n);
     }
     c
 }
@@ -304,6 +346,12 @@ struct Target {
     failing: Option<Failing>,
     /// The signal case: the run's directory, where each node's workers write (`signal_dir`).
     signals: Option<PathBuf>,
+    /// The hang case: the run's directory, where the workers write (`benches/hang_worker.py`).
+    hang: Option<PathBuf>,
+    /// What runs the worker script: `python3`, or an environment's python.
+    interpreter: PathBuf,
+    /// The python of the NVRx environment, for `ft_launcher`.
+    nvrx: Option<PathBuf>,
 }
 
 /// The node whose worker exits 7 after its first step, and how the other workers take it.
@@ -330,6 +378,10 @@ enum Event {
     NodeId(String),
     /// rdzv run formed a round of this world size.
     Formed(u32),
+    /// The launcher found a hung worker (`hang::detected`).
+    Hang,
+    /// A line that says something failed (`hang::failure`), as written.
+    Failure(String),
 }
 
 fn field(line: &str, key: &str) -> Option<i64> {
@@ -339,6 +391,15 @@ fn field(line: &str, key: &str) -> Option<i64> {
 }
 
 fn parse(line: &str) -> Option<Event> {
+    if hang::detected(line) {
+        return Some(Event::Hang);
+    }
+    if hang::failure(line) {
+        return Some(Event::Failure(line.to_string()));
+    }
+    if let Some(world) = hang::ft_launcher_joined(line) {
+        return Some(Event::Formed(world));
+    }
     if line.contains("[rdzv] round ") && line.contains(" formed: ") {
         let world = line.split("world size ").nth(1)?.split(',').next()?;
         return Some(Event::Formed(world.trim().parse().ok()?));
@@ -365,7 +426,7 @@ fn launch(
 ) -> Vec<Launcher> {
     (0..n)
         .map(|i| {
-            if matches!(kind, Kind::TorchrunC10d | Kind::RdzvC10d) && i == 1 {
+            if matches!(kind, Kind::TorchrunC10d | Kind::RdzvC10d | Kind::FtLauncher) && i == 1 {
                 // The c10d store lives on whichever node binds its port first: let that be
                 // node 0, so the victim (the last node) is never the store's host.
                 wait_for_listener(target.c10d_port, LAUNCH_LIMIT);
@@ -535,6 +596,7 @@ fn one_run(kind: Kind, case: Case, target: &Target, n: usize) -> Run {
         }
         Case::FailedPeersHold | Case::FailedPeersBreak => unreachable!("one_failed_run"),
         Case::SigInt | Case::SigTerm => unreachable!("one_signal_run"),
+        Case::Hang => unreachable!("hang::one_run"),
     };
     let got = wait_for(&rx, &others, world, RECOVERY_LIMIT, &mut seen);
     let recovered = got.map(|p| {
@@ -942,7 +1004,8 @@ fn main() {
             let name = args.next().expect(USAGE);
             let named = Case::named(&name).unwrap_or_else(|| {
                 panic!(
-                    "--case: launcher-killed, worker-killed, drained, failed or signal, not {name}"
+                    "--case: launcher-killed, worker-killed, drained, failed, signal or hang, not \
+                     {name}"
                 )
             });
             cases.extend_from_slice(named);
@@ -976,6 +1039,8 @@ fn main() {
     };
     let scratch = std::env::temp_dir().join(format!("bench-launcher-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
+    // NVIDIA's ft_launcher: the python of an environment with nvidia-resiliency-ext.
+    let nvrx = std::env::var_os("RDZV_NVRX_PYTHON").map(PathBuf::from);
     let target = |kind: Kind, case: Case, n: usize, r: usize, min_nodes: usize| {
         let run = format!(
             "bench-launcher-{}-{n}-{r}-{}-{}",
@@ -993,6 +1058,13 @@ fn main() {
             },
         });
         let signals = case.is_signal().then(|| scratch.join(&run));
+        let hang = (case == Case::Hang).then(|| scratch.join(&run));
+        // The hang case's worker needs PyTorch (and NVRx's client under ft_launcher).
+        let interpreter = match (kind, &hang) {
+            (Kind::FtLauncher, _) => nvrx.clone().expect("NVRx python"),
+            (_, Some(_)) => python.clone().expect("torch python"),
+            _ => PathBuf::from("python3"),
+        };
         Target {
             url: format!(
                 "etcd://{endpoint}/{run}?min_nodes={min_nodes}&max_nodes={n}&last_call_timeout={LAST_CALL}"
@@ -1005,19 +1077,23 @@ fn main() {
             min_nodes,
             max_restarts: if failing.is_some() { 0 } else { 3 },
             nproc: if signals.is_some() { 2 } else { 1 },
-            worker: match (&failing, &signals) {
-                (Some(_), _) => fail_worker(),
-                (_, Some(_)) => signal_worker(),
+            worker: match (&failing, &signals, &hang) {
+                (Some(_), _, _) => fail_worker(),
+                (_, Some(_), _) => signal_worker(),
+                (_, _, Some(_)) => hang::worker(),
                 _ => worker(),
             },
             failing,
             signals,
+            hang,
+            interpreter,
+            nvrx: nvrx.clone(),
         }
     };
     let recoveries: Vec<Case> = cases
         .iter()
         .copied()
-        .filter(|c| !c.is_failed() && !c.is_signal())
+        .filter(|c| !c.is_failed() && !c.is_signal() && *c != Case::Hang)
         .collect();
     if !recoveries.is_empty() {
         recovery_table(&sizes, &recoveries, torchruns, &target);
@@ -1082,6 +1158,27 @@ fn main() {
                     signal_case(kind, case, n, &|r| target(kind, case, n, r, n));
                 }
             }
+        }
+    }
+    if cases.contains(&Case::Hang) {
+        let mut kinds = vec![Kind::Rdzv];
+        let mut unavailable = Vec::new();
+        match &nvrx {
+            Some(_) => kinds.push(Kind::FtLauncher),
+            None => unavailable.push((
+                Kind::FtLauncher.name(),
+                std::env::var("RDZV_NVRX_UNAVAILABLE").unwrap_or_else(|_| {
+                    "no NVRx environment (RDZV_NVRX_PYTHON: scripts/nvrx-env.sh)".into()
+                }),
+            )),
+        }
+        kinds.extend(torchruns.iter().filter(|k| **k == Kind::TorchrunC10d));
+        if python.is_some() {
+            hang::table(&sizes, &kinds, &unavailable, &|kind, n, r| {
+                target(kind, Case::Hang, n, r, n)
+            });
+        } else {
+            println!("hang: not measured, its workers need PyTorch");
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);
