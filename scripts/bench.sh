@@ -16,10 +16,12 @@
 #        scripts/bench.sh --launcher [--case NAME] [N ...]  rdzv run and torchrun (N = 2 8):
 #                                        launch to all workers started, a node lost to the
 #                                        survivors restarted, a failed job to every
-#                                        launcher's exit, and SIGINT/SIGTERM to a launcher to
-#                                        its workers' receipt and its exit (--case
-#                                        launcher-killed, worker-killed, drained, failed or
-#                                        signal: only those; signal alone: N = 1)
+#                                        launcher's exit, SIGINT/SIGTERM to a launcher to
+#                                        its workers' receipt and its exit, and a worker's
+#                                        hang to every rank stepping again, beside NVRx
+#                                        0.7.0's ft_launcher (scripts/nvrx-env.sh) (--case
+#                                        launcher-killed, worker-killed, drained, failed,
+#                                        signal or hang: only those; signal alone: N = 1)
 #        scripts/bench.sh --frameworks [RUNS]  JAX, Lightning and DeepSpeed on 2 nodes x 2
 #                                        processes under rdzv run and torchrun: launch to the
 #                                        first collective, and recovery after a SIGKILLed node
@@ -85,6 +87,15 @@ echo "etcd $(etcd --version | awk '/^etcd Version:/ {print $3}') at $endpoint, $
 if [ "${1:-}" = "--launcher" ]; then
   shift
   cargo build --release --quiet -p rdzv -p rdzv-cli -p rdzv-bench --lib --bin rdzv --bin bench_launcher
+  # NVIDIA's ft_launcher beside rdzv run in the hang case, when its environment can be made.
+  if [ "${RDZV_SKIP_TORCH:-0}" = 1 ]; then
+    export RDZV_NVRX_UNAVAILABLE="skipped (RDZV_SKIP_TORCH=1: NVRx needs PyTorch)"
+  elif RDZV_NVRX_PYTHON=$(scripts/nvrx-env.sh 2>"$target/nvrx-env.log"); then
+    export RDZV_NVRX_PYTHON
+  else
+    RDZV_NVRX_UNAVAILABLE="scripts/nvrx-env.sh failed: $(tail -n 1 "$target/nvrx-env.log")"
+    export RDZV_NVRX_UNAVAILABLE
+  fi
   "$target/release/bench_launcher" "$endpoint" "$@"
 elif [ "${1:-}" = "--frameworks" ]; then
   shift

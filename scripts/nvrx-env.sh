@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prints the python of an environment with NVIDIA's nvidia-resiliency-ext (NVRx) 0.7.0, for
 # `scripts/bench.sh --heartbeat`, which measures its RankMonitorClient.send_heartbeat() beside
-# rdzv's heartbeat. Made once beside the cached PyTorch environment (scripts/torch-env.sh) and
+# rdzv's heartbeat, and `scripts/bench.sh --launcher --case hang`, which runs its ft_launcher
+# beside `rdzv run`. Made once beside the cached PyTorch environment (scripts/torch-env.sh) and
 # layered on it as scripts/torch-frameworks-env.sh does. Cached in
 # ${RDZV_CACHE:-~/.cache/rdzv}/nvrx-0.7.0: about 100 MB and a minute the first time.
 #
