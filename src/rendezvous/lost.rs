@@ -7,8 +7,11 @@
 //! they join the next round a moment later: meanwhile they can only hide a loss, never invent
 //! one.)
 //!
-//! Supervisors poll `num_lost` several times a second on every node; the tracker keeps the
-//! count current by a watch on those two prefixes, so polling costs etcd nothing. The watch
+//! Supervisors poll `num_lost`, `num_waiting` and `is_closed` several times a second on every
+//! node; the tracker keeps all three current by one watch (on those two prefixes, the next
+//! round's `join/` prefix and the `closed` key), so polling costs etcd nothing: a job at rest
+//! costs etcd its lease refreshes alone. A broken watch falls back to reads (and says so in the
+//! log) until it is back. The watch
 //! ends at the first member seen leaving (a delete event; `num_lost` then counts by a read): the round must be formed again anyway, and a watch kept open on
 //! every node while the others leave would make a job of N nodes that shuts down cost N²/2
 //! events and reads; stopped at the first, it is about N. After that, `num_lost` reads etcd,
@@ -17,6 +20,7 @@
 use crate::backend::keys::Keys;
 use crate::backend::{backoff, ranges, Etcd, Target};
 use crate::error::Result;
+use crate::rendezvous::records::JoinRecord;
 use crate::rendezvous::FinalRecord;
 use etcd_client::{EventType, GetOptions, Txn, TxnOp};
 use std::sync::{Arc, Mutex};
@@ -31,9 +35,25 @@ enum View {
     /// Starting, or the watch broke: the answer must be read from etcd.
     Syncing,
     /// In sync with etcd, no member lost yet.
-    Watching,
+    Watching(Seen),
     /// A member was lost and the watch ended: answers come from reads, reused briefly.
     Settled { read: Option<(Instant, u32)> },
+}
+
+/// What the watch shows besides losses: the next round's joiners and the `closed` marker.
+#[derive(Default)]
+struct Seen {
+    /// The next round's join keys, each with whether its node was a member of this round (a
+    /// re-rendezvous under way).
+    joined: std::collections::HashMap<Vec<u8>, bool>,
+    closed: bool,
+}
+
+/// The next round's joiners as `num_waiting` counts them.
+pub(crate) struct Waiting {
+    pub joined: usize,
+    /// One of them was a member of this round: a re-rendezvous is under way.
+    pub rejoining: bool,
 }
 
 pub(crate) struct LostTracker {
@@ -56,10 +76,29 @@ impl LostTracker {
     /// How many members are gone, or `None` when the answer must be read from etcd.
     pub fn count(&self) -> Option<u32> {
         match *self.view() {
-            View::Watching => Some(0),
+            View::Watching(_) => Some(0),
             View::Settled {
                 read: Some((at, n)),
             } if at.elapsed() < REREAD_AFTER => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The next round's joiners, or `None` when they must be read from etcd.
+    pub fn waiting(&self) -> Option<Waiting> {
+        match &*self.view() {
+            View::Watching(seen) => Some(Waiting {
+                joined: seen.joined.len(),
+                rejoining: seen.joined.values().any(|&member| member),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether the run is closed, or `None` when it must be read from etcd.
+    pub fn closed(&self) -> Option<bool> {
+        match &*self.view() {
+            View::Watching(seen) => Some(seen.closed),
             _ => None,
         }
     }
@@ -131,6 +170,38 @@ pub(crate) async fn read_lost(
     Ok((world.saturating_sub(live) + drained).min(world) as u32)
 }
 
+/// The next round's joiners and the `closed` marker, as the watch then keeps them.
+async fn read_seen(
+    etcd: &Etcd,
+    keys: &Keys,
+    sealed: &FinalRecord,
+    deadline: Instant,
+) -> Result<Seen> {
+    let txn = Txn::new().and_then([
+        TxnOp::get(
+            keys.join_prefix(sealed.round + 1),
+            Some(GetOptions::new().with_prefix()),
+        ),
+        TxnOp::get(keys.closed(), Some(GetOptions::new().with_count_only())),
+    ]);
+    let resp = etcd.txn(deadline, "num_waiting", txn).await?;
+    let got = ranges(&resp);
+    let mut seen = Seen::default();
+    for kv in got.first().map(|g| g.kvs()).unwrap_or_default() {
+        seen.joined
+            .insert(kv.key().to_vec(), was_member(kv.key(), kv.value(), sealed));
+    }
+    seen.closed = got.get(1).is_some_and(|g| g.count() > 0);
+    Ok(seen)
+}
+
+/// Whether the joiner of this key (the next round's) was a member of `sealed`. A record that
+/// does not parse counts as a newcomer: `num_waiting`'s read reports it.
+fn was_member(key: &[u8], value: &[u8], sealed: &FinalRecord) -> bool {
+    JoinRecord::parse(key, value)
+        .is_ok_and(|r| r.last.is_some_and(|(round, _)| round == sealed.round))
+}
+
 /// A member of `sealed` whose join key is gone, for the log: read only when a loss is found on
 /// (re)syncing, which is rare (usually the watch sees it go). O(round size), once.
 async fn first_gone(
@@ -185,23 +256,59 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
     };
     let joins = keys.join_prefix(sealed.round);
     let drains = keys.drain_prefix();
+    let next_joins = keys.join_prefix(sealed.round + 1);
+    let closed = keys.closed();
     let mut attempt = 0u32;
+    let mut broke = false;
     loop {
         let deadline = Instant::now() + Duration::from_secs(10);
         // Watch, then read: a change between the two is not missed.
         let targets = [
             Target::Prefix(joins.clone()),
             Target::Prefix(drains.clone()),
+            Target::Prefix(next_joins.clone()),
+            Target::Key(closed.clone()),
         ];
         if let Ok(mut watch) = etcd.watch(&targets, deadline).await {
-            if let Ok(lost) = read_lost(&etcd, &keys, &sealed, deadline).await {
+            let lost = read_lost(&etcd, &keys, &sealed, deadline).await;
+            let seen = read_seen(&etcd, &keys, &sealed, deadline).await;
+            if let (Ok(lost), Ok(mut seen)) = (lost, seen) {
                 if lost > 0 {
                     let who = first_gone(&etcd, &keys, &sealed, deadline).await;
                     return settle(who.as_deref());
                 }
-                set(View::Watching);
+                if broke {
+                    let who = etcd.who();
+                    tracing::info!(run = who.run.as_deref(), node = who.node.as_deref(), round = who.round,
+                        "membership watch back: num_lost, num_waiting and is_closed answer from it again");
+                }
+                set(View::Watching(Seen {
+                    joined: std::mem::take(&mut seen.joined),
+                    closed: seen.closed,
+                }));
                 attempt = 0;
                 while let Some(events) = watch.events().await {
+                    {
+                        let mut view = view.lock().unwrap_or_else(|e| e.into_inner());
+                        if let View::Watching(seen) = &mut *view {
+                            for ev in events.iter() {
+                                let Some(kv) = ev.kv() else { continue };
+                                let key = kv.key();
+                                let put = ev.event_type() == EventType::Put;
+                                if key.starts_with(next_joins.as_bytes()) {
+                                    match put {
+                                        true => seen.joined.insert(
+                                            key.to_vec(),
+                                            was_member(key, kv.value(), &sealed),
+                                        ),
+                                        false => seen.joined.remove(key),
+                                    };
+                                } else if key == closed.as_bytes() {
+                                    seen.closed = put;
+                                }
+                            }
+                        }
+                    }
                     // A join key of the round going, or a drain appearing, may be a member
                     // leaving: count again.
                     // A join key of the round going, or a drain appearing: a member leaving,
@@ -212,6 +319,9 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
                         let key = ev.kv()?.key();
                         let deleted = ev.event_type() == EventType::Delete;
                         let drain = key.starts_with(drains.as_bytes());
+                        if !drain && !key.starts_with(joins.as_bytes()) {
+                            return None;
+                        }
                         (deleted != drain).then(|| Keys::node_of(key))?
                     });
                     if let Some(node) = leaving {
@@ -219,6 +329,10 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
                     }
                 }
                 set(View::Syncing);
+                broke = true;
+                let who = etcd.who();
+                tracing::info!(run = who.run.as_deref(), node = who.node.as_deref(), round = who.round,
+                    "membership watch broke: num_lost, num_waiting and is_closed read etcd until it is back");
             }
         }
         backoff(&mut attempt, Instant::now() + Duration::from_secs(1)).await;

@@ -994,9 +994,23 @@ impl Rendezvous {
         self.cancel.cancel();
     }
 
-    /// True once any node has called `set_closed`.
+    /// True once any node has called `set_closed`. After this node's first round it answers
+    /// from the membership watch (`num_lost`'s), without asking etcd: a close is seen within
+    /// the watch's delivery (milliseconds); before the first round, or while the watch is
+    /// broken, it reads etcd.
     pub async fn is_closed(&self) -> Result<bool> {
         self.check_not_shut_down()?;
+        // From the membership watch while it is in sync (after this node's first round).
+        if self.tracked_round().is_some() {
+            if let Some(closed) = self
+                .state()
+                .lost
+                .as_ref()
+                .and_then(lost::LostTracker::closed)
+            {
+                return Ok(closed);
+            }
+        }
         let options = GetOptions::new().with_count_only();
         let resp = self
             .etcd
@@ -1070,6 +1084,9 @@ impl Rendezvous {
     /// Otherwise only as many newcomers as there is room for: `max_nodes` minus the surviving
     /// members. Spare nodes beyond `max_nodes` wait without being counted, so a full round is
     /// not torn down again and again for nodes it cannot take. Zero before the first round.
+    /// Answered from the membership watch while it is in sync (no etcd request: a joiner is
+    /// counted within the watch's delivery); read from etcd while the watch is broken or
+    /// after a member was lost.
     pub async fn num_waiting(&self) -> Result<u32> {
         let n = self.count_waiting().await?;
         self.report_change(
@@ -1145,14 +1162,24 @@ impl Rendezvous {
 
     async fn count_waiting(&self) -> Result<u32> {
         self.check_not_shut_down()?;
-        let Some((round, world)) = self
-            .state()
-            .last
-            .as_ref()
-            .map(|(f, _)| (f.round, f.world_size))
-        else {
+        let Some(sealed) = self.tracked_round() else {
             return Ok(0);
         };
+        let (round, world) = (sealed.round, sealed.world_size);
+        let clamp = |n: usize| n.min(u32::MAX as usize) as u32;
+        // From the tracker's watch while it is in sync (no member lost: all survive).
+        if let Some(w) = self
+            .state()
+            .lost
+            .as_ref()
+            .and_then(lost::LostTracker::waiting)
+        {
+            if w.rejoining {
+                return Ok(clamp(w.joined));
+            }
+            let room = (self.params.max_nodes() as usize).saturating_sub(world as usize);
+            return Ok(clamp(w.joined.min(room)));
+        }
         let prefix = self.keys.join_prefix(round + 1);
         let resp = self
             .etcd
@@ -1166,7 +1193,6 @@ impl Rendezvous {
         if resp.kvs().is_empty() {
             return Ok(0);
         }
-        let clamp = |n: usize| n.min(u32::MAX as usize) as u32;
         // A joiner's record names the round it last completed: a member of ours means a
         // re-rendezvous is under way.
         let joined = resp.kvs().len();
@@ -1181,24 +1207,33 @@ impl Rendezvous {
         Ok(clamp(joined.min(room)))
     }
 
+    /// The round whose membership the tracker follows (this node's last), starting the
+    /// tracker on first use; None before this node's first round.
+    fn tracked_round(&self) -> Option<FinalRecord> {
+        let mut state = self.state();
+        let (sealed, _) = state.last.as_ref()?;
+        let sealed = sealed.clone();
+        if state.lost.is_none() {
+            let etcd = self.etcd.in_round(sealed.round);
+            let tracker = lost::LostTracker::start(etcd, self.keys.clone(), sealed.clone());
+            state.lost = Some(tracker);
+        }
+        Some(sealed)
+    }
+
     async fn count_lost(&self) -> Result<u32> {
         self.check_not_shut_down()?;
-        let sealed = {
-            let mut state = self.state();
-            if let Some(count) = state.lost.as_ref().and_then(lost::LostTracker::count) {
-                return Ok(count);
-            }
-            let Some((sealed, _)) = state.last.as_ref() else {
-                return Ok(0);
-            };
-            let sealed = sealed.clone();
-            if state.lost.is_none() {
-                let etcd = self.etcd.in_round(sealed.round);
-                let tracker = lost::LostTracker::start(etcd, self.keys.clone(), sealed.clone());
-                state.lost = Some(tracker);
-            }
-            sealed
+        let Some(sealed) = self.tracked_round() else {
+            return Ok(0);
         };
+        if let Some(count) = self
+            .state()
+            .lost
+            .as_ref()
+            .and_then(lost::LostTracker::count)
+        {
+            return Ok(count);
+        }
         // The tracker is not in sync (just started, or its watch broke), or a member is lost
         // and its watch ended: read etcd.
         let n = lost::read_lost(&self.etcd, &self.keys, &sealed, self.quick_deadline()).await?;

@@ -31,3 +31,4 @@ mod security;
 mod soak;
 mod store;
 mod wakeups;
+mod watched;

@@ -80,15 +80,18 @@ fn late_node_waits_then_joins_next_round_with_stable_ranks() {
     };
     // The late node is counted by the members while the round runs; wait for it by watching
     // the count the way an agent would.
+    // Each member counts it from its own watch: both see it, each within a moment.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while a.num_waiting().unwrap() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "late node never counted as waiting"
-        );
-        std::thread::yield_now();
+    for member in [&a, &b] {
+        while member.num_waiting().unwrap() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "late node never counted as waiting"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(member.num_waiting().unwrap(), 1);
     }
-    assert_eq!(b.num_waiting().unwrap(), 1);
 
     let (ta, tb) = {
         let (a, b) = (a.clone(), b.clone());

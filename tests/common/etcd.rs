@@ -230,6 +230,23 @@ impl Etcd {
             .unwrap_or_else(|| panic!("etcd reports no metric {name}")) as i64
     }
 
+    /// The sum of every series of the metric `name` whose labels contain all of `labels`
+    /// (for example `grpc_server_handled_total` with `grpc_method="Range"`).
+    pub fn metric_sum(&self, name: &str, labels: &[&str]) -> f64 {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(self.endpoint()).expect("etcd metrics");
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).expect("etcd metrics");
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter(|l| labels.iter().all(|label| l.contains(label)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// A rendezvous URL on this server with a run id unique to the calling test.
     pub fn url(&self, run: &str, query: &str) -> String {
         format!(
