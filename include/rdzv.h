@@ -871,8 +871,10 @@ rdzv_status_t rdzv_run_store_with_cancel(const rdzv_t *node,
                                          rdzv_error_t **error);
 
 /**
- * Sets `*closed` to whether the run has been closed by any node. One etcd read, at most
- * `connect_timeout`.
+ * Sets `*closed` to whether the run has been closed by any node. After this node's first
+ * round it answers from the membership watch that `rdzv_num_lost` keeps (no etcd request; a
+ * close is seen within the watch's delivery, milliseconds); before it, or while that watch
+ * is broken, one etcd read, at most `connect_timeout`. Cheap to poll every monitor tick.
  */
 rdzv_status_t rdzv_is_closed(const rdzv_t *rdzv, bool *closed, rdzv_error_t **error);
 
@@ -909,7 +911,10 @@ rdzv_status_t rdzv_set_closed_with_cancel(const rdzv_t *rdzv,
  * otherwise newcomers count up to the room left: `max_nodes` minus the surviving members.
  * Spare nodes beyond `max_nodes` are not counted, so a full round is not re-formed for nodes
  * it cannot take; they wait (until their `join_timeout`) and are admitted when a member is
- * lost or leaves. 0 before this node's first round.
+ * lost or leaves. 0 before this node's first round. Answered from the membership watch
+ * that `rdzv_num_lost` keeps while it is in sync (no etcd request; a joiner is counted
+ * within the watch's delivery); one etcd read while that watch is broken or after a member
+ * was lost. Cheap to poll every monitor tick.
  */
 rdzv_status_t rdzv_num_waiting(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t **error);
 

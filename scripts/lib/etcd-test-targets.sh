@@ -9,7 +9,7 @@ etcd_test_targets() {
   local target
   for target in tests/all/main.rs tests/*.rs cli/tests/*.rs; do
     case "$target" in
-      cli/tests/launcher_torch.rs | cli/tests/launcher_jax.rs | cli/tests/launcher_torch_frameworks.rs | cli/tests/hangs.rs) continue ;;
+      cli/tests/launcher_torch.rs | cli/tests/launcher_jax.rs | cli/tests/launcher_torch_frameworks.rs | cli/tests/hangs.rs | cli/tests/at_rest.rs) continue ;;
       tests/all/main.rs) echo all ;;
       *) if grep -q '^mod common;' "$target"; then basename "$target" .rs; fi ;;
     esac

@@ -208,8 +208,10 @@ pub extern "C" fn rdzv_run_store_with_cancel(
     })
 }
 
-/// Sets `*closed` to whether the run has been closed by any node. One etcd read, at most
-/// `connect_timeout`.
+/// Sets `*closed` to whether the run has been closed by any node. After this node's first
+/// round it answers from the membership watch that `rdzv_num_lost` keeps (no etcd request; a
+/// close is seen within the watch's delivery, milliseconds); before it, or while that watch
+/// is broken, one etcd read, at most `connect_timeout`. Cheap to poll every monitor tick.
 #[no_mangle]
 pub extern "C" fn rdzv_is_closed(
     rdzv: *const rdzv_t,
@@ -270,7 +272,10 @@ pub extern "C" fn rdzv_set_closed_with_cancel(
 /// otherwise newcomers count up to the room left: `max_nodes` minus the surviving members.
 /// Spare nodes beyond `max_nodes` are not counted, so a full round is not re-formed for nodes
 /// it cannot take; they wait (until their `join_timeout`) and are admitted when a member is
-/// lost or leaves. 0 before this node's first round.
+/// lost or leaves. 0 before this node's first round. Answered from the membership watch
+/// that `rdzv_num_lost` keeps while it is in sync (no etcd request; a joiner is counted
+/// within the watch's delivery); one etcd read while that watch is broken or after a member
+/// was lost. Cheap to poll every monitor tick.
 #[no_mangle]
 pub extern "C" fn rdzv_num_waiting(
     rdzv: *const rdzv_t,

@@ -18,10 +18,6 @@ use crate::watchdog::Watchdog;
 use rdzv::{ErrorKind, Params, Rendezvous, Store};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
-
-/// The closed flag is an etcd read: checked at most this often, whatever the monitor interval.
-const CLOSED_CHECK: Duration = Duration::from_secs(1);
 
 /// How much longer than `lease_ttl` a node whose restart budget is spent waits, after a
 /// worker failure, for a lost member to explain it: etcd expires leases on a 500 ms tick, and
@@ -209,7 +205,6 @@ impl Source for Etcd {
     async fn membership_change(&self, waiting: bool) -> Stop {
         let rdzv = &self.rdzv;
         let mut tick = self.ticker();
-        let mut next_closed_check = Instant::now() + CLOSED_CHECK;
         let mut complained = false;
         loop {
             tick.tick().await;
@@ -219,13 +214,9 @@ impl Source for Etcd {
                     true => rdzv.num_waiting().await?,
                     false => 0,
                 };
-                let closed = match Instant::now() >= next_closed_check {
-                    true => {
-                        next_closed_check = Instant::now() + CLOSED_CHECK;
-                        rdzv.is_closed().await?
-                    }
-                    false => false,
-                };
+                // All three answer from the library's membership watch: a tick costs etcd
+                // nothing while it is in sync.
+                let closed = rdzv.is_closed().await?;
                 Ok::<_, rdzv::Error>((lost, waiting, closed))
             };
             match counts.await {
