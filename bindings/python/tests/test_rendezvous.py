@@ -418,3 +418,39 @@ def test_real_sigint_interrupts_next(etcd, run_id):
             proc.kill()
             proc.wait(timeout=T)
         reader.shutdown(wait=True)
+
+
+def _etcd_requests(etcd, method: str) -> float:
+    """Unary calls of ``method`` etcd has handled, from its metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{etcd.endpoint}/metrics", timeout=10) as response:
+        body = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line.startswith("grpc_server_handled_total{") and f'grpc_method="{method}"' in line
+    )
+
+
+def test_torchs_monitor_tick_costs_etcd_nothing_at_rest(etcd, run_id):
+    """torch's agent calls num_nodes_waiting() every monitor tick (0.1 s by default) on every
+    node: answered from the library's membership watch, so a job at rest costs etcd its lease
+    refreshes alone (docs/OPERATIONS.md, "At rest")."""
+    with etcd.handler(run_id, 1, 1) as h:
+        h.next_rendezvous()
+        # The first calls start the watch and read etcd until it is in sync: wait until a
+        # batch of polls reaches etcd no more.
+        def quiet() -> bool:
+            reads = _etcd_requests(etcd, "Range")
+            for _ in range(50):
+                h.num_nodes_waiting()
+                h.is_closed()
+            return _etcd_requests(etcd, "Range") == reads
+
+        wait_until(quiet, T, "polls answered from the membership watch")
+        before = (_etcd_requests(etcd, "Range"), _etcd_requests(etcd, "Txn"))
+        for _ in range(500):
+            assert h.num_nodes_waiting() == 0
+            assert h.is_closed() is False
+        assert (_etcd_requests(etcd, "Range"), _etcd_requests(etcd, "Txn")) == before
