@@ -170,7 +170,7 @@ fn first_steps(dir: &Path, after: SystemTime, n: usize) -> Option<Vec<[SystemTim
 }
 
 /// Ends the workers of a run that are still there (a launcher killed with its group leaves
-/// its workers, which run in sessions of their own): those that wrote a pid file in `dir` and
+/// its workers, which it started outside that group): those that wrote a pid file in `dir` and
 /// still run this benchmark's worker.
 fn end_workers(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
