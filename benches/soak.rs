@@ -15,7 +15,8 @@
 //! its own) half of the time, in turns of `--alternate`; etcd's database size, raft proposals
 //! and CPU over time; calls that failed (should be none); and the keys left under the prefix
 //! once every job ended and `lease_ttl` passed (should be `closed` markers alone). Exits 1 if
-//! a call failed, a job got stuck or keys other than `closed` were left. Run it with
+//! a call failed, a job got stuck, keys other than `closed` were left or the database in use
+//! grew in the last third of the run past its bound (`DbSeen::bounded`). Run it with
 //! `scripts/soak.sh`.
 
 #[path = "bench/torch.rs"]
@@ -905,15 +906,50 @@ impl Rates {
     }
 }
 
+/// What the sampler saw of etcd's database: the largest file, and the largest size in use
+/// (what compaction keeps bounded) at each sample, in order.
+struct DbSeen {
+    largest: f64,
+    in_use: Vec<f64>,
+}
+
+impl DbSeen {
+    /// Whether the database stayed bounded: the size in use in the last third of the run no
+    /// more than 1.5 times the largest before it, plus 8 MiB (compaction takes a retention
+    /// period to start; a run shorter than a few periods shows growth it cannot judge, and
+    /// says so). Returns the verdict's line and whether it holds.
+    fn bounded(&self) -> (String, bool) {
+        let n = self.in_use.len();
+        if n < 6 {
+            return (format!("database bound: not judged ({n} samples)"), true);
+        }
+        let before = self.in_use[..n * 2 / 3].iter().cloned().fold(0.0, f64::max);
+        let last = self.in_use[n * 2 / 3..].iter().cloned().fold(0.0, f64::max);
+        let bound = before * 1.5 + 8.0 * 1024.0 * 1024.0;
+        let holds = last <= bound;
+        (
+            format!(
+                "database bound: in use at most {} in the last third, against {} before it (bound {}): {}",
+                mib(last),
+                mib(before),
+                mib(bound),
+                if holds { "held" } else { "EXCEEDED" }
+            ),
+            holds,
+        )
+    }
+}
+
 /// etcd's database size per member, its raft proposals and CPU, and the CPU of this process
-/// and of the scheduler's, printed every 10 s; returns the largest database seen.
+/// and of the scheduler's, printed every 10 s; returns what it saw of the database.
 async fn sample_db(
     endpoints: Vec<String>,
     started: Instant,
     done: Arc<AtomicBool>,
     scheduler: Arc<Scheduler>,
-) -> f64 {
+) -> DbSeen {
     let mut largest: f64 = 0.0;
+    let mut in_use_seen = Vec::new();
     let mut rates = Rates::default();
     while !done.load(Relaxed) {
         let mut line = format!("t={:>5.0}s", started.elapsed().as_secs_f64());
@@ -939,6 +975,9 @@ async fn sample_db(
             }
             let size = member_metric(e, "etcd_mvcc_db_total_size_in_bytes").await;
             let in_use = member_metric(e, "etcd_mvcc_db_total_size_in_use_in_bytes").await;
+            if let (true, Some(in_use)) = (e == &endpoints[0], in_use) {
+                in_use_seen.push(in_use);
+            }
             let revision = member_metric(e, "etcd_debugging_mvcc_current_revision").await;
             let compacted = member_metric(e, "etcd_debugging_mvcc_compact_revision").await;
             let keys = member_metric(e, "etcd_debugging_mvcc_keys_total").await;
@@ -965,7 +1004,10 @@ async fn sample_db(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    largest
+    DbSeen {
+        largest,
+        in_use: in_use_seen,
+    }
 }
 
 fn summarize(what: &str, times: &mut [Duration]) -> Duration {
@@ -1091,7 +1133,8 @@ async fn soak(cfg: Config) -> bool {
         started.elapsed().as_secs_f64()
     );
     sampling.store(true, Relaxed);
-    let largest = sampler.await.unwrap();
+    let db = sampler.await.unwrap();
+    let largest = db.largest;
 
     // The keys left, once the leases of killed nodes (and of runs whose last node was killed)
     // have run out.
@@ -1167,6 +1210,8 @@ async fn soak(cfg: Config) -> bool {
         println!("{event:<34} {n:>6}");
     }
     println!("etcd's largest database: {}", mib(largest));
+    let (bound_line, bounded) = db.bounded();
+    println!("{bound_line}");
     let failures = stats.failures.lock().unwrap().clone();
     println!("failed calls: {}", failures.len());
     for f in failures.iter().take(20) {
@@ -1246,7 +1291,13 @@ async fn soak(cfg: Config) -> bool {
             Err(e) => println!("defragment failed: {e}"),
         }
     }
-    failures.is_empty() && other.is_empty()
+    println!(
+        "verdict: failed calls {}, keys other than `closed` {}, database {}",
+        failures.len(),
+        other.len(),
+        if bounded { "bounded" } else { "NOT bounded" }
+    );
+    failures.is_empty() && other.is_empty() && bounded
 }
 
 fn main() {

@@ -289,8 +289,13 @@ impl Agent {
                     .await
             }
             Outcome::Hung(hung) => {
-                self.after_hang(source, &mut group, &watched, &round, hung, signals)
+                let first = self
+                    .after_hang(source, &mut group, &watched, &round, hung, signals)
                     .await?;
+                if !first {
+                    carried.failed = None;
+                    return Ok(());
+                }
                 self.after_failure(source, &mut group, &watched, &round, carried, signals)
                     .await
             }
@@ -337,6 +342,8 @@ impl Agent {
     /// progress), collects the evidence, writes the hung worker's error file (so the failure
     /// report and TORCHELASTIC_ERROR_FILE say what happened), kills the group, and names the
     /// suspect and its victims across nodes. The failure then costs what a failure costs.
+    /// `Ok(false)`: another node found the hang first (a victim timed out here too): this
+    /// node answered it as a peer does and re-forms without spending a restart.
     async fn after_hang<S: Source>(
         &mut self,
         source: &S,
@@ -345,16 +352,20 @@ impl Agent {
         round: &Round,
         hung: Hung,
         signals: &mut Signals,
-    ) -> Result<(), Exit> {
+    ) -> Result<bool, Exit> {
         let host = hostname();
         output::error(format_args!("hang: {}", hung.describe()));
         let store = source.shared(round);
         let progress = progress_of(workers, &host);
         if let Some(store) = store {
-            hang::announce(store, round.group_rank, &host, &hung).await;
+            if let Some(first) = hang::announce(store, round.group_rank, &host, &hung).await {
+                self.after_peer_hang(source, group, workers, round, first, signals)
+                    .await?;
+                return Ok(false);
+            }
             hang::share_progress(store, round.group_rank, &progress).await;
         }
-        let evidence = collect_evidence(workers).await;
+        let evidence = collect_evidence(workers, round).await;
         let hung_worker = workers
             .iter()
             .position(|w| w.global_rank == hung.global_rank);
@@ -392,7 +403,7 @@ impl Agent {
             note["verdict"] = verdict.to_json();
         }
         source.note("hang", &note.to_string()).await;
-        Ok(())
+        Ok(true)
     }
 
     /// Another node found a hung worker: answers with this node's workers' progress, collects
@@ -421,7 +432,7 @@ impl Agent {
             // lost, and this node, off to the next round, would not be there to say no.
             failure::answer(store, round.group_rank).await;
         }
-        let evidence = collect_evidence(workers).await;
+        let evidence = collect_evidence(workers, round).await;
         for (w, e) in workers.iter().zip(&evidence) {
             say_evidence(w, e);
         }
@@ -709,12 +720,12 @@ fn progress_of(workers: &[Watched], host: &str) -> Vec<serde_json::Value> {
 }
 
 /// Every worker's evidence, collected at once, each bounded (`hang::EVIDENCE_BOUND`).
-async fn collect_evidence(workers: &[Watched]) -> Vec<Evidence> {
+async fn collect_evidence(workers: &[Watched], round: &Round) -> Vec<Evidence> {
     // Concurrently: one after the other would multiply the bound.
     crate::monitor::join_all(
         workers
             .iter()
-            .map(|w| evidence::collect(w, hang::EVIDENCE_BOUND)),
+            .map(|w| evidence::collect(w, round.number, hang::EVIDENCE_BOUND)),
     )
     .await
 }

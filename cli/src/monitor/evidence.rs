@@ -33,8 +33,10 @@ pub fn flight_recorder_prefix(error_file: &Path) -> PathBuf {
         .join("nccl_trace_rank_")
 }
 
-/// Collects one worker's evidence, in at most about `bound`.
-pub async fn collect(w: &Watched, bound: Duration) -> Evidence {
+/// Collects one worker's evidence, in at most about `bound`, into files named for `round`
+/// (`stacks.roundN.txt`, `kernel.roundN.txt`): a group that restarts without spending a
+/// restart reuses the worker's directory, and its worker's stacks file starts empty.
+pub async fn collect(w: &Watched, round: u64, bound: Duration) -> Evidence {
     let deadline = Instant::now() + bound;
     let mut evidence = Evidence {
         flight_recorder: ask_flight_recorder(w),
@@ -45,8 +47,9 @@ pub async fn collect(w: &Watched, bound: Duration) -> Evidence {
         0 => py_spy(w, deadline).await,
         sig => dumped_on_signal(w, sig, deadline).await,
     };
-    evidence.stacks = stacks.then(|| w.stacks.clone());
-    let kernel = w.stacks.with_file_name("kernel.txt");
+    let kept = w.stacks.with_file_name(format!("stacks.round{round}.txt"));
+    evidence.stacks = (stacks && std::fs::rename(&w.stacks, &kept).is_ok()).then_some(kept);
+    let kernel = w.stacks.with_file_name(format!("kernel.round{round}.txt"));
     if std::fs::write(&kernel, kernel_view(w.pid)).is_ok() {
         evidence.kernel = Some(kernel);
     }
@@ -64,14 +67,14 @@ async fn dumped_on_signal(w: &Watched, signal: i32, deadline: Instant) -> bool {
     let mut last = before;
     let mut steady = 0;
     while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
         let now = size(&w.stacks);
         match now > before && now == last {
             true => steady += 1,
             false => steady = 0,
         }
-        // Unchanged for 60 ms after it grew: faulthandler writes a dump in one go.
-        if steady >= 3 {
+        // Unchanged for 20 ms after it grew: faulthandler writes a dump in one go.
+        if steady >= 2 {
             return true;
         }
         last = now;

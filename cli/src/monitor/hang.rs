@@ -48,6 +48,10 @@ const HANG: &str = "rdzv/agent/hang";
 const PROGRESS: &str = "rdzv/agent/progress";
 const LEARNED: &str = "rdzv/agent/learned";
 
+/// Ranks that stopped within this of the suspect, in the same section, make the verdict
+/// uncertain.
+const ALIKE: Duration = Duration::from_millis(100);
+
 /// A store wait that stands for "until it happens": renewed when it times out.
 const LONG_WAIT: Duration = Duration::from_secs(3600);
 
@@ -360,18 +364,22 @@ pub async fn read_learned(store: &Store) -> Learned {
     }
 }
 
-/// Tells the other launchers that this node (`group_rank`) found `hung` (the first
-/// announcement stands); they answer with their workers' progress (`peer_hung`).
-pub async fn announce(store: &Store, group_rank: u32, host: &str, hung: &Hung) {
-    let what = json!({"node": group_rank, "host": host, "rank": hung.global_rank, "what": hung.describe()});
-    if let Err(e) = store
-        .compare_set(HANG, b"", what.to_string().as_bytes())
-        .await
-    {
-        say(format_args!(
-            "could not tell the other nodes of the hang: {}",
-            e.message()
-        ));
+/// Tells the other launchers that this node (`group_rank`) found `hung`; they answer with
+/// their workers' progress (`peer_hung`). The first announcement stands: returns another
+/// node's when it came first (that node spends the restart; this one only re-forms).
+pub async fn announce(store: &Store, group_rank: u32, host: &str, hung: &Hung) -> Option<Value> {
+    let what = json!({"node": group_rank, "host": host, "rank": hung.global_rank, "what": hung.describe()})
+        .to_string();
+    match store.compare_set(HANG, b"", what.as_bytes()).await {
+        Ok(first) if first != what.as_bytes() => serde_json::from_slice(&first).ok(),
+        Ok(_) => None,
+        Err(e) => {
+            say(format_args!(
+                "could not tell the other nodes of the hang: {}",
+                e.message()
+            ));
+            None
+        }
     }
 }
 
@@ -470,8 +478,25 @@ impl Verdict {
             None => "outside any section".to_string(),
         };
         let s = &self.suspect;
+        // Ranks that stopped about when the suspect did, in the same place, cannot be told
+        // apart from it (heartbeats alone put every rank's last one in the same step).
+        let mut alike: Vec<u64> = self
+            .victims
+            .iter()
+            .filter(|(w, after)| *after < ALIKE && w["section"] == s["section"])
+            .map(|(w, _)| w["rank"].as_u64().unwrap_or(0))
+            .collect();
+        alike.sort_unstable();
+        let doubt = match alike.is_empty() {
+            true => String::new(),
+            false => format!(
+                " (uncertain: rank(s) {} stopped within {:.1} s of it in the same place; marking collectives with rdzv sections tells them apart)",
+                compress(&alike),
+                ALIKE.as_secs_f64()
+            ),
+        };
         let mut lines = vec![format!(
-            "suspect: {} stopped first, {}, {:.1} s without progress{}",
+            "suspect: {} stopped first, {}, {:.1} s without progress{}{doubt}",
             who(s),
             section(s),
             s["silent_s"].as_f64().unwrap_or(0.0),

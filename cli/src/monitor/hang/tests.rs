@@ -177,5 +177,16 @@ fn the_rank_that_stopped_first_is_the_suspect_and_the_rest_wait_on_it() {
         "waiting on it: rank(s) 0-2 in section \"allreduce\", stopped up to 0.5 s later"
     );
     assert_eq!(verdict(&[]), None);
+    // Heartbeats alone: every rank's last one in the same step, none in a section.
+    let alike = [
+        w(0, Some(2_000_010), None),
+        w(1, Some(2_000_000), None),
+        w(2, Some(2_000_900), None),
+    ];
+    let lines = verdict(&alike).unwrap().lines();
+    assert!(
+        lines[0].contains("(uncertain: rank(s) 0 stopped within 0.1 s of it"),
+        "{lines:?}"
+    );
     assert_eq!(compress(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
 }
