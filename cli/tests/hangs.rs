@@ -411,7 +411,13 @@ fn across_two_nodes_the_rank_that_stopped_first_is_the_suspect_and_the_others_wa
     // Every node's evidence outlives the next attempt, which reuses the workers' directories.
     for l in &nodes {
         for line in l.lines_with("evidence: stacks ") {
-            let path = line.split("stacks ").nth(1).unwrap().split(',').next().unwrap();
+            let path = line
+                .split("stacks ")
+                .nth(1)
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap();
             let stacks = std::fs::read_to_string(path.trim()).unwrap_or_default();
             assert!(stacks.contains("worker.py"), "{path}: {stacks:?}");
         }

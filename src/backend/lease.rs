@@ -6,6 +6,8 @@
 
 use super::{backoff, Etcd};
 use crate::error::Result;
+use once_cell::sync::Lazy;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -15,7 +17,37 @@ pub struct Lease {
     pub id: i64,
     /// True once etcd has said the lease no longer exists.
     lost: Arc<tokio::sync::watch::Sender<bool>>,
+    /// When etcd last answered a refresh (`Refreshed`).
+    refreshed: Refreshed,
     keeper: JoinHandle<()>,
+}
+
+/// The process's clock for `Refreshed`.
+static EPOCH: Lazy<std::time::Instant> = Lazy::new(std::time::Instant::now);
+
+/// When etcd last answered a refresh of a lease (or granted it): shared with whoever needs to
+/// know whether this node still reaches etcd without asking it (a watch alone cannot tell a
+/// quiet etcd from one cut off).
+#[derive(Clone)]
+pub struct Refreshed(Arc<AtomicU64>);
+
+impl Refreshed {
+    fn new() -> Refreshed {
+        let r = Refreshed(Arc::new(AtomicU64::new(0)));
+        r.now();
+        r
+    }
+
+    fn now(&self) {
+        self.0
+            .store(EPOCH.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Whether etcd answered within `within`.
+    pub fn within(&self, within: Duration) -> bool {
+        let at = Duration::from_millis(self.0.load(Ordering::Relaxed));
+        EPOCH.elapsed().saturating_sub(at) <= within
+    }
 }
 
 impl Lease {
@@ -41,8 +73,25 @@ impl Lease {
     /// node with a shorter `lease_ttl` must not expire between two refreshes.
     pub fn adopt(etcd: &Etcd, id: i64, ttl: Duration) -> Lease {
         let lost = Arc::new(tokio::sync::watch::Sender::new(false));
-        let keeper = tokio::spawn(keep_alive(etcd.clone(), id, ttl, lost.clone()));
-        Lease { id, lost, keeper }
+        let refreshed = Refreshed::new();
+        let keeper = tokio::spawn(keep_alive(
+            etcd.clone(),
+            id,
+            ttl,
+            lost.clone(),
+            refreshed.clone(),
+        ));
+        Lease {
+            id,
+            lost,
+            refreshed,
+            keeper,
+        }
+    }
+
+    /// When etcd last answered a refresh of this lease.
+    pub fn refreshed(&self) -> Refreshed {
+        self.refreshed.clone()
     }
 
     /// True once etcd has said the lease no longer exists.
@@ -93,6 +142,7 @@ async fn keep_alive(
     id: i64,
     ttl: Duration,
     lost: Arc<tokio::sync::watch::Sender<bool>>,
+    refreshed: Refreshed,
 ) {
     let mut period = ttl / 3;
     let mut attempt = 0u32;
@@ -126,6 +176,7 @@ async fn keep_alive(
                 }
                 Ok(Ok(Some(resp))) => {
                     attempt = 0;
+                    refreshed.now();
                     period = period.min(Duration::from_secs(resp.ttl() as u64) / 3);
                     if let Some(header) = resp.header() {
                         etcd.saw_term(header.raft_term());

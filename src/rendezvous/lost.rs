@@ -11,7 +11,9 @@
 //! node; the tracker keeps all three current by one watch (on those two prefixes, the next
 //! round's `join/` prefix and the `closed` key), so polling costs etcd nothing: a job at rest
 //! costs etcd its lease refreshes alone. A broken watch falls back to reads (and says so in the
-//! log) until it is back. The watch
+//! log) until it is back. A watch cannot tell a quiet etcd from one this node is cut off from,
+//! so its answers are used only while etcd answers this node's lease refreshes
+//! (`Rendezvous::watch_trusted`); a node cut off reads, and gets its error. The watch
 //! ends at the first member seen leaving (a delete event; `num_lost` then counts by a read): the round must be formed again anyway, and a watch kept open on
 //! every node while the others leave would make a job of N nodes that shuts down cost N²/2
 //! events and reads; stopped at the first, it is about N. After that, `num_lost` reads etcd,

@@ -57,6 +57,9 @@ pub struct Rendezvous {
     node: String,
     addr: String,
     lease: tokio::sync::Mutex<Option<Lease>>,
+    /// When etcd last answered a refresh of this node's lease: the membership watch's answers
+    /// are trusted only while it is recent (`watch_trusted`).
+    refreshed: Mutex<Option<crate::backend::lease::Refreshed>>,
     /// The run's lease, which this node refreshes while it lives (`backend::keys::run_lease`).
     run_lease: Mutex<Option<Lease>>,
     state: Mutex<NodeState>,
@@ -133,6 +136,7 @@ impl Rendezvous {
             keys,
             node,
             lease: tokio::sync::Mutex::new(None),
+            refreshed: Mutex::new(None),
             run_lease: Mutex::new(None),
             state: Mutex::new(NodeState::default()),
             next_running: tokio::sync::Mutex::new(()),
@@ -669,6 +673,7 @@ impl Rendezvous {
                 let lost = slot.take().map(|old| old.id);
                 let lease = Lease::grant(&self.etcd, self.params.lease_ttl(), deadline).await?;
                 let id = lease.id;
+                *self.refreshed.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease.refreshed());
                 *slot = Some(lease);
                 let alive = self.keys.alive(&self.node);
                 let bound = PutOptions::new().with_lease(id);
@@ -1002,12 +1007,7 @@ impl Rendezvous {
         self.check_not_shut_down()?;
         // From the membership watch while it is in sync (after this node's first round).
         if self.tracked_round().is_some() {
-            if let Some(closed) = self
-                .state()
-                .lost
-                .as_ref()
-                .and_then(lost::LostTracker::closed)
-            {
+            if let Some(closed) = self.watched(lost::LostTracker::closed) {
                 return Ok(closed);
             }
         }
@@ -1168,12 +1168,7 @@ impl Rendezvous {
         let (round, world) = (sealed.round, sealed.world_size);
         let clamp = |n: usize| n.min(u32::MAX as usize) as u32;
         // From the tracker's watch while it is in sync (no member lost: all survive).
-        if let Some(w) = self
-            .state()
-            .lost
-            .as_ref()
-            .and_then(lost::LostTracker::waiting)
-        {
+        if let Some(w) = self.watched(lost::LostTracker::waiting) {
             if w.rejoining {
                 return Ok(clamp(w.joined));
             }
@@ -1207,6 +1202,27 @@ impl Rendezvous {
         Ok(clamp(joined.min(room)))
     }
 
+    /// Whether the membership watch's answers can be trusted: etcd answered a refresh of this
+    /// node's lease within two refresh periods (two thirds of `lease_ttl`). A watch alone cannot
+    /// tell a quiet etcd from one this node is cut off from; without recent refreshes the
+    /// counts are read, and a node cut off gets its error, as before.
+    fn watch_trusted(&self) -> bool {
+        let window = self.params.lease_ttl() * 2 / 3;
+        self.refreshed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|r| r.within(window))
+    }
+
+    /// What the membership watch answers (`what`), when it is in sync and trusted.
+    fn watched<T>(&self, what: impl Fn(&lost::LostTracker) -> Option<T>) -> Option<T> {
+        if !self.watch_trusted() {
+            return None;
+        }
+        self.state().lost.as_ref().and_then(what)
+    }
+
     /// The round whose membership the tracker follows (this node's last), starting the
     /// tracker on first use; None before this node's first round.
     fn tracked_round(&self) -> Option<FinalRecord> {
@@ -1226,12 +1242,7 @@ impl Rendezvous {
         let Some(sealed) = self.tracked_round() else {
             return Ok(0);
         };
-        if let Some(count) = self
-            .state()
-            .lost
-            .as_ref()
-            .and_then(lost::LostTracker::count)
-        {
+        if let Some(count) = self.watched(lost::LostTracker::count) {
             return Ok(count);
         }
         // The tracker is not in sync (just started, or its watch broke), or a member is lost

@@ -264,9 +264,7 @@ impl Agent {
             framework: self.cfg.framework,
             virtual_local_rank: self.cfg.virtual_local_rank,
             cpu_binding: &self.cpu_binding,
-            // Always: a worker that reports progress is seen (its pace, `rdzv status`) even
-            // without hang timeouts; one that does not never maps its page.
-            progress: true,
+            progress: self.cfg.monitor.pages(),
         };
         let mut group = Group::start(&spec, &workers, &self.logs).map_err(|e| {
             output::error(e);

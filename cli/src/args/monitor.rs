@@ -44,15 +44,15 @@ pub struct MonitorFlags {
     pub max_no_progress_restarts: Option<u32>,
     /// How often each launcher measures its workers' pace (seconds per heartbeat) for
     /// `rdzv status`'s straggler flag; it writes a note only when the pace changed by a fifth.
-    /// 0: never.
+    /// Default: 60 with --hang-timeout, --section-timeout or --max-no-progress-restarts, else
+    /// off (0: off).
     #[arg(
         long,
         env = "RDZV_PACE_INTERVAL",
-        default_value = "60",
         value_name = "SECONDS",
         value_parser = pace_interval
     )]
-    pub pace_interval: Duration,
+    pub pace_interval: Option<Duration>,
     /// A command (run with sh -c) that says whether this node is healthy: run before every
     /// join and every --health-check-interval while training. Failing before a join, the
     /// node takes no rank and exits 1; failing while training, the node drains itself, so the

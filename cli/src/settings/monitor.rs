@@ -5,6 +5,9 @@ use crate::args::monitor::{MonitorFlags, Timeout};
 use crate::exit::{usage, Usage};
 use std::time::Duration;
 
+/// `--pace-interval` when progress is watched and the flag is not given.
+const PACE_DEFAULT: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Clone, Default)]
 pub struct MonitorConfig {
     /// `--hang-timeout`: for heartbeats (and any section without a timeout of its own).
@@ -34,6 +37,10 @@ impl MonitorConfig {
                 "--hang-initial-timeout: only with --hang-timeout auto (a given timeout applies from the first heartbeat)",
             ));
         }
+        // Progress is watched at all: the pace is then measured by default too.
+        let watching = f.hang_timeout.is_some()
+            || !f.section_timeout.is_empty()
+            || f.max_no_progress_restarts.is_some();
         let mut sections: Vec<(String, Timeout)> = Vec::new();
         for (name, timeout) in f.section_timeout {
             if sections.iter().any(|(n, _)| *n == name) {
@@ -62,12 +69,22 @@ impl MonitorConfig {
             initial: f.hang_initial_timeout,
             max_no_progress_restarts: f.max_no_progress_restarts,
             health,
-            pace: Some(f.pace_interval).filter(|p| !p.is_zero()),
+            pace: match f.pace_interval {
+                Some(p) => Some(p).filter(|p| !p.is_zero()),
+                None if watching => Some(PACE_DEFAULT),
+                None => None,
+            },
         })
     }
 
-    /// Whether workers' progress pages are read at all.
+    /// Whether hangs are watched (a timeout is given or learned).
     pub fn watches_progress(&self) -> bool {
         self.hang.is_some() || !self.sections.is_empty()
+    }
+
+    /// Whether workers get progress pages (RDZV_PROGRESS_FILE): only when a monitor reads
+    /// them, so that a plain `rdzv run` gives workers torchrun's environment and log layout.
+    pub fn pages(&self) -> bool {
+        self.watches_progress() || self.max_no_progress_restarts.is_some() || self.pace.is_some()
     }
 }
