@@ -110,7 +110,7 @@ suite "C ABI: the library keeps 0.1.0's ABI (abidiff against abi/)" scripts/abi-
 suite "C ABI check's self-test: a removed function, changed signature, struct and status fail; additions pass" scripts/abi-check.sh --self-test
 
 # The lanes. The newest etcd's Rust suites in one; each older etcd's in its own (the same
-# compiled tests, another server); the bindings, the demo and the install checks in one; the
+# compiled tests, another server); the bindings and the demo in one; the README quick starts and the install checks in one; the
 # framework suites, which find their cached environments by themselves, in one.
 rust_newest() {
   suite "rust tests (unit, etcd integration, processes, C ABI, header, chaos) on etcd $(etcd_version "$newest")" \
@@ -125,7 +125,7 @@ older_etcd() {
   suite "rust integration and fault suites on etcd $(etcd_version "$1")" \
     env PATH="$1:$PATH" cargo test --no-fail-fast "${integration[@]}"
 }
-bindings_and_installs() {
+bindings() {
   if [ -d bindings/cpp ]; then
     suite "c++ binding (ctest)" bash -c 'cmake -S bindings/cpp -B bindings/cpp/build -DCMAKE_BUILD_TYPE=Debug -DRDZV_LIBRARY="$1" >/dev/null &&
       cmake --build bindings/cpp/build -j2 >/dev/null && ctest --test-dir bindings/cpp/build --output-on-failure' _ "$lib/librdzv.so"
@@ -139,6 +139,9 @@ bindings_and_installs() {
       mypy_python=$(scripts/mypy-env.sh) && (cd bindings/python && "$mypy_python" -m mypy --cache-dir=/dev/null)'
   fi
   suite "demo" scripts/demo.sh
+}
+# What users copy and install, in a lane of its own (the longest chain of the bindings').
+installs() {
   suite "README quick starts (C, C++, Go, Python), as printed" scripts/readme-quickstart.sh
   suite "installed: prefix, pkg-config, find_package, Go module, Python wheel" scripts/install-test.sh
   suite "go scheduler example on the installed library: rdzv run launchers added, drained, killed, closed, purged" scripts/go-scheduler-test.sh
@@ -166,7 +169,8 @@ frameworks() {
 lane rust_newest
 for entry in "${built[@]:0:${#built[@]}-1}"; do lane older_etcd "${entry#* }"; done
 lane older_etcd "$debian_etcd"
-lane bindings_and_installs
+lane bindings
+lane installs
 lane frameworks
 # A lane that died between its suites (not by a suite's failure) counts as a failure.
 lanes_failed=0
