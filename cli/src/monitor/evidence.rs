@@ -8,6 +8,7 @@
 //!   worker in any language.
 
 use super::workers::Watched;
+use crate::workers::env::flight_recorder_prefix;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,15 +23,6 @@ pub struct Evidence {
     pub kernel: Option<PathBuf>,
     /// torch's Flight Recorder dump was asked for (it writes it there).
     pub flight_recorder: Option<PathBuf>,
-}
-
-/// The Flight Recorder pipe and dump prefixes for a worker whose directory holds `error_file`
-/// (torch appends the rank: `{prefix}{rank}.pipe`, `{prefix}{rank}`).
-pub fn flight_recorder_prefix(error_file: &Path) -> PathBuf {
-    error_file
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join("nccl_trace_rank_")
 }
 
 /// Collects one worker's evidence, in at most about `bound`, into files named for `round`

@@ -38,11 +38,13 @@ impl Meter {
             .collect();
         let (then, before) = self.last.replace((now, beats.clone()))?;
         let period = now.duration_since(then).as_secs_f64();
-        // The slowest worker that heartbeat in the period sets the node's pace.
+        // The slowest worker that heartbeat in the period sets the node's pace; a worker that
+        // had not heartbeat before the period was still starting (its imports, its first
+        // collectives), which says nothing of its pace.
         let step = beats
             .iter()
             .zip(&before)
-            .filter(|(now, before)| now > before)
+            .filter(|(now, before)| **before > 0 && now > before)
             .map(|(now, before)| period / (now - before) as f64)
             .fold(None, |slowest: Option<f64>, s| {
                 Some(slowest.map_or(s, |m| m.max(s)))

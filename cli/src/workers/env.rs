@@ -31,6 +31,15 @@ pub struct GroupSpec<'a> {
     pub progress: bool,
 }
 
+/// The prefix of torch's Flight Recorder pipe and dump for a worker whose directory holds
+/// `error_file` (torch appends the rank: `{prefix}{rank}.pipe`, `{prefix}{rank}`).
+pub fn flight_recorder_prefix(error_file: &Path) -> std::path::PathBuf {
+    error_file
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("nccl_trace_rank_")
+}
+
 /// A worker's progress page and stacks file, in its directory beside its error file.
 pub fn progress_files(error_file: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let dir = error_file.parent().unwrap_or(Path::new("."));
@@ -110,6 +119,17 @@ pub fn worker_env(
             rdzv::progress::STACKS_FILE_ENV.into(),
             stacks.display().to_string(),
         ));
+        // torch's Flight Recorder (NCCL): a pipe the hang monitor writes to for a dump, and
+        // where the dump goes; unless the user chose places of their own.
+        let prefix = flight_recorder_prefix(error_file).display().to_string();
+        for var in [
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+        ] {
+            if std::env::var_os(var).is_none() {
+                env.push((var.into(), prefix.clone()));
+            }
+        }
     }
     env.extend(spec.extra_env.iter().cloned());
     env
@@ -227,6 +247,31 @@ mod tests {
                 e.keys()
                     .all(|k| !k.starts_with("JAX_") && !k.starts_with("OMPI_")),
                 "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_monitored_worker_gets_its_page_stacks_and_flight_recorder_places_beside_its_error_file() {
+        let plain = env(&spec(Framework::Torch, "h"), &ranks(None));
+        assert!(
+            plain
+                .keys()
+                .all(|k| !k.starts_with("RDZV_") && !k.starts_with("TORCH_NCCL_DEBUG")),
+            "{plain:?}"
+        );
+        let mut s = spec(Framework::Torch, "h");
+        s.progress = true;
+        let e: std::collections::BTreeMap<String, String> =
+            worker_env(&s, &ranks(None), Path::new("/logs/attempt_0/1/error.json"))
+                .into_iter()
+                .collect();
+        assert_eq!(e["RDZV_PROGRESS_FILE"], "/logs/attempt_0/1/progress");
+        assert_eq!(e["RDZV_STACKS_FILE"], "/logs/attempt_0/1/stacks.txt");
+        if std::env::var_os("TORCH_NCCL_DEBUG_INFO_PIPE_FILE").is_none() {
+            assert_eq!(
+                e["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"],
+                "/logs/attempt_0/1/nccl_trace_rank_"
             );
         }
     }
