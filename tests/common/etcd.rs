@@ -214,9 +214,8 @@ impl Etcd {
         self.child.as_ref().expect("etcd is running").id()
     }
 
-    /// One value of etcd's Prometheus metrics (served on the client URL), e.g.
-    /// `etcd_debugging_mvcc_events_total` (watch events sent) or `..._watcher_total`.
-    pub fn metric(&self, name: &str) -> i64 {
+    /// etcd's Prometheus metrics (served on the client URL), as text.
+    fn metrics(&self) -> String {
         use std::io::{Read, Write};
         let mut conn = std::net::TcpStream::connect(self.endpoint()).expect("etcd metrics");
         conn.set_read_timeout(Some(Duration::from_secs(10)))
@@ -224,7 +223,14 @@ impl Etcd {
         conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
         let mut body = String::new();
         conn.read_to_string(&mut body).expect("etcd metrics");
-        body.lines()
+        body
+    }
+
+    /// One value of etcd's Prometheus metrics, e.g. `etcd_debugging_mvcc_events_total` (watch
+    /// events sent) or `..._watcher_total`.
+    pub fn metric(&self, name: &str) -> i64 {
+        self.metrics()
+            .lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .unwrap_or_else(|| panic!("etcd reports no metric {name}")) as i64
@@ -233,14 +239,8 @@ impl Etcd {
     /// The sum of every series of the metric `name` whose labels contain all of `labels`
     /// (for example `grpc_server_handled_total` with `grpc_method="Range"`).
     pub fn metric_sum(&self, name: &str, labels: &[&str]) -> f64 {
-        use std::io::{Read, Write};
-        let mut conn = std::net::TcpStream::connect(self.endpoint()).expect("etcd metrics");
-        conn.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut body = String::new();
-        conn.read_to_string(&mut body).expect("etcd metrics");
-        body.lines()
+        self.metrics()
+            .lines()
             .filter(|l| l.starts_with(&format!("{name}{{")))
             .filter(|l| labels.iter().all(|label| l.contains(label)))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

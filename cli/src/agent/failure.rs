@@ -70,23 +70,18 @@ pub async fn verdict<S: Source>(
         budget.used += 1;
         // The job's count in etcd: a node that fails fast and rejoins as a new launcher does
         // not start from zero (pytorch#147064), and every node sees what the job spent.
-        if let Some(spent) = source.charge_job(round).await {
-            if spent > budget.used {
-                budget.used = spent;
-            }
+        let spent = source.charge_job(round).await;
+        if let Some(spent) = spent {
             source
                 .note("restarts", &format!("{spent} of {} spent", budget.max))
                 .await;
-            if spent > budget.max {
-                budget.used = budget.max;
-                return match source.wait_for_loss(round, why, signals).await {
-                    None => Verdict::Spent,
-                    Some(Stop::Changed(why)) => Verdict::Loss(why),
-                    Some(stop) => Verdict::Stop(stop),
-                };
-            }
+            budget.used = budget.used.max(spent).min(budget.max);
         }
-        return Verdict::Charged(members);
+        // With the job's budget spent (by other nodes' failures), this failure is decided as
+        // any with no restart left.
+        if spent.is_none_or(|spent| spent <= budget.max) {
+            return Verdict::Charged(members);
+        }
     }
     match source.wait_for_loss(round, why, signals).await {
         None => Verdict::Spent,

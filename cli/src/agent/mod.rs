@@ -321,10 +321,10 @@ impl Agent {
         }
     }
 
-    /// After an attempt, with `--hang-timeout auto`: what its workers showed (and the job's,
+    /// After an attempt, with `auto` timeouts: what its workers showed (and the job's,
     /// through the round's store) is smoothed into what the next attempt starts from.
     async fn learn<S: Source>(&mut self, source: &S, round: &Round, workers: &[Watched]) {
-        if self.cfg.monitor.hang.is_none() && self.cfg.monitor.sections.is_empty() {
+        if !self.cfg.monitor.learns() {
             return;
         }
         let mut attempt = Learned::observed(workers);

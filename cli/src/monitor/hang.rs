@@ -95,12 +95,11 @@ impl Learned {
             (Some(a), Some(b)) => Some((a + b) / 2),
             (a, b) => a.or(b),
         };
-        let mut names: Vec<&String> = self
+        let names: std::collections::BTreeSet<&String> = self
             .sections
             .keys()
             .chain(attempt.sections.keys())
             .collect();
-        names.dedup();
         Learned {
             beat: mean(self.beat, attempt.beat),
             sections: names
@@ -216,11 +215,6 @@ fn learned_timeout(longest: Duration) -> Duration {
 }
 
 impl HangMonitor<'_> {
-    fn auto(&self) -> bool {
-        self.cfg.hang == Some(Timeout::Auto)
-            || self.cfg.sections.iter().any(|(_, t)| *t == Timeout::Auto)
-    }
-
     /// The timeout that applies to a worker whose page says `s` (module comment).
     fn limit(&self, s: Option<&Snapshot>, since_start: Duration, job: &Learned) -> Option<Limit> {
         let Some(s) = s else {
@@ -279,7 +273,7 @@ impl HangMonitor<'_> {
             tick.tick().await;
             let mut job = self.carried.clone();
             job.merge(&Learned::observed(workers));
-            if self.auto() && job.grew_from(&published) {
+            if self.cfg.learns() && job.grew_from(&published) {
                 if let Some(store) = self.store {
                     job.merge(&publish(store, &job).await);
                 }

@@ -82,6 +82,11 @@ impl MonitorConfig {
         self.hang.is_some() || !self.sections.is_empty()
     }
 
+    /// Whether a timeout is learned (`auto`, for heartbeats or a section).
+    pub fn learns(&self) -> bool {
+        self.hang == Some(Timeout::Auto) || self.sections.iter().any(|(_, t)| *t == Timeout::Auto)
+    }
+
     /// Whether workers get progress pages (RDZV_PROGRESS_FILE): only when a monitor reads
     /// them, so that a plain `rdzv run` gives workers torchrun's environment and log layout.
     pub fn pages(&self) -> bool {
