@@ -773,7 +773,13 @@ impl Store {
             // Watch, then read again: a key set between the first read and the watch is seen.
             let Some(events) = watch.as_mut() else {
                 let watch_by = self.op_deadline().min(deadline);
-                watch = Some(self.etcd.watch(&targets, watch_by).await?);
+                watch = Some(match self.etcd.watch(&targets, watch_by).await {
+                    Ok(opened) => opened,
+                    // Not open by the wait's own deadline (a loaded machine, a slow etcd): the
+                    // wait timed out, as it promises, rather than failing to connect.
+                    Err(_) if Instant::now() >= deadline => return Err(timed_out(&missing)),
+                    Err(e) => return Err(e),
+                });
                 let who = self.etcd.who();
                 tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
                     run_store = self.is_run_store(), missing = %names(&missing).join(","), "store wait watching");
