@@ -147,8 +147,9 @@ async fn one_round(endpoint: &str, n: usize, run: &str, measure_memory: bool) ->
     for node in &nodes {
         assert_eq!(node.num_lost().await.unwrap(), 0);
     }
-    // Each tracker watches two prefixes (members leaving, and drains).
-    watching(watchers + 2 * n as i64, "num_lost watches never started").await;
+    // Each tracker watches four targets: the round's members and drains (num_lost), the next
+    // round's joins (num_waiting) and the closed marker (is_closed).
+    watching(watchers + 4 * n as i64, "num_lost watches never started").await;
     let events = metric(endpoint, "etcd_debugging_mvcc_events_total").await;
     // One after another, as the nodes of a job finish at slightly different times: every node
     // still running sees each one leave.

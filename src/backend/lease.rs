@@ -1,25 +1,29 @@
-//! An etcd lease and the task that keeps it alive. All of a node's keys (its `alive` key and
-//! its join requests) are bound to the node's own lease, so when the node dies or is cut off
-//! for longer than the TTL, etcd deletes them and the other nodes see it by watch. The keys of
-//! the run that no node owns (`current`, the rounds' seals and stores) are bound to the run's
-//! lease, which every live node refreshes beside its own: they expire once no node is left.
+//! An etcd lease and its refreshes. All of a node's keys (its `alive` key and its join
+//! requests) are bound to the node's own lease, so when the node dies or is cut off for longer
+//! than the TTL, etcd deletes them and the other nodes see it by watch. The keys of the run
+//! that no node owns (`current`, the rounds' seals and stores) are bound to the run's lease,
+//! which every live node refreshes beside its own: they expire once no node is left.
+//!
+//! One `LeaseKeepAlive` stream per connection refreshes every lease the process holds, as
+//! etcd's own clients do: a stream per lease cost each handle the buffers of a gRPC stream
+//! (about 20 KiB), and a lease held by many handles of one process (the run's) is refreshed
+//! once, not once per handle.
 
 use super::{backoff, Etcd};
 use crate::error::Result;
+use etcd_client::proto::PbLeaseKeepAliveRequest;
 use once_cell::sync::Lazy;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::task::JoinHandle;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 pub struct Lease {
     pub id: i64,
-    /// True once etcd has said the lease no longer exists.
-    lost: Arc<tokio::sync::watch::Sender<bool>>,
-    /// When etcd last answered a refresh (`Refreshed`).
-    refreshed: Refreshed,
-    keeper: JoinHandle<()>,
+    kept: Kept,
+    keep_alives: KeepAlives,
 }
 
 /// The process's clock for `Refreshed`.
@@ -72,47 +76,40 @@ impl Lease {
     /// third of `ttl` or of the lease's own TTL, whichever is shorter: a lease granted by a
     /// node with a shorter `lease_ttl` must not expire between two refreshes.
     pub fn adopt(etcd: &Etcd, id: i64, ttl: Duration) -> Lease {
-        let lost = Arc::new(tokio::sync::watch::Sender::new(false));
-        let refreshed = Refreshed::new();
-        let keeper = tokio::spawn(keep_alive(
-            etcd.clone(),
-            id,
-            ttl,
-            lost.clone(),
-            refreshed.clone(),
-        ));
+        let keep_alives = etcd.keep_alives().clone();
+        let kept = keep_alives.hold(etcd, id, ttl);
         Lease {
             id,
-            lost,
-            refreshed,
-            keeper,
+            kept,
+            keep_alives,
         }
     }
 
     /// When etcd last answered a refresh of this lease.
     pub fn refreshed(&self) -> Refreshed {
-        self.refreshed.clone()
+        self.kept.refreshed.clone()
     }
 
     /// True once etcd has said the lease no longer exists.
     pub fn is_lost(&self) -> bool {
-        *self.lost.borrow() || self.keeper.is_finished()
+        *self.kept.lost.borrow()
     }
 
     /// Turns true once etcd has said the lease no longer exists (its keys are gone with it).
-    pub fn lost(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.lost.subscribe()
+    pub fn lost(&self) -> watch::Receiver<bool> {
+        self.kept.lost.subscribe()
     }
 
     /// Records that etcd no longer knows this lease (a request using it was refused).
     pub fn mark_lost(&self) {
-        self.lost.send_replace(true);
+        self.kept.lost.send_replace(true);
     }
 
     /// Stops refreshing and deletes the lease (and with it every key bound to it).
     pub async fn revoke(self, etcd: &Etcd, deadline: Instant) -> Result<()> {
-        self.keeper.abort();
-        revoke(etcd, self.id, deadline).await
+        let id = self.id;
+        drop(self);
+        revoke(etcd, id, deadline).await
     }
 }
 
@@ -131,61 +128,226 @@ pub async fn revoke(etcd: &Etcd, id: i64, deadline: Instant) -> Result<()> {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.keeper.abort();
+        self.keep_alives.release(self.id);
     }
 }
 
-/// Refreshes the lease until etcd reports it gone. A broken stream (etcd restart, leader
-/// change) is reopened; the lease survives as long as a refresh lands within the TTL.
-async fn keep_alive(
-    etcd: Etcd,
-    id: i64,
-    ttl: Duration,
-    lost: Arc<tokio::sync::watch::Sender<bool>>,
+/// What a holder of a lease sees of its refreshes; shared by every holder of the same id.
+#[derive(Clone)]
+struct Kept {
+    lost: Arc<watch::Sender<bool>>,
     refreshed: Refreshed,
-) {
-    let mut period = ttl / 3;
+}
+
+/// The leases one connection refreshes, and the task that refreshes them over one stream.
+#[derive(Clone, Default)]
+pub struct KeepAlives(Arc<Shared>);
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the task when a lease is added or released.
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    leases: HashMap<i64, Entry>,
+    /// Whether the refresh task runs; it ends once no lease is held.
+    running: bool,
+}
+
+struct Entry {
+    kept: Kept,
+    /// A third of the shortest TTL anyone asked for, or of the TTL etcd reports.
+    period: Duration,
+    due: Instant,
+    holders: usize,
+}
+
+impl KeepAlives {
+    fn hold(&self, etcd: &Etcd, id: i64, ttl: Duration) -> Kept {
+        let period = ttl / 3;
+        let mut state = self.lock();
+        let entry = state.leases.entry(id).or_insert_with(|| Entry {
+            kept: Kept {
+                lost: Arc::new(watch::Sender::new(false)),
+                refreshed: Refreshed::new(),
+            },
+            period,
+            due: Instant::now() + period,
+            holders: 0,
+        });
+        entry.holders += 1;
+        if period < entry.period {
+            entry.period = period;
+            entry.due = entry.due.min(Instant::now() + period);
+        }
+        let kept = entry.kept.clone();
+        if !state.running {
+            state.running = true;
+            tokio::spawn(refresh(etcd.clone(), self.clone()));
+        }
+        drop(state);
+        self.0.changed.notify_one();
+        kept
+    }
+
+    fn release(&self, id: i64) {
+        let mut state = self.lock();
+        if let Some(entry) = state.leases.get_mut(&id) {
+            entry.holders -= 1;
+            if entry.holders == 0 {
+                state.leases.remove(&id);
+            }
+        }
+        drop(state);
+        self.0.changed.notify_one();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks a lease lost (etcd said it does not exist) and stops refreshing it.
+    fn lost(&self, id: i64) {
+        if let Some(entry) = self.lock().leases.remove(&id) {
+            tracing::warn!(
+                lease = id,
+                "lease lost: etcd expired it (not refreshed within its TTL)"
+            );
+            entry.kept.lost.send_replace(true);
+        }
+    }
+
+    /// The leases due for a refresh (all of them when `all`; their next refresh scheduled),
+    /// when the next one falls due, and the shortest refresh period (a stream unanswered that
+    /// long is stuck). None once no lease is held: the task then ends.
+    fn due(&self, all: bool) -> Option<(Vec<i64>, Instant, Duration)> {
+        let mut state = self.lock();
+        if state.leases.is_empty() {
+            state.running = false;
+            return None;
+        }
+        let now = Instant::now();
+        let mut due = Vec::new();
+        let mut next = now + Duration::from_secs(3600);
+        let mut shortest = Duration::from_secs(3600);
+        for (id, entry) in state.leases.iter_mut() {
+            if all || entry.due <= now {
+                due.push(*id);
+                entry.due = now + entry.period;
+            }
+            next = next.min(entry.due);
+            shortest = shortest.min(entry.period);
+        }
+        Some((due, next, shortest))
+    }
+
+    fn answered(&self, id: i64, ttl: i64) {
+        if ttl <= 0 {
+            return self.lost(id);
+        }
+        let mut state = self.lock();
+        if let Some(entry) = state.leases.get_mut(&id) {
+            entry.kept.refreshed.now();
+            entry.period = entry.period.min(Duration::from_secs(ttl as u64) / 3);
+        }
+    }
+}
+
+/// Refreshes every held lease over one stream until none is held. A broken or stuck stream
+/// (etcd restart, leader change) is reopened and every lease refreshed at once; a lease
+/// survives as long as a refresh lands within its TTL, and one etcd reports gone is marked
+/// lost.
+///
+/// Requests are queued here and handed to the stream only as it takes them, while responses
+/// are read all along: etcd answers a stream's refreshes one by one, so a writer blocked on a
+/// full stream that stopped reading would stall both sides.
+async fn refresh(etcd: Etcd, leases: KeepAlives) {
     let mut attempt = 0u32;
-    let who = etcd.who().clone();
-    let (run, node) = (who.run.as_deref(), who.node.as_deref());
+    let mut retry_within = Duration::from_secs(1);
     loop {
-        let opened = etcd.client().lease_keep_alive(id).await;
-        let (mut keeper, mut responses) = match opened {
+        // etcd's client opens the stream with a first refresh of one lease.
+        let Some((all, _, shortest)) = leases.due(true) else {
+            return;
+        };
+        retry_within = retry_within.min(shortest);
+        let first = all[0];
+        let (keeper, mut responses) = match etcd.client().lease_keep_alive(first).await {
             Ok(pair) => pair,
+            Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("lease not found") => {
+                leases.lost(first);
+                continue;
+            }
             Err(e) => {
-                tracing::debug!(run, node, lease = id, attempt = attempt + 1, error = %e,
+                tracing::debug!(lease = first, attempt = attempt + 1, error = %e,
                     "cannot open the lease refresh stream; retrying");
-                backoff(&mut attempt, Instant::now() + period).await;
+                backoff(&mut attempt, Instant::now() + retry_within).await;
                 continue;
             }
         };
-        loop {
-            if keeper.keep_alive().await.is_err() {
-                break;
-            }
-            match tokio::time::timeout(period, responses.message()).await {
-                Ok(Ok(Some(resp))) if resp.ttl() <= 0 => {
-                    tracing::warn!(
-                        run,
-                        node,
-                        lease = id,
-                        "lease lost: etcd expired it (not refreshed within its TTL)"
-                    );
-                    lost.send_replace(true);
-                    return;
-                }
-                Ok(Ok(Some(resp))) => {
-                    attempt = 0;
-                    refreshed.now();
-                    period = period.min(Duration::from_secs(resp.ttl() as u64) / 3);
-                    if let Some(header) = resp.header() {
-                        etcd.saw_term(header.raft_term());
-                    }
-                }
-                _ => break,
-            }
-            tokio::time::sleep(period).await;
+        attempt = 0;
+        if let Some(entry) = leases.lock().leases.get(&first) {
+            entry.kept.refreshed.now();
         }
-        backoff(&mut attempt, Instant::now() + period).await;
+        let mut pending: VecDeque<i64> = all[1..].iter().copied().collect();
+        let mut next = Instant::now();
+        let mut recheck = false;
+        // Refreshes handed to the stream and not answered yet, and since when.
+        let mut unanswered = 0usize;
+        let mut waiting_since: Option<Instant> = None;
+        loop {
+            if recheck || Instant::now() >= next {
+                let Some((due, at, shortest)) = leases.due(false) else {
+                    return;
+                };
+                pending.extend(due);
+                (next, retry_within, recheck) = (at, shortest, false);
+            }
+            let stuck_at = waiting_since.map(|since| since + retry_within);
+            tokio::select! {
+                permit = keeper.sender.reserve(), if !pending.is_empty() => {
+                    let Ok(permit) = permit else { break };
+                    let now = Instant::now();
+                    permit.send(PbLeaseKeepAliveRequest { id: pending.pop_front().unwrap_or(first) });
+                    unanswered += 1;
+                    // Hand over as many as the stream takes now; the rest wait for room.
+                    while let Some(&id) = pending.front() {
+                        if keeper.sender.try_send(PbLeaseKeepAliveRequest { id }).is_err() {
+                            break;
+                        }
+                        pending.pop_front();
+                        unanswered += 1;
+                    }
+                    waiting_since.get_or_insert(now);
+                }
+                message = responses.message() => match message {
+                    Ok(Some(resp)) => {
+                        if let Some(header) = resp.header() {
+                            etcd.saw_term(header.raft_term());
+                        }
+                        leases.answered(resp.id(), resp.ttl());
+                        unanswered = unanswered.saturating_sub(1);
+                        waiting_since = (unanswered > 0).then(Instant::now);
+                    }
+                    _ => break,
+                },
+                _ = tokio::time::sleep_until(next) => {}
+                _ = leases.0.changed.notified() => recheck = true,
+                _ = sleep_until_some(stuck_at) => {
+                    tracing::debug!(unanswered, "the lease refresh stream is stuck; reopening it");
+                    break;
+                }
+            }
+        }
+        backoff(&mut attempt, Instant::now() + retry_within).await;
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

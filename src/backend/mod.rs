@@ -68,6 +68,8 @@ struct Connection {
     next_term_probe: Mutex<Instant>,
     /// A key these credentials may read (the first run's `current`): the term probe reads it.
     term_probe_key: String,
+    /// The leases this process holds on this connection, refreshed over one stream.
+    keep_alives: lease::KeepAlives,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -170,6 +172,7 @@ impl Etcd {
             term: tokio::sync::watch::Sender::new(0),
             next_term_probe: Mutex::new(Instant::now()),
             term_probe_key: probe.clone(),
+            keep_alives: lease::KeepAlives::default(),
         });
         // The node has no id yet; the run names whose connection this is in retry records.
         let etcd = Etcd {
@@ -241,6 +244,10 @@ impl Etcd {
 
     pub fn who(&self) -> &Who {
         &self.who
+    }
+
+    pub(crate) fn keep_alives(&self) -> &lease::KeepAlives {
+        &self.shared.keep_alives
     }
 
     pub fn client(&self) -> Client {

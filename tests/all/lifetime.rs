@@ -316,6 +316,52 @@ fn handles_created_at_once_share_one_connection() {
 }
 
 #[test]
+fn every_lease_of_a_process_is_refreshed_over_one_stream() {
+    let etcd = Etcd::start();
+    let url = etcd.url("one-stream", "min_nodes=8&max_nodes=8&lease_ttl=3");
+    let streams = || {
+        etcd.metric_sum(
+            "grpc_server_started_total",
+            &["grpc_method=\"LeaseKeepAlive\""],
+        )
+    };
+    let before = streams();
+    let nodes: Vec<_> = handles_at_once(&url, 8)
+        .into_iter()
+        .map(|n| Arc::new(n.unwrap()))
+        .collect();
+    let rounds = common::on_threads(8, {
+        let nodes = nodes.clone();
+        move |i| nodes[i].next().unwrap().0
+    });
+    assert!(rounds.iter().all(|r| r.world_size == 8));
+    // Nine leases (eight nodes' and the run's), one stream: a stream per lease held a gRPC
+    // stream's buffers per handle.
+    assert_eq!(streams() - before, 1.0, "LeaseKeepAlive streams opened");
+    // Refreshed over that stream: every lease outlives two of its TTLs.
+    let refreshes = || {
+        etcd.metric_sum(
+            "grpc_server_msg_received_total",
+            &["grpc_method=\"LeaseKeepAlive\""],
+        )
+    };
+    let sent = refreshes();
+    let lease_ends = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < lease_ends {
+        assert_eq!(nodes[0].num_lost().unwrap(), 0);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A third of the TTL apart, once per lease: the run's lease is refreshed once for the
+    // process, not once per handle (8 handles each refreshing two leases sent 16 per period).
+    let per_second = (refreshes() - sent) / 6.0;
+    assert!(
+        (6.0..=11.0).contains(&per_second),
+        "{per_second} refreshes per second for nine leases with a 1 s period"
+    );
+    assert_eq!(streams() - before, 1.0, "LeaseKeepAlive streams opened");
+}
+
+#[test]
 fn a_connect_waiting_behind_another_fails_within_its_own_connect_timeout() {
     // Listening (the kernel completes the TCP handshake) but never answering.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
