@@ -24,6 +24,8 @@
 #   after --      passed to the soak: --solo 60s (the job alone first), --alternate 30s
 #                 (the scheduler off, then on, in turns this long), --lease-ttl 5, --monitor 1
 #                 (the agents' check interval, seconds), --prefix /soak
+#                 --max-ratio 3 --max-scheduler-cost 0.10 (fail unless the speed goals are
+#                 met: for a quiet machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=3m runs=100 nodes=8 members=1 retention=5m etcd= from= extra=()
