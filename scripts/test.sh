@@ -90,7 +90,7 @@ echo "=== building"
 build_start=$SECONDS
 cargo build --quiet
 cargo test --quiet --no-run 2>&1 | { grep -v '^ *Executable ' || true; }
-cargo build --release --quiet -p rdzv --lib -p rdzv-cli --bin rdzv
+cargo build --release --quiet -p rdzv --lib -p rdzv-cli --bin rdzv -p rdzv-bench --bin soak
 echo "=== building: done ($((SECONDS - build_start)) s)"
 # The bindings' suites are pointed at the library just built, in cargo's target directory
 # (CARGO_TARGET_DIR or cargo's configuration, else target/); the Go binding's own flags name
@@ -139,6 +139,11 @@ bindings() {
       mypy_python=$(scripts/mypy-env.sh) && (cd bindings/python && "$mypy_python" -m mypy --cache-dir=/dev/null)'
   fi
   suite "demo" scripts/demo.sh
+  # A short soak (8 jobs of 4 nodes with churn, about 2 minutes): calls that fail only under
+  # the load of many jobs, keys left behind, a database that grows. Its speed goals are asked
+  # for only on a quiet machine (docs/RELIABILITY.md), not beside the other lanes.
+  suite "soak: 8 jobs of 4 nodes with churn on one etcd for 60 s: no failed call, no key left, database bounded" \
+    scripts/soak.sh --duration 60s --runs 8 --nodes 4 -- --solo 15s --alternate 15s
 }
 # What users copy and install, in a lane of its own (the longest chain of the bindings').
 installs() {
