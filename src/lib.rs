@@ -31,6 +31,7 @@ pub mod admin;
 mod backend;
 pub mod blocking;
 pub mod cancel;
+pub mod election;
 pub mod error;
 pub mod ffi;
 pub mod log;

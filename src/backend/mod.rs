@@ -2,6 +2,7 @@
 //! bounded by a deadline, transient failures (leader change, dropped connection, etcd
 //! restarting) retried with backoff, and failures classified into rdzv's error family.
 
+pub(crate) mod election;
 pub mod keys;
 pub(crate) mod lease;
 
