@@ -13,7 +13,8 @@
 //! - `c10d`: the embedded etcd of `--rdzv-backend=c10d`;
 //! - `watchdog`: the helper that releases the node if the launcher is killed;
 //! - `agent`: the elastic agent's state machine;
-//! - `ops`: the operator commands.
+//! - `ops`: the operator commands;
+//! - `lighthouse`: torchft's Lighthouse served from etcd (`rdzv lighthouse`).
 
 mod exit;
 
@@ -39,6 +40,8 @@ mod agent;
 
 mod ops;
 
+mod lighthouse;
+
 use args::Command;
 use exit::Exit;
 
@@ -62,6 +65,7 @@ fn main() {
         Command::Close(args) => block_on(ops::close(args)),
         Command::Purge(args) => block_on(ops::purge(args)),
         Command::Drain(args) => block_on(ops::drain(args)),
+        Command::Lighthouse(args) => block_on(lighthouse::serve(*args)),
     };
     std::process::exit(code.code());
 }

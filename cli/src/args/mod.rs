@@ -5,7 +5,8 @@
 //!
 //! Submodules, each using only those listed before it: `values` (typed flag values and their
 //! parsers), `rendezvous` (the flags that name a run, shared by `run` and the operator
-//! commands), `monitor` (`rdzv run`'s hang, progress and health flags), `run` (`rdzv run`), `ops` (`status`, `close`, `purge`, `drain`).
+//! commands), `monitor` (`rdzv run`'s hang, progress and health flags), `run` (`rdzv run`), `ops` (`status`, `close`, `purge`, `drain`),
+//! `lighthouse` (`rdzv lighthouse`).
 
 pub mod values;
 
@@ -13,12 +14,14 @@ pub mod rendezvous;
 
 pub mod monitor;
 
+pub mod lighthouse;
 pub mod ops;
 pub mod run;
 
 use crate::exit::{Exit, Usage};
 use crate::output;
 use clap::{Parser, Subcommand};
+use lighthouse::LighthouseArgs;
 use ops::{CloseArgs, DrainArgs, PurgeArgs, StatusArgs};
 use run::RunArgs;
 use values::Shell;
@@ -71,6 +74,15 @@ pub enum Command {
     // URL may be left out before NODE_ID when the flags name the run.
     #[command(args_override_self = true, allow_missing_positional = true)]
     Drain(DrainArgs),
+    /// Serve torchft's Lighthouse (quorums for torchft's managers) with its state on etcd: any
+    /// number of lighthouses per job, one leads, the others forward to it.
+    #[command(
+        args_override_self = true,
+        after_help = "Example:\n  \
+            rdzv lighthouse --min_replicas=2 --bind=[::]:29510 --rdzv-endpoint=etcd:2379 --rdzv-id=job42\n\n\
+            torchft's managers reach it as TORCHFT_LIGHTHOUSE=http://HOST:29510."
+    )]
+    Lighthouse(Box<LighthouseArgs>),
 }
 
 /// The command line of this process. Help and version go out as clap writes them (exit 0);
@@ -107,7 +119,7 @@ where
     use clap::{CommandFactory, FromArgMatches};
     let matches = Cli::command().try_get_matches_from(argv)?;
     if let Some((name, sub)) = matches.subcommand() {
-        if name != "run" && ops::NamedRun::url_and_endpoint_flag(sub) {
+        if name != "run" && name != "lighthouse" && ops::NamedRun::url_and_endpoint_flag(sub) {
             return Err(Cli::command().error(
                 clap::error::ErrorKind::ArgumentConflict,
                 "the argument '[URL]' cannot be used with '--rdzv-endpoint <HOST:PORT>'",
@@ -395,7 +407,7 @@ mod tests {
                 Command::Close(a) => &a.run,
                 Command::Purge(a) => &a.run,
                 Command::Drain(a) => &a.run,
-                Command::Run(_) => unreachable!(),
+                Command::Run(_) | Command::Lighthouse(_) => unreachable!(),
             };
             run.url().map_err(|e| e.0)
         };

@@ -1,0 +1,383 @@
+//! `rdzv lighthouse` against a real etcd: two lighthouse processes serve one job, replica
+//! groups (gRPC clients generated from the same torchft.proto as the command) heartbeat and
+//! ask for quorums through either, and the leader is SIGKILLed mid-job. Checks torchft's
+//! quorum rules as a manager sees them, that the per-step path writes nothing to etcd, and
+//! that `quorum_id` keeps growing across the failover.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+mod proto {
+    #![allow(clippy::all)]
+    tonic::include_proto!("torchft");
+}
+
+use common::{Etcd, SpawnTied};
+use proto::lighthouse_service_client::LighthouseServiceClient;
+use proto::{LighthouseHeartbeatRequest, LighthouseQuorumRequest, Quorum, QuorumMember};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+const RDZV: &str = env!("CARGO_BIN_EXE_rdzv");
+const HEARTBEAT_TIMEOUT_MS: u64 = 1000;
+
+/// One `rdzv lighthouse` process and the lines it writes.
+struct Lighthouse {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    address: String,
+}
+
+impl Lighthouse {
+    fn start(endpoint: &str, job: &str) -> Lighthouse {
+        let mut child = Command::new(RDZV)
+            .args([
+                "lighthouse",
+                "--bind=127.0.0.1:0",
+                "--min_replicas=2",
+                "--join_timeout_ms=300",
+                "--quorum_tick_ms=20",
+                &format!("--heartbeat_timeout_ms={HEARTBEAT_TIMEOUT_MS}"),
+                &format!("--rdzv-endpoint={endpoint}"),
+                &format!("--rdzv-id={job}"),
+                "--rdzv-conf=lease_ttl=2",
+            ])
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn_tied()
+            .expect("starting rdzv lighthouse");
+        let (tx, lines) = mpsc::channel();
+        let stderr = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut l = Lighthouse {
+            child,
+            lines,
+            seen: vec![],
+            address: String::new(),
+        };
+        let line = l.wait_line(Duration::from_secs(20), "serving on ");
+        l.address = line
+            .split("serving on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("an address after 'serving on'")
+            .to_string();
+        l
+    }
+
+    /// Waits for a line containing `what`, written by now or within `within`.
+    fn wait_line(&mut self, within: Duration, what: &str) -> String {
+        if let Some(line) = self.seen.iter().find(|l| l.contains(what)) {
+            return line.clone();
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(what) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no line with {what:?} within {within:?}; the lighthouse wrote:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Whether this lighthouse has said it leads, looking at what arrived so far.
+    fn said_leading(&mut self) -> bool {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        self.seen.iter().any(|l| l.contains("lighthouse: leading"))
+    }
+}
+
+impl Drop for Lighthouse {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() || std::env::var_os("LIGHTHOUSE_TEST_LINES").is_some() {
+            while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                self.seen.push(line);
+            }
+            eprintln!(
+                "lighthouse {} wrote:\n{}",
+                self.address,
+                self.seen.join("\n")
+            );
+        }
+    }
+}
+
+async fn client(address: &str) -> LighthouseServiceClient<Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(address.to_string())
+        .expect("a lighthouse address")
+        .connect_lazy();
+    LighthouseServiceClient::new(channel)
+}
+
+/// A replica group as a torchft manager drives one: a heartbeat every 100 ms (a task) and a
+/// quorum request per step.
+struct Replica {
+    id: String,
+    lighthouse: LighthouseServiceClient<Channel>,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+impl Replica {
+    async fn start(id: &str, address: &str) -> Replica {
+        let lighthouse = client(address).await;
+        let heartbeats = Self::heartbeat(id, lighthouse.clone()).await;
+        Replica {
+            id: id.into(),
+            lighthouse,
+            heartbeats,
+        }
+    }
+
+    /// Starts heartbeating, and returns once the lighthouse has taken a first heartbeat (a
+    /// manager heartbeats from its start, so the lighthouse knows it before its first ask).
+    async fn heartbeat(
+        id: &str,
+        mut c: LighthouseServiceClient<Channel>,
+    ) -> tokio::task::JoinHandle<()> {
+        let id = id.to_string();
+        let (taken, mut first) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                let beat = LighthouseHeartbeatRequest {
+                    replica_id: id.clone(),
+                };
+                if c.heartbeat(beat).await.is_ok() {
+                    taken.send_replace(true);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(10), first.wait_for(|t| *t))
+            .await
+            .expect("a first heartbeat taken within 10 s")
+            .expect("the heartbeat task runs");
+        task
+    }
+
+    /// Talks to another lighthouse from now on (heartbeats too).
+    async fn switch_to(&mut self, address: &str) {
+        self.heartbeats.abort();
+        self.lighthouse = client(address).await;
+        self.heartbeats = Self::heartbeat(&self.id, self.lighthouse.clone()).await;
+    }
+
+    fn stop_heartbeats(&self) {
+        self.heartbeats.abort();
+    }
+
+    /// Asks for a quorum (a future of its own, so several replicas ask at once).
+    fn quorum(
+        &self,
+        step: i64,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<Quorum, tonic::Status>> + Send + 'static {
+        let mut request = tonic::Request::new(LighthouseQuorumRequest {
+            requester: Some(QuorumMember {
+                replica_id: self.id.clone(),
+                address: format!("manager-{}", self.id),
+                store_address: format!("store-{}", self.id),
+                step,
+                world_size: 1,
+                ..Default::default()
+            }),
+        });
+        request.set_timeout(timeout);
+        let mut c = self.lighthouse.clone();
+        async move {
+            Ok(c.quorum(request)
+                .await?
+                .into_inner()
+                .quorum
+                .expect("a quorum"))
+        }
+    }
+}
+
+/// Every replica of `group` asks at once; each gets the same quorum, returned.
+async fn step(group: &[&Replica], step: i64) -> Quorum {
+    let asks = group
+        .iter()
+        .map(|r| r.quorum(step, Duration::from_secs(15)));
+    let got: Vec<Quorum> = futures_join(asks).await;
+    let first = got[0].clone();
+    for (r, q) in group.iter().zip(&got) {
+        assert_eq!(
+            q.quorum_id, first.quorum_id,
+            "replica {} got another quorum",
+            r.id
+        );
+        assert_eq!(ids(q), ids(&first), "replica {} got other members", r.id);
+    }
+    first
+}
+
+async fn futures_join<
+    F: std::future::Future<Output = Result<Quorum, tonic::Status>> + Send + 'static,
+>(
+    asks: impl Iterator<Item = F>,
+) -> Vec<Quorum> {
+    let handles: Vec<_> = asks.map(tokio::spawn).collect();
+    let mut out = vec![];
+    for h in handles {
+        out.push(h.await.expect("a replica task").expect("a quorum"));
+    }
+    out
+}
+
+fn ids(q: &Quorum) -> Vec<String> {
+    q.participants
+        .iter()
+        .map(|p| p.replica_id.clone())
+        .collect()
+}
+
+#[test]
+fn quorums_follow_torchfts_rules_and_survive_a_killed_leader() {
+    let etcd = Etcd::start();
+    let job = format!("lighthouse-{}", std::process::id());
+    let mut a = Lighthouse::start(&etcd.endpoint(), &job);
+    a.wait_line(Duration::from_secs(10), "lighthouse: leading");
+    let mut b = Lighthouse::start(&etcd.endpoint(), &job);
+    assert!(!b.said_leading(), "only one lighthouse leads");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // Two replica groups through the leader, two through the follower.
+        let mut r = vec![];
+        for (i, addr) in [&a.address, &a.address, &b.address, &b.address]
+            .into_iter()
+            .enumerate()
+        {
+            r.push(Replica::start(&format!("replica{i}"), addr).await);
+        }
+        let all: Vec<&Replica> = r.iter().collect();
+        let first = step(&all, 1).await;
+        assert_eq!(
+            ids(&first),
+            ["replica0", "replica1", "replica2", "replica3"]
+        );
+        let id0 = first.quorum_id;
+        assert!(id0 >= 1);
+
+        // The fast path, step after step: the same id, and not one write to etcd.
+        let puts = etcd.metric("etcd_mvcc_put_total");
+        for s in 2..12 {
+            assert_eq!(step(&all, s).await.quorum_id, id0, "same members, same id");
+        }
+        assert_eq!(
+            etcd.metric("etcd_mvcc_put_total"),
+            puts,
+            "the fast path wrote to etcd"
+        );
+
+        // replica3 dies (no heartbeats, no asks): the others get a quorum without it once its
+        // heartbeat times out, with a higher id.
+        r[3].stop_heartbeats();
+        let started = Instant::now();
+        let three: Vec<&Replica> = r[..3].iter().collect();
+        let shrunk = step(&three, 12).await;
+        assert_eq!(ids(&shrunk), ["replica0", "replica1", "replica2"]);
+        assert_eq!(
+            shrunk.quorum_id,
+            id0 + 1,
+            "a membership change grows the id"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(HEARTBEAT_TIMEOUT_MS + 1000),
+            "a lost replica group noticed within heartbeat_timeout (took {:?})",
+            started.elapsed()
+        );
+
+        // Everyone moves to the follower; the leader is SIGKILLed between two steps.
+        for rep in r.iter_mut().take(3) {
+            rep.switch_to(&b.address).await;
+        }
+        let three: Vec<&Replica> = r[..3].iter().collect();
+        assert_eq!(step(&three, 13).await.quorum_id, id0 + 1);
+        assert!(
+            !b.said_leading(),
+            "the first lighthouse still leads when it is killed"
+        );
+        unsafe { libc::kill(a.child.id() as i32, libc::SIGKILL) };
+        let _ = a.child.wait();
+        let killed = Instant::now();
+        let after = step(&three, 14).await;
+        println!(
+            "first quorum after the leader's SIGKILL: {:?}",
+            killed.elapsed()
+        );
+        assert_eq!(ids(&after), ["replica0", "replica1", "replica2"]);
+        assert_eq!(
+            after.quorum_id,
+            id0 + 1,
+            "same members after failover: same id"
+        );
+        assert!(b.said_leading(), "the follower took over");
+
+        // replica3 comes back. As with torchft, a fast quorum does not wait for a newcomer: the
+        // others step on (as managers do) until a quorum includes it, and its id grows past
+        // every id handed out before the failover.
+        r[3].switch_to(&b.address).await;
+        let three: Vec<&Replica> = r[..3].iter().collect();
+        let newcomer = tokio::spawn(r[3].quorum(15, Duration::from_secs(15)));
+        let mut s = 15;
+        let back = loop {
+            let q = step(&three, s).await;
+            if q.participants.len() == 4 {
+                break q;
+            }
+            assert_eq!(q.quorum_id, id0 + 1, "without replica3, the same id");
+            s += 1;
+            assert!(s < 100, "replica3 never got into a quorum");
+        };
+        let got = newcomer.await.unwrap().expect("replica3's quorum");
+        assert_eq!(ids(&got), ids(&back));
+        assert_eq!(
+            back.quorum_id,
+            id0 + 2,
+            "quorum_id grows across the failover"
+        );
+
+        // min_replicas=2: a replica group asking alone gets no quorum. (Last: its ask stays
+        // pending at the lighthouse, as in torchft, and would count in a next quorum.)
+        let alone = r[0].quorum(100, Duration::from_millis(500)).await;
+        assert!(
+            alone.is_err(),
+            "a quorum of 1 with min_replicas=2: {alone:?}"
+        );
+    });
+    let status = Command::new(RDZV)
+        .args([
+            "status",
+            &format!("--rdzv-endpoint={}", etcd.endpoint()),
+            &format!("--rdzv-id={job}"),
+        ])
+        .output()
+        .expect("rdzv status");
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        table.contains(&format!("leader {}", b.address)) && table.contains("replica3"),
+        "rdzv status shows the lighthouse:\n{table}"
+    );
+}
