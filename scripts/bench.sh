@@ -13,6 +13,9 @@
 #                                        busy platform has before NOSPACE
 #        scripts/bench.sh --watched [W ...]  rounds of 8 without and with W schedulers
 #                                        watching and polling the run (default W = 1 10)
+#        scripts/bench.sh --runs-watched [R]  one scheduler process watching R runs (default
+#                                        1000) with an Admin watch each: connections, streams,
+#                                        memory, etcd's cost at rest, every run's close seen
 #        scripts/bench.sh --launcher [--case NAME] [N ...]  rdzv run and torchrun (N = 2 8):
 #                                        launch to all workers started, a node lost to the
 #                                        survivors restarted, a failed job to every
@@ -130,6 +133,9 @@ elif [ "${1:-}" = "--watched" ]; then
   shift
   cargo build --release --quiet -p rdzv-bench --bin bench
   "$target/release/bench" "$endpoint" --watched "$@"
+elif [ "${1:-}" = "--runs-watched" ]; then
+  cargo build --release --quiet -p rdzv-bench --bin bench
+  "$target/release/bench" "$endpoint" --runs-watched "${2:-1000}"
 elif [ "${1:-}" = "--phases" ]; then
   cargo build --release --quiet -p rdzv-bench --bin bench
   "$target/release/bench" "$endpoint" --phases "${2:-1024}"

@@ -6,6 +6,7 @@
 
 mod cluster;
 mod history;
+mod runs_watched;
 mod torch;
 mod watched;
 
@@ -802,7 +803,7 @@ async fn store_bench(endpoint: &str) {
 fn main() {
     let mut args = std::env::args().skip(1).peekable();
     const USAGE: &str =
-        "usage: bench HOST:PORT[,HOST:PORT...] [N ... | --phases N | --history [N ...] | --watched [W ...] | --leader-kill PID,... [N ...]]";
+        "usage: bench HOST:PORT[,HOST:PORT...] [N ... | --phases N | --history [N ...] | --watched [W ...] | --runs-watched [R] | --leader-kill PID,... [N ...]]";
     let Some(endpoint) = args.next().filter(|e| !e.starts_with('-')) else {
         eprintln!("{USAGE}");
         std::process::exit(2);
@@ -832,6 +833,13 @@ fn main() {
         };
         let rt = tokio::runtime::Runtime::new().unwrap();
         return rt.block_on(history::history(&endpoint, &sizes));
+    }
+    if args.peek().map(String::as_str) == Some("--runs-watched") {
+        let runs = args
+            .nth(1)
+            .map_or(1000, |a| a.parse().expect("R must be a number"));
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        return rt.block_on(runs_watched::runs_watched(&endpoint, runs));
     }
     if args.peek().map(String::as_str) == Some("--watched") {
         let observers: Vec<usize> = args
