@@ -24,6 +24,9 @@ const FORWARDED: &str = "x-rdzv-forwarded";
 /// A retry against a leader that does not answer waits at most this for news of a new one.
 const RETRY: Duration = Duration::from_millis(100);
 
+/// How long a heartbeat waits for a leader before it fails.
+const HEARTBEAT_PATIENCE: Duration = Duration::from_secs(2);
+
 /// Where calls go: this process's own state while it leads, else the address etcd publishes.
 #[derive(Clone, Default)]
 pub struct Routing {
@@ -156,14 +159,25 @@ impl LighthouseService for Lighthouse {
     ) -> Result<Response<LighthouseHeartbeatResponse>, Status> {
         let was_forwarded = forwarded(&request);
         let req = request.into_inner();
-        match self.route(was_forwarded)? {
-            Route::Local(leader) => {
-                leader.heartbeat(&req.replica_id).await;
-                Ok(Response::new(LighthouseHeartbeatResponse {}))
+        // Waits for a leader (this lighthouse just started, or a failover is under way) as
+        // long as a heartbeat is worth anything; the next one comes within its period anyway.
+        let give_up = tokio::time::Instant::now() + HEARTBEAT_PATIENCE;
+        loop {
+            let failed = match self.route(was_forwarded)? {
+                Route::Local(leader) => {
+                    leader.heartbeat(&req.replica_id).await;
+                    return Ok(Response::new(LighthouseHeartbeatResponse {}));
+                }
+                Route::Remote(mut client) => match client.heartbeat(marked(req.clone())).await {
+                    Err(s) if transient(&s) => s,
+                    other => return other,
+                },
+                Route::Nowhere => Status::unavailable("no lighthouse leads yet"),
+            };
+            if tokio::time::Instant::now() >= give_up {
+                return Err(failed);
             }
-            // One try: the next heartbeat comes within its period anyway.
-            Route::Remote(mut client) => client.heartbeat(marked(req)).await,
-            Route::Nowhere => Err(Status::unavailable("no lighthouse leads yet")),
+            self.next_route().await;
         }
     }
 }
