@@ -280,7 +280,7 @@ fn note(address: &str, quorum: Option<&Quorum>) -> String {
                 ""
             };
             format!(
-                "leader {address}, quorum {} of {} replica groups ({}{more})",
+                "leader {address}, quorum {}: {} replica groups ({}{more})",
                 q.quorum_id,
                 q.participants.len(),
                 ids.join(", ")
