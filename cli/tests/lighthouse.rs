@@ -381,3 +381,48 @@ fn quorums_follow_torchfts_rules_and_survive_a_killed_leader() {
         "rdzv status shows the lighthouse:\n{table}"
     );
 }
+
+#[test]
+fn quorums_go_on_while_etcds_raft_leader_is_killed() {
+    let mut cluster = common::EtcdCluster::start(3);
+    let endpoints: Vec<String> = (0..3).map(|i| cluster.endpoint(i)).collect();
+    let endpoints = endpoints.join(",");
+    let job = format!("lighthouse-etcd-{}", std::process::id());
+    let mut a = Lighthouse::start(&endpoints, &job);
+    a.wait_line(Duration::from_secs(10), "lighthouse: leading");
+    let mut b = Lighthouse::start(&endpoints, &job);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut r = vec![];
+        for i in 0..3 {
+            r.push(Replica::start(&format!("replica{i}"), &b.address).await);
+        }
+        let all: Vec<&Replica> = r.iter().collect();
+        let id0 = step(&all, 1).await.quorum_id;
+        // The harness asks etcd on a runtime of its own.
+        let leader = tokio::task::block_in_place(|| cluster.raft_leader());
+        cluster.kill(leader);
+        let killed = Instant::now();
+        // Steps with the same members need nothing from etcd: they go on through the election.
+        let mut slowest = Duration::ZERO;
+        for s in 2..12 {
+            let started = Instant::now();
+            assert_eq!(step(&all, s).await.quorum_id, id0);
+            slowest = slowest.max(started.elapsed());
+        }
+        println!(
+            "ten steps within {:?} of etcd's leader SIGKILL, the slowest {slowest:?}",
+            killed.elapsed()
+        );
+        // A membership change writes to etcd (now on its new leader): replica2 is lost.
+        r[2].stop_heartbeats();
+        let two: Vec<&Replica> = r[..2].iter().collect();
+        let shrunk = step(&two, 12).await;
+        assert_eq!(ids(&shrunk), ["replica0", "replica1"]);
+        assert_eq!(shrunk.quorum_id, id0 + 1);
+    });
+    assert!(
+        !a.seen.iter().any(|l| l.contains("no longer leading")) && !b.said_leading(),
+        "the lighthouse's leader kept its lease through etcd's election"
+    );
+}
