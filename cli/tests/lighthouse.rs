@@ -334,6 +334,14 @@ fn quorums_follow_torchfts_rules_and_survive_a_killed_leader() {
             "same members after failover: same id"
         );
         assert!(b.said_leading(), "the follower took over");
+        // Its address refusing connections, the dead leader's lease is revoked at once rather
+        // than left to expire (lease_ttl = 2 s).
+        assert!(
+            killed.elapsed() < Duration::from_millis(1500),
+            "the new leader answered {:?} after the kill",
+            killed.elapsed()
+        );
+        assert!(b.seen.iter().any(|l| l.contains("refuses connections")));
 
         // replica3 comes back. As with torchft, a fast quorum does not wait for a newcomer: the
         // others step on (as managers do) until a quorum includes it, and its id grows past
@@ -425,4 +433,47 @@ fn quorums_go_on_while_etcds_raft_leader_is_killed() {
         !a.seen.iter().any(|l| l.contains("no longer leading")) && !b.said_leading(),
         "the lighthouse's leader kept its lease through etcd's election"
     );
+}
+
+#[test]
+fn a_paused_leader_is_replaced_after_its_lease_and_steps_down_when_it_resumes() {
+    let etcd = Etcd::start();
+    let job = format!("lighthouse-paused-{}", std::process::id());
+    let mut a = Lighthouse::start(&etcd.endpoint(), &job);
+    a.wait_line(Duration::from_secs(10), "lighthouse: leading");
+    let mut b = Lighthouse::start(&etcd.endpoint(), &job);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut r = vec![];
+        for i in 0..3 {
+            r.push(Replica::start(&format!("replica{i}"), &b.address).await);
+        }
+        let all: Vec<&Replica> = r.iter().collect();
+        let id0 = step(&all, 1).await.quorum_id;
+        // SIGSTOP: the leader neither refreshes its lease nor answers, nor refuses connections.
+        unsafe { libc::kill(a.child.id() as i32, libc::SIGSTOP) };
+        let paused = Instant::now();
+        r[2].stop_heartbeats();
+        let two: Vec<&Replica> = r[..2].iter().collect();
+        let after = step(&two, 2).await;
+        println!(
+            "first quorum after the leader's SIGSTOP: {:?}",
+            paused.elapsed()
+        );
+        assert!(
+            paused.elapsed() >= Duration::from_secs(1),
+            "replaced before its lease (2 s) could expire"
+        );
+        assert!(b.said_leading());
+        assert_eq!(ids(&after), ["replica0", "replica1"]);
+        assert_eq!(after.quorum_id, id0 + 1);
+        // Resumed, the old leader finds its lease gone and stops leading: asked through it, a
+        // replica group gets the new leader's quorum, whose id only grew.
+        unsafe { libc::kill(a.child.id() as i32, libc::SIGCONT) };
+        a.wait_line(Duration::from_secs(10), "no longer leading");
+        r[1].switch_to(&a.address).await;
+        let two: Vec<&Replica> = r[..2].iter().collect();
+        let later = step(&two, 3).await;
+        assert_eq!(later.quorum_id, id0 + 1);
+    });
 }

@@ -71,6 +71,29 @@ impl Election {
             .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
     }
 
+    /// Revokes the lease of the leader that publishes `value`, if it still does: for a
+    /// candidate that knows that leader's process is gone (its address refuses connections), so
+    /// the next leader need not wait out the TTL. Whether a lease was revoked.
+    pub async fn evict(&self, value: &str) -> Result<bool> {
+        let got = self
+            .etcd
+            .get(
+                self.deadline(),
+                "leader read",
+                self.leader.clone(),
+                GetOptions::new(),
+            )
+            .await?;
+        let Some(kv) = got.kvs().first() else {
+            return Ok(false);
+        };
+        if kv.value() != value.as_bytes() || kv.lease() == 0 {
+            return Ok(false);
+        }
+        super::lease::revoke(&self.etcd, kv.lease(), self.deadline()).await?;
+        Ok(true)
+    }
+
     /// Sends the leader's value on `tx` whenever it changes, until every receiver is gone. A
     /// broken watch is opened again and followed by a fresh read, so no change is missed for
     /// longer than a reconnect.

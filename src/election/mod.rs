@@ -75,6 +75,15 @@ impl Election {
         rx
     }
 
+    /// Ends the leadership of the leader that publishes `value` (revokes its lease), if it still
+    /// does. Only for a leader known to be gone, such as one whose address refuses connections
+    /// (its process died): the next candidate then wins at once instead of a TTL later. Safe
+    /// even if it was alive after all: it can no longer write the record, and stops leading
+    /// when its next refresh finds the lease gone. Whether a lease was revoked.
+    pub async fn evict(&self, value: &str) -> Result<bool> {
+        self.inner.evict(value).await
+    }
+
     /// Waits until this candidate leads, with `value` published as the leader's.
     pub async fn campaign(&self, value: &str) -> Result<Leadership> {
         Ok(Leadership {

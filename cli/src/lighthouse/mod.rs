@@ -89,13 +89,13 @@ pub async fn serve(args: LighthouseArgs) -> Exit {
     let routing = Arc::new(routing);
     let observe = tokio::spawn(follow_leader(election.clone(), routing.clone()));
     let lead = tokio::spawn(campaign(
-        election,
+        election.clone(),
         rules,
         args.quorum_tick_ms,
         me.clone(),
         routing.clone(),
     ));
-    let lighthouse = Lighthouse::new(routes, me.clone());
+    let lighthouse = Lighthouse::new(routes, me.clone(), election);
     let router = tonic::service::Routes::from(status::router(lighthouse.clone()))
         .add_service(proto::lighthouse_service_server::LighthouseServiceServer::new(lighthouse));
     say(format_args!(

@@ -10,6 +10,7 @@ use super::proto::{
     LighthouseHeartbeatRequest, LighthouseHeartbeatResponse, LighthouseQuorumRequest,
     LighthouseQuorumResponse,
 };
+use rdzv::election::Election;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,10 @@ const FORWARDED: &str = "x-rdzv-forwarded";
 
 /// A retry against a leader that does not answer waits at most this for news of a new one.
 const RETRY: Duration = Duration::from_millis(100);
+
+/// A leader address evicted is not evicted again for this long (at least etcd's shortest
+/// lease: a new leader has been elected by then, at another address or the same one).
+const EVICT_AGAIN: Duration = Duration::from_secs(2);
 
 /// How long a heartbeat waits for a leader before it fails.
 const HEARTBEAT_PATIENCE: Duration = Duration::from_secs(2);
@@ -39,21 +44,51 @@ pub struct Lighthouse {
     pub routing: watch::Receiver<Routing>,
     /// This process's own advertised address (never forwarded to).
     pub me: String,
+    election: Election,
     clients: Arc<std::sync::Mutex<HashMap<String, LighthouseServiceClient<Channel>>>>,
+    /// The last leader address evicted, and when: one eviction per dead leader, however many
+    /// calls found it gone.
+    evicted: Arc<std::sync::Mutex<Option<(String, tokio::time::Instant)>>>,
 }
 
 enum Route {
     Local(Arc<Leader>),
-    Remote(LighthouseServiceClient<Channel>),
+    Remote(LighthouseServiceClient<Channel>, String),
     Nowhere,
 }
 
 impl Lighthouse {
-    pub fn new(routing: watch::Receiver<Routing>, me: String) -> Lighthouse {
+    pub fn new(routing: watch::Receiver<Routing>, me: String, election: Election) -> Lighthouse {
         Lighthouse {
             routing,
             me,
+            election,
             clients: Arc::default(),
+            evicted: Arc::default(),
+        }
+    }
+
+    /// A call to the leader at `addr` failed with `status`. When its address refuses
+    /// connections, its process is gone: its lease is revoked so that a new leader is elected
+    /// now rather than when etcd expires the lease (a silent leader, whose host or network is
+    /// gone, still waits for that).
+    async fn leader_failed(&self, addr: &str, status: &Status) {
+        if !refused(status) {
+            return;
+        }
+        {
+            let mut evicted = self.evicted.lock().unwrap_or_else(|e| e.into_inner());
+            let now = tokio::time::Instant::now();
+            if matches!(&*evicted, Some((a, at)) if a == addr && now < *at + EVICT_AGAIN) {
+                return;
+            }
+            *evicted = Some((addr.to_string(), now));
+        }
+        if let Ok(true) = self.election.evict(addr).await {
+            crate::output::say(format_args!(
+                "lighthouse: the leader at {addr} refuses connections (its process is gone); \
+                 its lease revoked, electing another"
+            ));
         }
     }
 
@@ -66,7 +101,7 @@ impl Lighthouse {
             return Err(Status::unavailable("this lighthouse does not lead"));
         }
         match routing.observed {
-            Some(addr) if addr != self.me => self.client(&addr).map(Route::Remote),
+            Some(addr) if addr != self.me => Ok(Route::Remote(self.client(&addr)?, addr)),
             _ => Ok(Route::Nowhere),
         }
     }
@@ -109,6 +144,20 @@ fn marked<T>(message: T) -> Request<T> {
     r
 }
 
+/// Whether a call failed because nothing listens at the address (the process is gone).
+fn refused(status: &Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        cause = e.source();
+    }
+    false
+}
+
 /// Errors that mean "ask again, maybe elsewhere" rather than an answer for the caller.
 fn transient(s: &Status) -> bool {
     matches!(
@@ -143,11 +192,24 @@ impl LighthouseService for Lighthouse {
                     }
                     Err(Deposed) => {}
                 },
-                Route::Remote(mut client) => match client.quorum(marked(req.clone())).await {
-                    Ok(resp) => return Ok(resp),
-                    Err(s) if transient(&s) => self.next_route().await,
-                    Err(s) => return Err(s),
-                },
+                Route::Remote(mut client, addr) => {
+                    // A leader that changes under the call (the old one paused or cut off,
+                    // its lease expired) leaves the call hanging: ask the new one instead. A
+                    // repeated ask is harmless (the same member asks again).
+                    let mut moved = self.routing.clone();
+                    moved.borrow_and_update();
+                    tokio::select! {
+                        answer = client.quorum(marked(req.clone())) => match answer {
+                            Ok(resp) => return Ok(resp),
+                            Err(s) if transient(&s) => {
+                                self.leader_failed(&addr, &s).await;
+                                self.next_route().await
+                            }
+                            Err(s) => return Err(s),
+                        },
+                        _ = moved.changed() => {}
+                    }
+                }
                 Route::Nowhere => self.next_route().await,
             }
         }
@@ -168,10 +230,15 @@ impl LighthouseService for Lighthouse {
                     leader.heartbeat(&req.replica_id).await;
                     return Ok(Response::new(LighthouseHeartbeatResponse {}));
                 }
-                Route::Remote(mut client) => match client.heartbeat(marked(req.clone())).await {
-                    Err(s) if transient(&s) => s,
-                    other => return other,
-                },
+                Route::Remote(mut client, addr) => {
+                    match client.heartbeat(marked(req.clone())).await {
+                        Err(s) if transient(&s) => {
+                            self.leader_failed(&addr, &s).await;
+                            s
+                        }
+                        other => return other,
+                    }
+                }
                 Route::Nowhere => Status::unavailable("no lighthouse leads yet"),
             };
             if tokio::time::Instant::now() >= give_up {
