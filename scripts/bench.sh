@@ -16,6 +16,8 @@
 #        scripts/bench.sh --runs-watched [R]  one scheduler process watching R runs (default
 #                                        1000) with an Admin watch each: connections, streams,
 #                                        memory, etcd's cost at rest, every run's close seen
+#        scripts/bench.sh --torch-at-rest [N ...]  torch's c10d rendezvous backend at rest: store
+#                                        requests per node per second (N = 8 64), no etcd
 #        scripts/bench.sh --launcher [--case NAME] [N ...]  rdzv run and torchrun (N = 2 8):
 #                                        launch to all workers started, a node lost to the
 #                                        survivors restarted, a failed job to every
@@ -136,6 +138,9 @@ elif [ "${1:-}" = "--watched" ]; then
 elif [ "${1:-}" = "--runs-watched" ]; then
   cargo build --release --quiet -p rdzv-bench --bin bench
   "$target/release/bench" "$endpoint" --runs-watched "${2:-1000}"
+elif [ "${1:-}" = "--torch-at-rest" ]; then
+  shift
+  "$(scripts/torch-env.sh)" benches/at_rest_torch.py "$@"
 elif [ "${1:-}" = "--phases" ]; then
   cargo build --release --quiet -p rdzv-bench --bin bench
   "$target/release/bench" "$endpoint" --phases "${2:-1024}"
