@@ -10,6 +10,9 @@
 # Usage: scripts/torchft-test.sh [PYTEST ARGS]     e.g. -k test_ddp_healthy
 #        scripts/torchft-test.sh --bench [N ...]    the benchmark instead (release build):
 #                                                   benches/bench_lighthouse.py, N = 1 8 64 256
+#        scripts/torchft-test.sh --e2e              a torchft DDP job of two replica groups on
+#                                                   CPU, its lighthouse then etcd's leader killed
+#                                                   mid-run (benches/lighthouse_e2e.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/cached-env.sh
@@ -30,6 +33,14 @@ if [ "${1:-}" = --bench ]; then
   trap "kill $pid 2>/dev/null || true; rm -rf '$dir'" EXIT
   "$python" benches/bench_lighthouse.py "$target/release/rdzv" "$endpoint" "$@" \
     2> >(grep -v '\[torchft::' >&2)
+  exit 0
+fi
+if [ "${1:-}" = --e2e ]; then
+  cargo build --release --quiet -p rdzv-cli --bin rdzv
+  read -r pids endpoints dir < <(scripts/etcd-local.sh --members 3)
+  # shellcheck disable=SC2064 # the pids and directory are known now
+  trap "kill ${pids//,/ } 2>/dev/null || true; rm -rf '$dir'" EXIT
+  "$python" benches/lighthouse_e2e.py "$target/release/rdzv" "$endpoints" "$pids"
   exit 0
 fi
 cargo build --quiet -p rdzv-cli --bin rdzv

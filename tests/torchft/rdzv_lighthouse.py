@@ -11,6 +11,7 @@ Loaded with `-p rdzv_lighthouse` by scripts/torchft-test.sh, which sets:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -28,13 +29,20 @@ COUNT = int(os.environ.get("RDZV_LIGHTHOUSES", "2"))
 STARTUP_S = 30.0
 
 
+def _die_with_parent() -> None:
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class _Process:
     """One `rdzv lighthouse` process; its stderr is copied to ours, and watched for the lines
     that say where it serves and that it leads."""
 
     def __init__(self, argv: List[str]) -> None:
+        # Dies with the test process (some tests never shut their server down; torchft's,
+        # in-process, ends with it).
         self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     text=True)
+                                     text=True, preexec_fn=_die_with_parent)
         self.address: Optional[str] = None
         self.serving = threading.Event()
         self.leading = threading.Event()

@@ -104,17 +104,29 @@ pub async fn serve(args: LighthouseArgs) -> Exit {
         params.endpoints().join(",")
     ));
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
         .accept_http1(true)
         .add_routes(router)
-        .serve_with_incoming_shutdown(incoming, stop_signal());
-    let served = server.await;
-    // Stopped (SIGTERM, SIGINT): a leader resigns so another one leads at once.
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = stopped.await;
+        });
+    tokio::pin!(server);
+    let served = tokio::select! {
+        served = &mut server => served,
+        () = stop_signal() => {
+            // Calls in flight (a manager's long poll) get a moment to finish, not more.
+            let _ = stop.send(());
+            tokio::time::timeout(STOP_GRACE, &mut server).await.unwrap_or(Ok(()))
+        }
+    };
+    // Stopped (SIGTERM, SIGINT): a leader resigns so another one leads at once; with etcd
+    // unreachable, its lease expires instead.
     lead.abort();
     observe.abort();
     let leading = routing.borrow().leading.clone();
     if let Some(leader) = leading {
-        leader.resign().await;
+        let _ = tokio::time::timeout(STOP_GRACE, leader.resign()).await;
     }
     match served {
         Ok(()) => Exit::Success,
@@ -124,6 +136,9 @@ pub async fn serve(args: LighthouseArgs) -> Exit {
         }
     }
 }
+
+/// How long a stopped lighthouse waits for calls in flight, and then for its resignation.
+const STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// The address others reach this lighthouse at: the bound one, or this host's name when
 /// bound to every interface (as torchft's Lighthouse says of itself).
