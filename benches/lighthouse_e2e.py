@@ -3,7 +3,9 @@ torchft's DDP (torchft's Manager, DistributedDataParallel and OptimizerWrapper o
 small model on synthetic data, as torchft's own manager_integ_test trains), each a process of
 its own, stepping for the whole run. Run with `scripts/torchft-test.sh --e2e`.
 
-rdzv: two `rdzv lighthouse` processes on a 3-member etcd, the managers on the follower; after
+rdzv: two `rdzv lighthouse` processes on a 3-member etcd (lease_ttl at its default, 10 s: the
+lighthouse holds quorums back while etcd has not confirmed its lease for two thirds of it, which
+an etcd election must not reach), the managers on the follower; after
 WARMUP s the leading lighthouse is SIGKILLed, PHASE s later etcd's raft leader, and PHASE s
 later the run ends. torchft: its own `torchft_lighthouse`, SIGKILLed after WARMUP s the same way.
 Prints, per kill, the longest pause between two steps of any group after it (against the median
@@ -148,8 +150,7 @@ def run_rdzv(python: str, rdzv: str, endpoints: list[str], etcd_pids: list[int])
     ep = ",".join(endpoints)
     job = f"e2e-{os.getpid()}"
     common = ["lighthouse", "--bind=127.0.0.1:0", "--min_replicas=1", "--join_timeout_ms=1000",
-              "--heartbeat_timeout_ms=2000", f"--rdzv-endpoint={ep}", f"--rdzv-id={job}",
-              "--rdzv-conf=lease_ttl=2"]
+              "--heartbeat_timeout_ms=2000", f"--rdzv-endpoint={ep}", f"--rdzv-id={job}"]
     leader = Proc([rdzv, *common])
     leader.wait_err(r"lighthouse: leading")
     follower = Proc([rdzv, *common])
@@ -170,6 +171,10 @@ def run_rdzv(python: str, rdzv: str, endpoints: list[str], etcd_pids: list[int])
     follower.p.terminate()
     report("rdzv lighthouse (2 processes, 3-member etcd; the managers on the follower)", groups,
            kills, end)
+    print("  what the surviving lighthouse said:")
+    for line in follower.err:
+        if "lighthouse:" in line and "serving on" not in line:
+            print("    " + line.rstrip())
 
 
 def run_torchft(python: str) -> None:
