@@ -18,6 +18,7 @@ mod c_api;
 mod chaos;
 mod cluster;
 mod drain;
+mod election;
 mod faults;
 mod harness;
 mod interrupt;
