@@ -56,7 +56,9 @@ impl Election {
                 &keys,
                 name,
                 params.lease_ttl(),
-                params.store_timeout(),
+                // Each request's deadline (retries included): a write that takes longer than
+                // the lease cannot be trusted to come from the leader anyway.
+                params.lease_ttl(),
             ),
         })
     }
