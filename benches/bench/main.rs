@@ -205,10 +205,55 @@ struct Cpu {
     allocations: u64,
     allocated_bytes: u64,
     nodes: u64,
+    /// etcd's requests by kind (`REQUEST_KINDS`), summed over the members.
+    requests: [f64; REQUEST_KINDS.len()],
+}
+
+/// What `--phases` counts of etcd's requests: a unary method's calls handled, or a stream's
+/// messages received (a watch stream's creates and cancels; a lease stream's refreshes).
+const REQUEST_KINDS: [(&str, &str); 8] = [
+    ("Txn", "grpc_server_handled_total"),
+    ("Range", "grpc_server_handled_total"),
+    ("Put", "grpc_server_handled_total"),
+    ("DeleteRange", "grpc_server_handled_total"),
+    ("LeaseGrant", "grpc_server_handled_total"),
+    ("Watch", "grpc_server_started_total"),
+    ("Watch", "grpc_server_msg_received_total"),
+    ("LeaseKeepAlive", "grpc_server_msg_received_total"),
+];
+
+/// The label `--phases` prints for each of `REQUEST_KINDS`.
+const REQUEST_LABELS: [&str; 8] = [
+    "txn", "range", "put", "delete", "lease grant", "watch streams", "watch creates+cancels",
+    "lease refreshes",
+];
+
+async fn requests(endpoints: &str) -> [f64; REQUEST_KINDS.len()] {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut counts = [0.0; REQUEST_KINDS.len()];
+    for endpoint in endpoints.split(',') {
+        let mut conn = tokio::net::TcpStream::connect(endpoint).await.unwrap();
+        let request = format!("GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
+        conn.write_all(request.as_bytes()).await.unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).await.unwrap();
+        for line in body.lines() {
+            for (i, (method, metric)) in REQUEST_KINDS.iter().enumerate() {
+                let method = format!("grpc_method=\"{method}\"");
+                if line.starts_with(&format!("{metric}{{")) && line.contains(&method) {
+                    counts[i] += line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                }
+            }
+        }
+    }
+    counts
 }
 
 impl Cpu {
+    // This process's CPU and allocations are read inside the scrapes of etcd's metrics, so
+    // that reading and parsing those is not counted as the round's.
     async fn start(endpoint: &str, nodes: usize) -> Cpu {
+        let requests = requests(endpoint).await;
         let etcd = metric_f64(endpoint, "process_cpu_seconds_total").await;
         Cpu {
             client: own_cpu(),
@@ -216,17 +261,40 @@ impl Cpu {
             allocations: ALLOCATIONS.load(Relaxed),
             allocated_bytes: ALLOCATED_BYTES.load(Relaxed),
             nodes: nodes as u64,
+            requests,
         }
     }
     async fn stop(self, endpoint: &str) -> Cpu {
+        let (client, allocations, allocated_bytes) = (
+            own_cpu() - self.client,
+            ALLOCATIONS.load(Relaxed) - self.allocations,
+            ALLOCATED_BYTES.load(Relaxed) - self.allocated_bytes,
+        );
         let etcd = Duration::from_secs_f64(metric_f64(endpoint, "process_cpu_seconds_total").await);
-        Cpu {
-            client: own_cpu() - self.client,
-            etcd: etcd.saturating_sub(self.etcd),
-            allocations: ALLOCATIONS.load(Relaxed) - self.allocations,
-            allocated_bytes: ALLOCATED_BYTES.load(Relaxed) - self.allocated_bytes,
-            nodes: self.nodes,
+        let mut requests = requests(endpoint).await;
+        for (now, before) in requests.iter_mut().zip(self.requests) {
+            *now -= before;
         }
+        Cpu {
+            client,
+            etcd: etcd.saturating_sub(self.etcd),
+            allocations,
+            allocated_bytes,
+            nodes: self.nodes,
+            requests,
+        }
+    }
+
+    /// etcd's requests over the round, by kind (the metrics' own requests left out: they are
+    /// HTTP, not gRPC).
+    fn requests(&self) -> String {
+        REQUEST_LABELS
+            .iter()
+            .zip(self.requests)
+            .filter(|(_, n)| *n > 0.0)
+            .map(|(label, n)| format!("{label} {n:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
     /// Mean client and etcd CPU per round over `rounds`, and this process's allocations per
     /// node (the nodes', and in `--phases` also the observer's).
@@ -362,6 +430,7 @@ impl Phases {
             ms(self.total()),
             Cpu::mean(&[self.cpu])
         );
+        println!("       etcd requests: {}", self.cpu.requests());
     }
 }
 
