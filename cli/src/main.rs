@@ -65,7 +65,7 @@ fn main() {
         Command::Close(args) => block_on(ops::close(args)),
         Command::Purge(args) => block_on(ops::purge(args)),
         Command::Drain(args) => block_on(ops::drain(args)),
-        Command::Lighthouse(args) => block_on(lighthouse::serve(*args)),
+        Command::Lighthouse(args) => block_on_one_thread(lighthouse::serve(*args)),
     };
     std::process::exit(code.code());
 }
@@ -164,6 +164,22 @@ fn run(args: Box<args::run::RunArgs>) -> Exit {
 /// Beyond the workers' grace period, how long an embedded etcd waits for the other nodes to
 /// stop theirs and release their nodes.
 const C10D_LINGER_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A runtime of one thread: the lighthouse's work is short calls under one lock, and a call
+/// forwarded by a follower answered without crossing threads took half the time (0.5 ms
+/// instead of 1.0 for one replica group; as fast at 256: docs/BENCHMARKS-HISTORY.md).
+fn block_on_one_thread(f: impl std::future::Future<Output = Exit>) -> Exit {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(f),
+        Err(e) => {
+            output::error(format_args!("cannot start the runtime: {e}"));
+            Exit::Failure
+        }
+    }
+}
 
 fn block_on(f: impl std::future::Future<Output = Exit>) -> Exit {
     match tokio::runtime::Builder::new_multi_thread()
