@@ -100,10 +100,15 @@ impl Lighthouse {
 
     /// Whether this lighthouse has said it leads, looking at what arrived so far.
     fn said_leading(&mut self) -> bool {
+        self.said_line("lighthouse: leading")
+    }
+
+    /// Whether this lighthouse has written a line containing `what`, so far.
+    fn said_line(&mut self, what: &str) -> bool {
         while let Ok(line) = self.lines.try_recv() {
             self.seen.push(line);
         }
-        self.seen.iter().any(|l| l.contains("lighthouse: leading"))
+        self.seen.iter().any(|l| l.contains(what))
     }
 }
 
@@ -467,13 +472,28 @@ fn a_paused_leader_is_replaced_after_its_lease_and_steps_down_when_it_resumes() 
         assert!(b.said_leading());
         assert_eq!(ids(&after), ["replica0", "replica1"]);
         assert_eq!(after.quorum_id, id0 + 1);
-        // Resumed, the old leader finds its lease gone and stops leading: asked through it, a
-        // replica group gets the new leader's quorum, whose id only grew.
+        // A call reaches the paused leader (it waits in its socket's queue), then it resumes:
+        // it finds its lease gone, stops leading, and the call waiting in it is forwarded to
+        // the new leader, whose quorum it returns (the id only grew).
+        let mut via_a = client(&a.address).await;
+        let mut ask = tonic::Request::new(LighthouseQuorumRequest {
+            requester: Some(QuorumMember {
+                replica_id: "replica1".into(),
+                ..Default::default()
+            }),
+        });
+        ask.set_timeout(Duration::from_secs(15));
+        let waiting = tokio::spawn(async move { via_a.quorum(ask).await });
+        let other = tokio::spawn(r[0].quorum(3, Duration::from_secs(15)));
         unsafe { libc::kill(a.child.id() as i32, libc::SIGCONT) };
-        a.wait_line(Duration::from_secs(10), "no longer leading");
-        r[1].switch_to(&a.address).await;
-        let two: Vec<&Replica> = r[..2].iter().collect();
-        let later = step(&two, 3).await;
+        let through_a = waiting
+            .await
+            .unwrap()
+            .expect("a quorum through the old leader");
+        let later = through_a.into_inner().quorum.expect("a quorum");
+        assert_eq!(ids(&later), ["replica0", "replica1"]);
+        assert_eq!(other.await.unwrap().unwrap().quorum_id, later.quorum_id);
+        assert!(a.said_line("no longer leading"));
         assert_eq!(later.quorum_id, id0 + 1);
     });
 }

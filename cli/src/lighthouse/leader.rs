@@ -99,6 +99,10 @@ impl Leader {
         why
     }
 
+    pub fn is_deposed(&self) -> bool {
+        *self.deposed.borrow()
+    }
+
     pub fn depose(&self) {
         self.deposed.send_replace(true);
     }

@@ -125,6 +125,7 @@ pub async fn serve(args: LighthouseArgs) -> Exit {
     lead.abort();
     observe.abort();
     let leading = routing.borrow().leading.clone();
+    routing.send_modify(|r| r.leading = None);
     if let Some(leader) = leading {
         let _ = tokio::time::timeout(STOP_GRACE, leader.resign()).await;
     }

@@ -94,7 +94,7 @@ impl Lighthouse {
 
     fn route(&self, forwarded: bool) -> Result<Route, Status> {
         let routing = self.routing.borrow().clone();
-        if let Some(leader) = routing.leading {
+        if let Some(leader) = routing.leading.filter(|l| !l.is_deposed()) {
             return Ok(Route::Local(leader));
         }
         if forwarded {
@@ -190,7 +190,9 @@ impl LighthouseService for Lighthouse {
                     Err(Deposed) if was_forwarded => {
                         return Err(Status::unavailable("this lighthouse stopped leading"))
                     }
-                    Err(Deposed) => {}
+                    // Until the campaign clears the route, this process still looks like the
+                    // leader: wait for that rather than spin.
+                    Err(Deposed) => self.next_route().await,
                 },
                 Route::Remote(mut client, addr) => {
                     // A leader that changes under the call (the old one paused or cut off,
