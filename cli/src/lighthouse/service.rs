@@ -126,9 +126,13 @@ impl Lighthouse {
     }
 
     /// Waits until the routing changes, or `RETRY` passes (a leader that refused may still be
-    /// the one etcd names until its lease expires).
+    /// the one etcd names until its lease expires). A change between the caller's look at the
+    /// route and this call costs at most `RETRY`.
     async fn next_route(&self) {
         let mut routing = self.routing.clone();
+        // A clone has seen what the original saw (nothing since this service was made): mark
+        // the present seen, or every wait after the first change would return at once.
+        routing.borrow_and_update();
         let _ = tokio::time::timeout(RETRY, routing.changed()).await;
     }
 }
