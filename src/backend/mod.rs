@@ -5,14 +5,16 @@
 pub(crate) mod election;
 pub mod keys;
 pub(crate) mod lease;
+pub(crate) mod watch;
 
 pub use lease::Lease;
+pub use watch::Watch;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::params::{Params, Security};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use once_cell::sync::Lazy;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -71,6 +73,8 @@ struct Connection {
     term_probe_key: String,
     /// The leases this process holds on this connection, refreshed over one stream.
     keep_alives: lease::KeepAlives,
+    /// The watches of this process on this connection, over one stream.
+    watches: watch::Watches,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -174,6 +178,7 @@ impl Etcd {
             next_term_probe: Mutex::new(Instant::now()),
             term_probe_key: probe.clone(),
             keep_alives: lease::KeepAlives::default(),
+            watches: watch::Watches::default(),
         });
         // The node has no id yet; the run names whose connection this is in retry records.
         let etcd = Etcd {
@@ -465,12 +470,6 @@ raft_term_from_header!(
     etcd_client::LeaseTimeToLiveResponse,
     etcd_client::AlarmResponse
 );
-
-impl RaftTerm for Watch {
-    fn raft_term(&self) -> Option<u64> {
-        None
-    }
-}
 
 /// Fails at once, with a message that says what to check, when every endpoint refuses TCP
 /// connections: nothing listens there, and waiting out `connect_timeout` would only hide that.
@@ -795,36 +794,23 @@ impl Etcd {
     /// synced group, which is notified at once; a watcher that starts in the past waits for
     /// etcd's 100 ms catch-up loop, which made small rounds slow.
     pub async fn watch(&self, targets: &[Target], deadline: Instant) -> Result<Watch> {
-        let targets = targets.to_vec();
-        let open = move |mut c: etcd_client::WatchClient| {
-            let targets = targets.clone();
-            async move {
-                let mut stream: Option<etcd_client::WatchStream> = None;
-                for target in &targets {
-                    let (key, options) = target.options();
-                    match stream.as_mut() {
-                        None => stream = Some(c.watch(key, Some(options)).await?),
-                        Some(s) => s.watch(key, Some(options)).await?,
-                    }
-                }
-                let mut stream = stream.expect("at least one watch target");
-                let (mut created, mut pending) = (0, VecDeque::new());
-                while created < targets.len() {
-                    let Some(resp) = stream.message().await? else {
-                        return Err(etcd_client::Error::WatchError("watch stream closed".into()));
-                    };
-                    if resp.canceled() {
-                        return Err(etcd_client::Error::WatchError(resp.cancel_reason().into()));
-                    }
-                    created += usize::from(resp.created());
-                    if !resp.events().is_empty() {
-                        pending.push_back(resp.events().to_vec());
-                    }
-                }
-                Ok(Watch::forward(stream, pending))
-            }
-        };
-        self.call_on(deadline, "watch", None, Client::watch_client, open)
+        self.shared
+            .watches
+            .watch(self, targets, None, deadline)
+            .await
+    }
+
+    /// As `watch`, ending after the first batch with an event `until` matches (see
+    /// `watch::Watches::watch`).
+    pub async fn watch_until(
+        &self,
+        targets: &[Target],
+        until: watch::Until,
+        deadline: Instant,
+    ) -> Result<Watch> {
+        self.shared
+            .watches
+            .watch(self, targets, Some(until), deadline)
             .await
     }
 }
@@ -843,56 +829,6 @@ impl Target {
             Target::Key(k) => (k.clone(), options),
             Target::Prefix(p) => (p.clone(), options.with_prefix()),
         }
-    }
-}
-
-/// A confirmed watch whose messages are drained by a task of their own as soon as they arrive.
-/// Draining matters: all handles of a process share one HTTP/2 connection, and data left
-/// unread in one stream holds back the connection's flow-control window for every other
-/// request. A node that reads etcd while holding a watch would otherwise stall the whole
-/// connection once enough events are queued (this deadlocked rounds of 1024 nodes).
-pub struct Watch {
-    events: tokio::sync::mpsc::UnboundedReceiver<Option<Vec<etcd_client::Event>>>,
-    drain: tokio::task::JoinHandle<()>,
-}
-
-impl Watch {
-    fn forward(
-        mut stream: etcd_client::WatchStream,
-        pending: VecDeque<Vec<etcd_client::Event>>,
-    ) -> Watch {
-        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
-        for batch in pending {
-            let _ = tx.send(Some(batch));
-        }
-        let drain = tokio::spawn(async move {
-            loop {
-                let batch = match stream.message().await {
-                    Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => None,
-                    Ok(Some(resp)) if resp.events().is_empty() => continue,
-                    Ok(Some(resp)) => Some(resp.events().to_vec()),
-                    _ => None,
-                };
-                let end = batch.is_none();
-                if tx.send(batch).is_err() || end {
-                    return;
-                }
-            }
-        });
-        Watch { events, drain }
-    }
-
-    /// The next batch of events, or `None` when the watch can no longer be trusted (stream
-    /// broken, watcher cancelled, history compacted): the caller then watches again and reads
-    /// a fresh snapshot, which is how compaction and etcd restarts are survived.
-    pub async fn events(&mut self) -> Option<Vec<etcd_client::Event>> {
-        self.events.recv().await.flatten()
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        self.drain.abort();
     }
 }
 

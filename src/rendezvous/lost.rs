@@ -271,7 +271,17 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
             Target::Prefix(next_joins.clone()),
             Target::Key(closed.clone()),
         ];
-        if let Ok(mut watch) = etcd.watch(&targets, deadline).await {
+        // The same test as `leaving` below, for the stream's task to end the watch at once.
+        let until: crate::backend::watch::Until = {
+            let (joins, drains) = (joins.clone(), drains.clone());
+            Arc::new(move |ev: &etcd_client::Event| {
+                let Some(kv) = ev.kv() else { return false };
+                let deleted = ev.event_type() == EventType::Delete;
+                let drain = kv.key().starts_with(drains.as_bytes());
+                (drain || kv.key().starts_with(joins.as_bytes())) && deleted != drain
+            })
+        };
+        if let Ok(mut watch) = etcd.watch_until(&targets, until, deadline).await {
             let lost = read_lost(&etcd, &keys, &sealed, deadline).await;
             let seen = read_seen(&etcd, &keys, &sealed, deadline).await;
             if let (Ok(lost), Ok(mut seen)) = (lost, seen) {

@@ -110,3 +110,57 @@ fn the_watched_counts_stay_right_across_an_etcd_restart() {
         becomes(30, 0, || member.num_waiting().unwrap_or(1));
     }
 }
+
+/// The watches of a process share a few gRPC streams on its connection, as etcd's own clients
+/// share one: a scheduler watching many runs, or many nodes in one process, is not capped by the
+/// streams etcd allows a connection (a stream per watch hung the watches past the limit).
+#[test]
+fn a_process_watches_more_runs_than_etcd_allows_streams() {
+    let etcd = Etcd::start_with(&["--max-concurrent-streams=8"]);
+    let runs = 24;
+    let urls: Vec<String> = (0..runs)
+        .map(|i| etcd.url(&format!("streams-{i}"), "min_nodes=1&max_nodes=1"))
+        .collect();
+    let nodes: Vec<_> = urls
+        .iter()
+        .map(|url| {
+            let n = node(url);
+            n.next().unwrap();
+            // The node's own watch of its round (num_waiting, num_lost, is_closed).
+            assert_eq!(n.num_waiting().unwrap(), 0);
+            n
+        })
+        .collect();
+    let streams = || etcd.metric_sum("grpc_server_started_total", &["grpc_method=\"Watch\""]);
+    let before = streams();
+    let admins: Vec<_> = urls
+        .iter()
+        .map(|url| rdzv::BlockingAdmin::new(Params::from_url(url).unwrap()).unwrap())
+        .collect();
+    for admin in &admins {
+        let status = admin.watch_next(Duration::from_secs(10)).unwrap();
+        assert!(status.exists && !status.closed, "{status:?}");
+    }
+    // The 24 watches share the streams the nodes' watches already use (a connection's
+    // watches are spread over 4).
+    assert!(
+        streams() - before <= 4.0,
+        "{} watch streams opened",
+        streams() - before
+    );
+    for node in &nodes {
+        node.set_closed().unwrap();
+    }
+    for admin in &admins {
+        let closed = loop {
+            let status = admin.watch_next(Duration::from_secs(10)).unwrap();
+            if status.closed {
+                break status;
+            }
+        };
+        assert!(closed.closed);
+    }
+    for node in &nodes {
+        assert!(node.is_closed().unwrap());
+    }
+}
