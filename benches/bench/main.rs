@@ -224,7 +224,13 @@ const REQUEST_KINDS: [(&str, &str); 8] = [
 
 /// The label `--phases` prints for each of `REQUEST_KINDS`.
 const REQUEST_LABELS: [&str; 8] = [
-    "txn", "range", "put", "delete", "lease grant", "watch streams", "watch creates+cancels",
+    "txn",
+    "range",
+    "put",
+    "delete",
+    "lease grant",
+    "watch streams",
+    "watch creates+cancels",
     "lease refreshes",
 ];
 
@@ -241,7 +247,11 @@ async fn requests(endpoints: &str) -> [f64; REQUEST_KINDS.len()] {
             for (i, (method, metric)) in REQUEST_KINDS.iter().enumerate() {
                 let method = format!("grpc_method=\"{method}\"");
                 if line.starts_with(&format!("{metric}{{")) && line.contains(&method) {
-                    counts[i] += line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                    counts[i] += line
+                        .rsplit(' ')
+                        .next()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0.0);
                 }
             }
         }
