@@ -51,7 +51,9 @@ fi
 new_etcd=$(command -v etcd)
 old_path=$PATH
 [ -z "$from" ] || old_path="$(scripts/etcd-build.sh "$from" | cut -d' ' -f2):$PATH"
-cargo build --release --quiet -p rdzv-bench --bin soak
+# The test command builds it before its lanes (RDZV_PREBUILT=1): a cargo build here would wait
+# for the lock of another lane's cargo test, for minutes.
+[ "${RDZV_PREBUILT:-0}" = 1 ] || cargo build --release --quiet -p rdzv-bench --bin soak
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 compaction=(--auto-compaction-mode=periodic "--auto-compaction-retention=$retention")
 read -r pids endpoint dir < <(PATH=$old_path scripts/etcd-local.sh --members "$members" "${compaction[@]}")

@@ -178,37 +178,54 @@ fn a_failure_fails_every_node(c10d: bool, n: usize) {
     );
     let worker = dir.join("w.py");
     std::fs::write(&worker, script).unwrap();
-    let rendezvous: Vec<String> = match &etcd {
-        Some(etcd) => vec![
-            "--rdzv".into(),
-            etcd.url(
-                "fail-all",
-                &format!("min_nodes={n}&max_nodes={n}&last_call_timeout=1"),
-            ),
-        ],
-        None => vec![
-            "--rdzv-backend=c10d".into(),
-            format!("--rdzv-endpoint=127.0.0.1:{}", common::free_port()),
-            "--rdzv-id=fail-all".into(),
-            format!("--nnodes={n}"),
-            "--rdzv-conf=last_call_timeout=1".into(),
-        ],
+    let rendezvous = || -> Vec<String> {
+        match &etcd {
+            Some(etcd) => vec![
+                "--rdzv".into(),
+                etcd.url(
+                    "fail-all",
+                    &format!("min_nodes={n}&max_nodes={n}&last_call_timeout=1"),
+                ),
+            ],
+            None => vec![
+                "--rdzv-backend=c10d".into(),
+                format!("--rdzv-endpoint=127.0.0.1:{}", common::free_port()),
+                "--rdzv-id=fail-all".into(),
+                format!("--nnodes={n}"),
+                "--rdzv-conf=last_call_timeout=1".into(),
+            ],
+        }
     };
-    let launch = || {
+    let launch = |rendezvous: &[String]| {
         let mut cmd = Command::new(RDZV);
         cmd.arg("run")
-            .args(&rendezvous)
+            .args(rendezvous)
             .args(["--max-restarts=0", "--local-addr=127.0.0.1"])
             .arg(&worker);
         Launcher::spawn_in_own_tmpdir(cmd)
     };
-    let mut first = launch();
-    if c10d {
-        // The first serves the rendezvous: the others must find it served.
-        first.wait_line(30, |l| l.contains("serving the rendezvous"));
-    }
+    let mut tries = 0;
+    let (rendezvous, first) = loop {
+        let rendezvous = rendezvous();
+        let mut first = launch(&rendezvous);
+        if !c10d {
+            break (rendezvous, first);
+        }
+        // The first serves the rendezvous: the others must find it served. The port was free
+        // when picked, but another process of the machine (another suite's) may have bound it
+        // since: that first launcher then joins a server that is not its job's, which is not
+        // what this tests. Another port, then.
+        let said = first.wait_line(30, |l| {
+            l.contains("serving the rendezvous") || l.contains("served on this machine already")
+        });
+        if said.contains("serving the rendezvous") {
+            break (rendezvous, first);
+        }
+        tries += 1;
+        assert!(tries < 5, "every port picked was taken: {}", first.output());
+    };
     let mut nodes = vec![first];
-    nodes.extend((1..n).map(|_| launch()));
+    nodes.extend((1..n).map(|_| launch(&rendezvous)));
     // Each exit is read in turn: a time taken late only overstates how long a node took.
     let mut exits = Vec::new();
     for node in nodes.iter_mut() {
