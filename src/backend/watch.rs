@@ -197,19 +197,29 @@ async fn run(etcd: Etcd, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut sender: Option<etcd_client::WatchRequestSender> = None;
     let mut responses: Option<etcd_client::WatchResponseStream> = None;
     let mut idle_since = Some(Instant::now());
+    // When etcd last answered on this stream: creates unanswered for an attempt's timeout
+    // mean a stream stuck on a member that no longer serves it, and it is broken off.
+    let mut answered_at = Instant::now();
     let broken = loop {
         if sender.is_none() {
             if let Some(Request::Create(key, options)) = pending.pop_front() {
-                match etcd.client().watch_client().watch(key, Some(options)).await {
-                    Ok(opened) => {
+                // Bounded as any request is: a member that accepts and never answers (stopping,
+                // starting) must not hold every watch of this stream.
+                let mut client = etcd.client().watch_client();
+                let opening = client.watch(key, Some(options));
+                match tokio::time::timeout(etcd.attempt_timeout, opening).await {
+                    Ok(Ok(opened)) => {
                         let (tx, rx) = opened.split();
                         (sender, responses) = (Some(tx), Some(rx));
+                        answered_at = Instant::now();
                     }
-                    Err(e) => break e.to_string(),
+                    Ok(Err(e)) => break e.to_string(),
+                    Err(_) => break "etcd did not open the watch stream in time".to_string(),
                 }
             }
         }
         let idle_at = idle_since.map(|since| since + IDLE);
+        let stuck_at = (!creating.is_empty()).then(|| answered_at + etcd.attempt_timeout);
         // Commands first, then requests out, then responses: a dropped watch's cancels go out
         // before the next burst of its events is read (a node's watch of its round ends at the
         // first member leaving; every event sent to it after that is etcd's work wasted).
@@ -219,6 +229,10 @@ async fn run(etcd: Etcd, mut commands: mpsc::UnboundedReceiver<Command>) {
                 None => return,
                 Some(Command::Open { id, targets, until, events, opened }) => {
                     idle_since = None;
+                    if creating.is_empty() {
+                        // The wait for etcd's answer starts now, not at its last answer.
+                        answered_at = Instant::now();
+                    }
                     for target in &targets {
                         let (key, options) = target.options();
                         pending.push_back(Request::Create(key, options));
@@ -271,6 +285,7 @@ async fn run(etcd: Etcd, mut commands: mpsc::UnboundedReceiver<Command>) {
             }
             message = next_message(&mut responses), if responses.is_some() => match message {
                 Ok(Some(resp)) => {
+                    answered_at = Instant::now();
                     let gone = answer(resp, &mut subscribers, &mut by_watch_id, &mut creating);
                     for watch_id in gone {
                         pending.push_front(Request::Cancel(watch_id));
@@ -282,6 +297,9 @@ async fn run(etcd: Etcd, mut commands: mpsc::UnboundedReceiver<Command>) {
                 Ok(None) => break "the watch stream ended".to_string(),
                 Err(e) => break e.to_string(),
             },
+            _ = sleep_until_some(stuck_at), if stuck_at.is_some() => {
+                break "etcd did not answer the watch in time".to_string();
+            }
             _ = sleep_until_some(idle_at), if idle_at.is_some() && pending.is_empty() => {
                 // Idle: end, unless a watch asked meanwhile (its command is still queued).
                 commands.close();
