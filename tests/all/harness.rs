@@ -102,7 +102,20 @@ fn start_the_program() -> (
     impl BufRead,
     [String; 3],
 ) {
+    start_the_program_in(&std::env::temp_dir())
+}
+
+/// `start_the_program` with `tmp` as the program's temporary directory.
+fn start_the_program_in(
+    tmp: &Path,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    impl BufRead,
+    [String; 3],
+) {
     let mut server = Command::new(env!("CARGO_BIN_EXE_etcd-test-server"))
+        .env("TMPDIR", tmp)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn_tied()
@@ -160,7 +173,12 @@ fn the_program_ends_etcd_and_its_data_at_the_end_of_its_input() {
 
 #[test]
 fn a_killed_programs_etcd_dies_and_its_data_goes_at_the_next_start() {
-    let (mut server, _stdin, _stdout, [_, pid, dir]) = start_the_program();
+    // A temporary directory of its own: every etcd any test process starts (other suites run
+    // beside this one) removes the dead processes' directories it finds, and one once removed
+    // this one between the kill and the check below.
+    let tmp = std::env::temp_dir().join(format!("rdzv-harness-own-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (mut server, _stdin, _stdout, [_, pid, dir]) = start_the_program_in(&tmp);
     server.kill().unwrap(); // SIGKILL: no destructor runs
     server.wait().unwrap();
     let etcd_pid: u32 = pid.parse().unwrap();
@@ -172,8 +190,10 @@ fn a_killed_programs_etcd_dies_and_its_data_goes_at_the_next_start() {
         Path::new(&dir).exists(),
         "{dir} is gone before any start removed it"
     );
-    let _next = start_the_program();
+    let next = start_the_program_in(&tmp);
     assert!(!Path::new(&dir).exists(), "{dir} outlived the next start");
+    drop(next);
+    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 /// The network namespaces the machine has, by name.
