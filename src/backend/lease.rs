@@ -274,13 +274,28 @@ async fn refresh(etcd: Etcd, leases: KeepAlives) {
         };
         retry_within = retry_within.min(shortest);
         let first = all[0];
-        let (keeper, mut responses) = match etcd.client().lease_keep_alive(first).await {
-            Ok(pair) => pair,
-            Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("lease not found") => {
+        // Bounded by a refresh period: a member that accepts and never answers (frozen,
+        // stopping) must not hold every lease of the process until they expire.
+        let mut client = etcd.client();
+        let opening = tokio::time::timeout(retry_within, client.lease_keep_alive(first)).await;
+        let (keeper, mut responses) = match opening {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(e)))
+                if e.contains("lease not found") =>
+            {
                 leases.lost(first);
                 continue;
             }
-            Err(e) => {
+            Err(_) => {
+                tracing::debug!(
+                    lease = first,
+                    attempt = attempt + 1,
+                    "the lease refresh stream did not open within a refresh period; retrying"
+                );
+                backoff(&mut attempt, Instant::now() + retry_within).await;
+                continue;
+            }
+            Ok(Err(e)) => {
                 tracing::debug!(lease = first, attempt = attempt + 1, error = %e,
                     "cannot open the lease refresh stream; retrying");
                 backoff(&mut attempt, Instant::now() + retry_within).await;
