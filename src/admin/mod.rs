@@ -11,12 +11,15 @@
 //! A status is read at one etcd revision (the first read fixes it, the others read at it), so
 //! it is a consistent snapshot even while rounds form.
 
+mod view;
+
+use view::View;
+
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Target};
 use crate::cancel::CancelToken;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::params::Params;
-use crate::rendezvous::records::{members_from_chunks, FinalRecord, JoinRecord};
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use once_cell::sync::Lazy;
 use serde_json::{json, Value};
@@ -220,138 +223,13 @@ impl Admin {
     /// Reads the run's state at one revision.
     pub async fn status(&self) -> Result<RunStatus> {
         let deadline = self.deadline();
-        let k = &self.keys;
-        let first = Txn::new().and_then([
-            TxnOp::get(
-                k.namespace(),
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            ),
-            TxnOp::get(k.closed(), None),
-            TxnOp::get(k.current(), None),
-            TxnOp::get(k.alive_prefix(), Some(GetOptions::new().with_prefix())),
-            TxnOp::get(
-                k.drain_prefix(),
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            ),
-            TxnOp::get(k.run_notes_prefix(), Some(GetOptions::new().with_prefix())),
-        ]);
-        let resp = self.etcd.txn(deadline, "status", first).await?;
+        let view = View::read(&self.etcd, &self.keys, deadline).await?;
+        self.status_of(&view, deadline).await
+    }
+
+    async fn status_of(&self, view: &View, deadline: Instant) -> Result<RunStatus> {
         let alarms = self.alarms(deadline).await?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        let got = ranges(&resp);
-        let (all, closed, current, alive) = (&got[0], &got[1], &got[2], &got[3]);
-        let draining: std::collections::HashSet<&str> = got[4]
-            .kvs()
-            .iter()
-            .filter_map(|kv| Keys::node_of(kv.key()))
-            .collect();
-        let notes_prefix = k.run_notes_prefix();
-        let notes: BTreeMap<String, String> = got[5]
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let name = kv.key().strip_prefix(notes_prefix.as_bytes())?;
-                Some((
-                    String::from_utf8_lossy(name).into_owned(),
-                    String::from_utf8_lossy(kv.value()).into_owned(),
-                ))
-            })
-            .collect();
-        let open_round: u64 = match current.kvs().first() {
-            Some(kv) => std::str::from_utf8(kv.value())
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| {
-                    Error::state(format!(
-                        "corrupt or foreign data at etcd key {:?}: not a round number",
-                        String::from_utf8_lossy(kv.key())
-                    ))
-                })?,
-            None => 0,
-        };
-        let alive: HashMap<String, String> = alive
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let node = Keys::node_of(kv.key())?;
-                Some((node.to_string(), String::from_utf8_lossy(kv.value()).into()))
-            })
-            .collect();
-        // The open round's joiners and the sealed round, at the same revision, in one request.
-        let at = GetOptions::new().with_revision(revision);
-        let mut reads = vec![TxnOp::get(
-            k.join_prefix(open_round),
-            Some(at.clone().with_prefix()),
-        )];
-        if let Some(r) = open_round.checked_sub(1) {
-            reads.push(TxnOp::get(k.final_(r), Some(at.clone())));
-            reads.push(TxnOp::get(k.lanes_prefix(r), Some(at.with_prefix())));
-        }
-        let resp = self
-            .etcd
-            .txn(deadline, "status", Txn::new().and_then(reads))
-            .await?;
-        let got = ranges(&resp);
-        let joins = &got[0];
-        let sealed = match got.get(1).and_then(|g| g.kvs().first()) {
-            Some(kv) => {
-                let sealed = FinalRecord::parse(kv.key(), kv.value())?;
-                let chunks = got[2].kvs().iter().map(|kv| (kv.key(), kv.value()));
-                let members = members_from_chunks(&sealed, chunks)?;
-                Some((sealed, members))
-            }
-            None => None,
-        };
-        let mut joins: Vec<_> = joins.kvs().iter().collect();
-        joins.sort_by_key(|kv| kv.create_revision());
-        let waiting = joins
-            .into_iter()
-            .map(|kv| {
-                let record = JoinRecord::parse(kv.key(), kv.value())?;
-                let node = Keys::node_of(kv.key()).unwrap_or_default().to_string();
-                let member_rank = sealed.as_ref().and_then(|(_, members)| {
-                    members.iter().position(|m| *m == node).map(|i| i as u32)
-                });
-                Ok(Joiner {
-                    draining: draining.contains(node.as_str()),
-                    node,
-                    addr: record.addr,
-                    member_rank,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let sealed = sealed.map(|(f, members)| SealedRound {
-            round: f.round,
-            master_addr: f.master_addr,
-            master_port: f.master_port,
-            members: members
-                .iter()
-                .enumerate()
-                .map(|(rank, node)| Member {
-                    rank: rank as u32,
-                    addr: alive.get(node).cloned(),
-                    alive: alive.contains_key(node),
-                    draining: draining.contains(node.as_str()),
-                    node: node.clone(),
-                })
-                .collect(),
-        });
-        Ok(RunStatus {
-            run_id: self.params.run_id().to_string(),
-            exists: all.count() > 0,
-            closed: closed.count() > 0,
-            failure: closed
-                .kvs()
-                .first()
-                .and_then(|kv| crate::rendezvous::wake::closed_failure(kv.value())),
-            open_round,
-            sealed,
-            waiting,
-            alive: alive.len(),
-            notes,
-            alarms,
-            revision,
-        })
+        view.status(self.params.run_id(), alarms)
     }
 
     /// The cluster's alarms, allowed to every user (the read-only observer of
@@ -404,6 +282,7 @@ impl Admin {
         StatusWatch {
             admin: self.clone(),
             watch: None,
+            view: None,
             dirty: true,
             broken_since: None,
             changed_at: None,
@@ -548,6 +427,8 @@ impl Admin {
 pub struct StatusWatch {
     admin: Admin,
     watch: Option<crate::backend::Watch>,
+    /// The run's keys as the watch has told them, read when the watch (re)opens.
+    view: Option<View>,
     /// A change was seen (or the watch was reopened) and not yet read: kept across a `next`
     /// that is dropped midway (a timeout or a cancel), so no change is lost.
     dirty: bool,
@@ -578,7 +459,8 @@ impl StatusWatch {
         loop {
             match self.watch.as_mut() {
                 None => {
-                    // Watch first, then read: a change between the two is not missed.
+                    // Watch first, then read: a change between the two is not missed (the
+                    // view skips the events its read already saw).
                     let target = Target::Prefix(self.admin.keys.namespace().to_string());
                     let since = *self.broken_since.get_or_insert_with(Instant::now);
                     let deadline = since + self.admin.params.connect_timeout();
@@ -588,6 +470,7 @@ impl StatusWatch {
                         self.broken_since = None;
                     }
                     self.watch = Some(opened?);
+                    self.view = None;
                     self.dirty = true;
                 }
                 Some(_) if self.dirty => {}
@@ -600,6 +483,9 @@ impl StatusWatch {
                         if self.dirty {
                             self.changed_at = Some(Instant::now());
                         }
+                        if let Some(view) = self.view.as_mut() {
+                            view.apply(&events);
+                        }
                     }
                 },
             }
@@ -611,7 +497,11 @@ impl StatusWatch {
                 while let Some(watch) = self.watch.as_mut() {
                     let quiet = (Instant::now() + SETTLE_QUIET).min(until);
                     match tokio::time::timeout_at(quiet, watch.events()).await {
-                        Ok(Some(_)) => {}
+                        Ok(Some(events)) => {
+                            if let Some(view) = self.view.as_mut() {
+                                view.apply(&events);
+                            }
+                        }
                         // Broken: reopened and read afresh.
                         Ok(None) => self.watch = None,
                         Err(_) => break,
@@ -621,7 +511,12 @@ impl StatusWatch {
                     continue;
                 }
             }
-            let status = self.admin.status().await?;
+            let deadline = self.admin.deadline();
+            if !self.view.as_ref().is_some_and(View::complete) {
+                self.view = Some(View::read(&self.admin.etcd, &self.admin.keys, deadline).await?);
+            }
+            let view = self.view.as_ref().expect("read above");
+            let status = self.admin.status_of(view, deadline).await?;
             self.dirty = false;
             self.changed_at = None;
             self.broken_since = None;

@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::Etcd;
-use rdzv::admin::{Admin, Purge};
+use rdzv::admin::{Admin, Purge, RunStatus};
 use rdzv::{BlockingRendezvous, ErrorKind, Params};
 use std::time::Duration;
 
@@ -124,6 +124,123 @@ fn the_watch_reports_a_seal_and_a_close_as_they_happen() {
     });
     assert!(closed.closed);
     assert!(nodes[0].is_closed().unwrap());
+}
+
+/// Waits (at most 30 s) for a status from `watch` that `done` accepts, then checks that it is
+/// what a fresh read of etcd says: the watch builds its status from the events it is sent,
+/// `status` from a read, and nothing changes in between.
+fn settled(
+    rt: &tokio::runtime::Runtime,
+    watch: &mut rdzv::admin::StatusWatch,
+    a: &Admin,
+    what: &str,
+    done: impl Fn(&RunStatus) -> bool,
+) -> RunStatus {
+    let seen = rt.block_on(async {
+        loop {
+            let s = tokio::time::timeout(Duration::from_secs(30), watch.next())
+                .await
+                .unwrap_or_else(|_| panic!("no status with {what} within 30 s"))
+                .unwrap();
+            if done(&s) {
+                return s;
+            }
+        }
+    });
+    let read = rt.block_on(a.status()).unwrap();
+    assert!(read.revision >= seen.revision, "{what}");
+    let unrevised = |s: &RunStatus| RunStatus {
+        revision: 0,
+        ..s.clone()
+    };
+    assert_eq!(
+        unrevised(&seen),
+        unrevised(&read),
+        "{what}: the watch's status against a read"
+    );
+    seen
+}
+
+/// The watch keeps its status from events (it reads etcd only when it opens): at each step of a
+/// run's life it shows what a fresh read shows, across an etcd restart that breaks the watch,
+/// and after the run is purged and begun again from round 0.
+#[test]
+fn the_watch_shows_what_a_read_shows_through_a_runs_life() {
+    let mut etcd = Etcd::start();
+    let rt = runtime();
+    let url = etcd.url("view", "min_nodes=2&max_nodes=2&last_call_timeout=1");
+    let a = admin(&rt, &url);
+    let mut watch = a.watch();
+    settled(&rt, &mut watch, &a, "no run", |s| !s.exists);
+
+    let nodes = formed(&url, 2);
+    let s = settled(&rt, &mut watch, &a, "round 0 sealed", |s| {
+        s.sealed
+            .as_ref()
+            .is_some_and(|r| r.members.iter().all(|m| m.alive))
+    });
+    assert_eq!(s.sealed.unwrap().members.len(), 2);
+
+    // A newcomer waits for round 1.
+    let late_url = url.clone();
+    let late = std::thread::spawn(move || {
+        let node = BlockingRendezvous::new(Params::from_url(&late_url).unwrap()).unwrap();
+        node.next().map(|(info, _)| info.round)
+    });
+    settled(&rt, &mut watch, &a, "a waiting node", |s| {
+        s.waiting.len() == 1
+    });
+
+    // etcd restarts: the watch breaks, is opened again and reads afresh.
+    etcd.restart();
+    nodes[0]
+        .run_store()
+        .unwrap()
+        .set("notes/why", b"after a restart")
+        .unwrap();
+    settled(&rt, &mut watch, &a, "a note", |s| {
+        s.notes.contains_key("why")
+    });
+
+    rt.block_on(a.drain(nodes[1].node_id(), "maintenance"))
+        .unwrap();
+    settled(&rt, &mut watch, &a, "a drained member", |s| {
+        s.draining().len() == 1
+    });
+    nodes[0].shutdown().unwrap();
+    settled(&rt, &mut watch, &a, "a lost member", |s| {
+        s.lost().len() == 1
+    });
+    rt.block_on(a.close()).unwrap();
+    settled(&rt, &mut watch, &a, "closed", |s| s.closed);
+    assert_eq!(
+        late.join().unwrap().unwrap_err().kind(),
+        ErrorKind::GracefulExit
+    );
+
+    // Purged while a node is alive, and begun again from round 0.
+    assert!(matches!(
+        rt.block_on(a.purge(true)).unwrap(),
+        Purge::Deleted(_)
+    ));
+    settled(&rt, &mut watch, &a, "purged", |s| {
+        !s.closed && s.open_round == 0
+    });
+    let again = formed(&url, 2);
+    let s = settled(&rt, &mut watch, &a, "round 0 sealed again", |s| {
+        s.sealed
+            .as_ref()
+            .is_some_and(|r| r.members.iter().all(|m| m.alive))
+    });
+    let ids: Vec<&str> = s
+        .sealed
+        .as_ref()
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| m.node.as_str())
+        .collect();
+    assert_eq!(ids, [again[0].node_id(), again[1].node_id()]);
 }
 
 #[test]
