@@ -11,7 +11,7 @@
 //!
 //! Printed: a round's time (the last member's call of next to the last member's return) for
 //! one job alone first, then under the load of all, as each job's ratio to the job alone; the
-//! same with a scheduler watching and polling every job's status (`Admin`, from a process of
+//! same with a scheduler watching every job's status (`Admin`, from a process of
 //! its own) half of the time, in turns of `--alternate`; etcd's database size, raft proposals
 //! and CPU over time; calls that failed (should be none); and the keys left under the prefix
 //! once every job ended and `lease_ttl` passed (should be `closed` markers alone). Exits 1 if
@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 const USAGE: &str = "usage: soak ENDPOINT[,ENDPOINT...] [--runs 100] [--nodes 8] \
     [--duration 3m] [--solo 60s] [--alternate 30s] [--lease-ttl 5] [--monitor 1] [--prefix /soak]
-    [--max-ratio 3] [--max-scheduler-cost 0.10]";
+    [--max-ratio 3] [--max-scheduler-cost 0.10] [--scheduler-poll SECONDS]";
 // (`soak ENDPOINT --scheduler` is the scheduler's own process: see `scheduler_main`.)
 
 struct Config {
@@ -52,6 +52,9 @@ struct Config {
     max_ratio: Option<f64>,
     /// Fail unless the scheduler watching every job adds at most this fraction to that ratio.
     max_scheduler_cost: Option<f64>,
+    /// The scheduler also reads every job's status this often (`rdzv status` in a loop), beside
+    /// its watch; by default it only watches, as a scheduler of the watch API need do.
+    scheduler_poll: Option<Duration>,
 }
 
 fn parse_duration(s: &str) -> Duration {
@@ -91,6 +94,7 @@ fn config() -> Config {
         prefix: "/soak".into(),
         max_ratio: None,
         max_scheduler_cost: None,
+        scheduler_poll: None,
     };
     while let Some(flag) = args.next() {
         let value = args
@@ -121,6 +125,7 @@ fn config() -> Config {
             "--prefix" => c.prefix = value,
             "--max-ratio" => c.max_ratio = Some(fraction()),
             "--max-scheduler-cost" => c.max_scheduler_cost = Some(fraction()),
+            "--scheduler-poll" => c.scheduler_poll = Some(Duration::from_secs_f64(fraction())),
             _ => usage(&format!("unknown flag {flag}")),
         }
     }
@@ -660,23 +665,29 @@ impl Job {
     }
 }
 
-/// A scheduler's view of one job: its status watched (`rdzv status --watch`) and polled
-/// every second (`rdzv status`), until aborted.
-async fn observe(id: u64, url: String, statuses: Arc<AtomicU64>) {
+/// A scheduler's view of one job: its status watched (`rdzv status --watch`), and read every
+/// `poll` if given (`rdzv status`), until aborted.
+async fn observe(id: u64, url: String, poll: Option<Duration>, statuses: Arc<AtomicU64>) {
     let fail = |what: &str, e: rdzv::Error| println!("FAILED job {id}: scheduler's {what}: {e}");
     let admin = match Admin::connect(Params::from_url(&url).unwrap()).await {
         Ok(a) => a,
         Err(e) => return fail("connect", e),
     };
     let mut watch = admin.watch();
-    let mut poll = tokio::time::interval(Duration::from_secs(1));
+    let mut poll = poll.map(tokio::time::interval);
     loop {
+        let tick = async {
+            match poll.as_mut() {
+                Some(poll) => _ = poll.tick().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             got = watch.next() => match got {
                 Ok(_) => { statuses.fetch_add(1, Relaxed); }
                 Err(e) => return fail("watch", e),
             },
-            _ = poll.tick() => match admin.status().await {
+            _ = tick => match admin.status().await {
                 Ok(_) => { statuses.fetch_add(1, Relaxed); }
                 Err(e) => return fail("status", e),
             },
@@ -688,6 +699,10 @@ async fn observe(id: u64, url: String, statuses: Arc<AtomicU64>) {
 /// to stop) until stdin ends, then prints `STATUSES N`. Its failures are printed as they
 /// happen, as `FAILED ...` lines.
 fn scheduler_main() {
+    let poll = std::env::args()
+        .nth(3)
+        .and_then(|secs| secs.parse().ok())
+        .map(Duration::from_secs_f64);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -708,7 +723,8 @@ fn scheduler_main() {
             if let Some(rest) = line.strip_prefix('+') {
                 let (id, url) = rest.split_once(' ').expect("+ID URL");
                 let id: u64 = id.parse().expect("a job id");
-                let task = tokio::spawn(observe(id, url.to_string(), statuses.clone()));
+                let observer = observe(id, url.to_string(), poll, statuses.clone());
+                let task = tokio::spawn(observer);
                 observers.insert(id, task);
             } else if let Some(id) = line.strip_prefix('-') {
                 if let Some(task) = observers.remove(&id.parse().expect("a job id")) {
@@ -762,11 +778,12 @@ impl Scheduler {
     }
 
     /// Starts the scheduler's process, watching every job there is.
-    fn start(&self, endpoints: &str) {
+    fn start(&self, endpoints: &str, poll: Option<Duration>) {
         use std::process::{Command, Stdio};
         let jobs = self.jobs.lock().unwrap();
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([endpoints, "--scheduler"])
+            .args(poll.map(|p| p.as_secs_f64().to_string()))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -1139,12 +1156,12 @@ async fn soak(cfg: Config) -> bool {
         tokio::time::sleep_until(until - cfg.duration + cfg.duration * turn / turns).await;
         let on = turn % 2 == 1;
         match on {
-            true => scheduler.start(&cfg.endpoints),
+            true => scheduler.start(&cfg.endpoints, cfg.scheduler_poll),
             false => scheduler.stop(&stats),
         }
         *load.lock().unwrap() = if on { Load::Observed } else { Load::All };
         println!(
-            "t={:>5.0}s  scheduler watching and polling every job: {}",
+            "t={:>5.0}s  scheduler watching every job: {}",
             started.elapsed().as_secs_f64(),
             if on { "on" } else { "off" }
         );

@@ -3,7 +3,7 @@
 # churn (nodes killed, leaving, drained and replaced, every worker restarted, jobs ending and
 # new ones starting), for DURATION, on a throwaway etcd run as docs/OPERATIONS.md recommends
 # (periodic auto-compaction). Prints a round's time for one job alone and then under the load
-# of all (each job's ratio), with and without a scheduler watching and polling every job's
+# of all (each job's ratio), with and without a scheduler watching every job's
 # status, etcd's database size every 10 s, failed calls, the keys left once every job ended
 # and lease_ttl passed, a snapshot, and a defragmentation of each member. Exits 1 on a failed
 # call, a stuck job, or keys left other than `closed` markers.
@@ -26,6 +26,7 @@
 #                 (the agents' check interval, seconds), --prefix /soak
 #                 --max-ratio 3 --max-scheduler-cost 0.10 (fail unless the speed goals are
 #                 met: for a quiet machine)
+#                 --scheduler-poll 1 (the scheduler also reads every job's status each second)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=3m runs=100 nodes=8 members=1 retention=5m etcd= from= extra=()
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
     --etcd) etcd=$2; shift 2 ;;
     --upgrade-from) from=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h | --help) sed -n 2,26p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n 2,29p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/soak.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
