@@ -276,8 +276,10 @@ impl Admin {
 
     /// Watches the run: `StatusWatch::next` returns the current status first, then each
     /// status that differs from the one before, as etcd reports the change (by watch, not by
-    /// polling), read once the burst of changes has passed (see `SETTLE_MAX`). Writes to a
-    /// round's store, and to the run's store outside its notes, do not count as changes.
+    /// polling), once the burst of changes has passed (see `SETTLE_MAX`). The status is read
+    /// when the watch opens (and again after it breaks) and kept from the events after that,
+    /// so a watcher costs etcd no read per change. Writes to a round's store, and to the
+    /// run's store outside its notes, do not count as changes.
     pub fn watch(&self) -> StatusWatch {
         StatusWatch {
             admin: self.clone(),

@@ -235,7 +235,10 @@ pub extern "C" fn rdzv_admin_status_with_cancel(
 /// the run changes as an operator sees it (a join, a seal, a loss, a drain, a close; not the
 /// workers' store traffic) and returns the new status, so successive calls return the changes
 /// in order (changes within a moment of each other, such as a round's joins and its seal,
-/// come as one status, read once they have passed: at most 200 ms after the first). It waits by etcd watch, never by polling. Returns `RDZV_ERR_TIMEOUT` when
+/// come as one status, once they have passed: at most 200 ms after the first). It waits by
+/// etcd watch, never by polling, and makes each status from the watch's events: etcd is read
+/// only when the watch opens or reopens, so a watching scheduler costs etcd no read per
+/// change. Returns `RDZV_ERR_TIMEOUT` when
 /// nothing changed within `timeout_ms` (0 or more; negative is an invalid argument): the
 /// watch stays open and the next call goes on from there, losing nothing. `RDZV_ERR_CANCELLED` when
 /// `rdzv_admin_cancel` ends it (made during the call, or before it while no watch ran). If etcd restarts the watch is reopened and the state read
