@@ -4,12 +4,15 @@
 //! that no node owns (`current`, the rounds' seals and stores) are bound to the run's lease,
 //! which every live node refreshes beside its own: they expire once no node is left.
 //!
-//! One `LeaseKeepAlive` stream per connection refreshes every lease the process holds, as
-//! etcd's own clients do: a stream per lease cost each handle the buffers of a gRPC stream
+//! A connection refreshes the leases its process holds over shared `LeaseKeepAlive` streams,
+//! as etcd's own clients do: a stream per lease cost each handle the buffers of a gRPC stream
 //! (about 20 KiB), and a lease held by many handles of one process (the run's) is refreshed
-//! once, not once per handle.
+//! once, not once per handle. A stream carries at most `PER_STREAM` leases: etcd answers a
+//! stream's refreshes one after another, each a round trip to the raft leader when the stream
+//! ends at a follower, so one stream for 900 leases (a process of 800 nodes) fell behind what
+//! their TTLs need once etcd slowed (`scripts/soak.sh`: leases expired by the thousand).
 
-use super::{backoff, Etcd};
+use super::{backoff, sleep_until_some, Etcd};
 use crate::error::Result;
 use etcd_client::proto::PbLeaseKeepAliveRequest;
 use once_cell::sync::Lazy;
@@ -23,7 +26,7 @@ use tokio::time::Instant;
 pub struct Lease {
     pub id: i64,
     kept: Kept,
-    keep_alives: KeepAlives,
+    shard: Shard,
 }
 
 /// The process's clock for `Refreshed`.
@@ -76,13 +79,8 @@ impl Lease {
     /// third of `ttl` or of the lease's own TTL, whichever is shorter: a lease granted by a
     /// node with a shorter `lease_ttl` must not expire between two refreshes.
     pub fn adopt(etcd: &Etcd, id: i64, ttl: Duration) -> Lease {
-        let keep_alives = etcd.keep_alives().clone();
-        let kept = keep_alives.hold(etcd, id, ttl);
-        Lease {
-            id,
-            kept,
-            keep_alives,
-        }
+        let (shard, kept) = etcd.keep_alives().hold(etcd, id, ttl);
+        Lease { id, kept, shard }
     }
 
     /// When etcd last answered a refresh of this lease.
@@ -128,7 +126,7 @@ pub async fn revoke(etcd: &Etcd, id: i64, deadline: Instant) -> Result<()> {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.keep_alives.release(self.id);
+        self.shard.release(self.id);
     }
 }
 
@@ -139,9 +137,49 @@ struct Kept {
     refreshed: Refreshed,
 }
 
-/// The leases one connection refreshes, and the task that refreshes them over one stream.
+/// How many leases one refresh stream carries at most. A lease needs three refreshes per TTL;
+/// 32 leases of a 1 s TTL are 96 a second, a fraction of what one stream carries even through a
+/// follower under load (about 400 a second measured so), and a process of 4096 nodes holds
+/// 129 streams (about 0.6 KiB per node).
+const PER_STREAM: usize = 32;
+
+/// The leases one connection refreshes, in shards of at most `PER_STREAM`, each refreshed by
+/// a task of its own over a stream of its own.
 #[derive(Clone, Default)]
-pub struct KeepAlives(Arc<Shared>);
+pub struct KeepAlives(Arc<Mutex<Vec<Shard>>>);
+
+impl KeepAlives {
+    /// Refreshes lease `id` in the shard that refreshes it already (the run's lease, held by
+    /// every handle of the process), else in the first with room, else in a new one.
+    fn hold(&self, etcd: &Etcd, id: i64, ttl: Duration) -> (Shard, Kept) {
+        let mut shards = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let counts: Vec<(bool, usize)> = shards
+            .iter()
+            .map(|shard| {
+                let state = shard.lock();
+                (state.leases.contains_key(&id), state.leases.len())
+            })
+            .collect();
+        let at = match counts.iter().position(|(holds, _)| *holds) {
+            Some(i) => i,
+            None => match counts.iter().position(|(_, n)| *n < PER_STREAM) {
+                Some(i) => i,
+                None => {
+                    shards.push(Shard::default());
+                    shards.len() - 1
+                }
+            },
+        };
+        // Under the list's lock: two handles adopting the run's lease at once pick one shard.
+        let shard = shards[at].clone();
+        let kept = shard.hold(etcd, id, ttl);
+        (shard, kept)
+    }
+}
+
+/// Some of a connection's leases, and the task that refreshes them over one stream.
+#[derive(Clone, Default)]
+struct Shard(Arc<Shared>);
 
 #[derive(Default)]
 struct Shared {
@@ -165,7 +203,7 @@ struct Entry {
     holders: usize,
 }
 
-impl KeepAlives {
+impl Shard {
     fn hold(&self, etcd: &Etcd, id: i64, ttl: Duration) -> Kept {
         let period = ttl / 3;
         let mut state = self.lock();
@@ -256,7 +294,7 @@ impl KeepAlives {
     }
 }
 
-/// Refreshes every held lease over one stream until none is held. A broken or stuck stream
+/// Refreshes every lease of the shard over one stream until none is held. A broken or stuck stream
 /// (etcd restart, leader change) is reopened and every lease refreshed at once; a lease
 /// survives as long as a refresh lands within its TTL, and one etcd reports gone is marked
 /// lost.
@@ -264,7 +302,7 @@ impl KeepAlives {
 /// Requests are queued here and handed to the stream only as it takes them, while responses
 /// are read all along: etcd answers a stream's refreshes one by one, so a writer blocked on a
 /// full stream that stopped reading would stall both sides.
-async fn refresh(etcd: Etcd, leases: KeepAlives) {
+async fn refresh(etcd: Etcd, leases: Shard) {
     let mut attempt = 0u32;
     let mut retry_within = Duration::from_secs(1);
     loop {
@@ -357,12 +395,5 @@ async fn refresh(etcd: Etcd, leases: KeepAlives) {
             }
         }
         backoff(&mut attempt, Instant::now() + retry_within).await;
-    }
-}
-
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

@@ -361,6 +361,36 @@ fn every_lease_of_a_process_is_refreshed_over_one_stream() {
     assert_eq!(streams() - before, 1.0, "LeaseKeepAlive streams opened");
 }
 
+/// A stream carries at most 32 leases: etcd answers a stream's refreshes one after another (a
+/// round trip to its raft leader each, from a follower), and one stream for the 900 leases of
+/// a process of 800 nodes fell behind their TTLs once etcd slowed (`scripts/soak.sh`: leases
+/// expired by the thousand). 60 handles hold 61 leases (theirs and the run's): two streams,
+/// and every lease outlives two of its TTLs.
+#[test]
+fn a_process_of_many_leases_refreshes_them_over_streams_of_at_most_32() {
+    let etcd = Etcd::start();
+    let url = etcd.url("many-leases", "min_nodes=60&max_nodes=60&lease_ttl=2");
+    let streams = || {
+        etcd.metric_sum(
+            "grpc_server_started_total",
+            &["grpc_method=\"LeaseKeepAlive\""],
+        )
+    };
+    let before = streams();
+    let nodes: Vec<_> = handles_at_once(&url, 60)
+        .into_iter()
+        .map(|n| n.unwrap())
+        .collect();
+    let admin = rdzv::BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap();
+    let lease_ends = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < lease_ends {
+        assert_eq!(admin.status().unwrap().alive, 60, "a lease expired");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(streams() - before, 2.0, "LeaseKeepAlive streams opened");
+    drop(nodes);
+}
+
 #[test]
 fn a_connect_waiting_behind_another_fails_within_its_own_connect_timeout() {
     // Listening (the kernel completes the TCP handshake) but never answering.
