@@ -235,14 +235,9 @@ const REQUEST_LABELS: [&str; 8] = [
 ];
 
 async fn requests(endpoints: &str) -> [f64; REQUEST_KINDS.len()] {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut counts = [0.0; REQUEST_KINDS.len()];
     for endpoint in endpoints.split(',') {
-        let mut conn = tokio::net::TcpStream::connect(endpoint).await.unwrap();
-        let request = format!("GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
-        conn.write_all(request.as_bytes()).await.unwrap();
-        let mut body = String::new();
-        conn.read_to_string(&mut body).await.unwrap();
+        let body = metrics_text(endpoint).await;
         for line in body.lines() {
             for (i, (method, metric)) in REQUEST_KINDS.iter().enumerate() {
                 let method = format!("grpc_method=\"{method}\"");
@@ -340,16 +335,23 @@ async fn metric_f64(endpoints: &str, name: &str) -> f64 {
 }
 
 async fn member_metric(endpoint: &str, name: &str) -> f64 {
+    metrics_text(endpoint)
+        .await
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("etcd reports no metric {name}"))
+}
+
+/// One member's Prometheus metrics, as the text etcd serves on its client URL.
+async fn metrics_text(endpoint: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn = tokio::net::TcpStream::connect(endpoint).await.unwrap();
     let request = format!("GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
     conn.write_all(request.as_bytes()).await.unwrap();
     let mut body = String::new();
     conn.read_to_string(&mut body).await.unwrap();
-    body.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("etcd reports no metric {name}"))
+    body
 }
 
 /// The floor for a round of `n` nodes: raw etcd-client doing the minimal etcd work of one

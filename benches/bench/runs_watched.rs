@@ -6,7 +6,7 @@
 //! connections, gRPC streams, etcd watchers, memory, requests and CPU at rest, and the time
 //! until the last watch saw its run close. Panics on any failed watch.
 
-use super::{futures_lite, metric_f64, ms, resident_bytes};
+use super::{futures_lite, metric_f64, metrics_text, ms, resident_bytes};
 use rdzv::admin::Admin;
 use rdzv::{Params, Rendezvous};
 use std::sync::Arc;
@@ -18,12 +18,7 @@ const WATCH_STREAMS: &str = "grpc_server_started_total{grpc_method=\"Watch\",grp
 async fn requests(endpoint: &str) -> f64 {
     let mut sum = 0.0;
     for member in endpoint.split(',') {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut conn = tokio::net::TcpStream::connect(member).await.unwrap();
-        let request = format!("GET /metrics HTTP/1.0\r\nHost: {member}\r\n\r\n");
-        conn.write_all(request.as_bytes()).await.unwrap();
-        let mut body = String::new();
-        conn.read_to_string(&mut body).await.unwrap();
+        let body = metrics_text(member).await;
         // Unary calls once each, as handled; streams by the messages they carry.
         sum += body
             .lines()

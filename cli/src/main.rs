@@ -169,24 +169,20 @@ const C10D_LINGER_MARGIN: std::time::Duration = std::time::Duration::from_secs(1
 /// forwarded by a follower answered without crossing threads took half the time (0.5 ms
 /// instead of 1.0 for one replica group; as fast at 256: docs/BENCHMARKS-HISTORY.md).
 fn block_on_one_thread(f: impl std::future::Future<Output = Exit>) -> Exit {
-    match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt.block_on(f),
-        Err(e) => {
-            output::error(format_args!("cannot start the runtime: {e}"));
-            Exit::Failure
-        }
-    }
+    run_on(tokio::runtime::Builder::new_current_thread(), f)
 }
 
 fn block_on(f: impl std::future::Future<Output = Exit>) -> Exit {
-    match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let mut two = tokio::runtime::Builder::new_multi_thread();
+    two.worker_threads(2);
+    run_on(two, f)
+}
+
+fn run_on(
+    mut builder: tokio::runtime::Builder,
+    f: impl std::future::Future<Output = Exit>,
+) -> Exit {
+    match builder.enable_all().build() {
         Ok(rt) => rt.block_on(f),
         Err(e) => {
             output::error(format_args!("cannot start the runtime: {e}"));

@@ -56,6 +56,12 @@ impl Election {
 
     /// The current leader's value, if any.
     pub async fn leader(&self) -> Result<Option<String>> {
+        let leader = self.read_leader().await?;
+        Ok(leader.map(|(value, _)| String::from_utf8_lossy(&value).into_owned()))
+    }
+
+    /// The leader key's value and the lease it is bound to, if a leader holds it.
+    async fn read_leader(&self) -> Result<Option<(Vec<u8>, i64)>> {
         let got = self
             .etcd
             .get(
@@ -68,29 +74,20 @@ impl Election {
         Ok(got
             .kvs()
             .first()
-            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+            .map(|kv| (kv.value().to_vec(), kv.lease())))
     }
 
     /// Revokes the lease of the leader that publishes `value`, if it still does: for a
     /// candidate that knows that leader's process is gone (its address refuses connections), so
     /// the next leader need not wait out the TTL. Whether a lease was revoked.
     pub async fn evict(&self, value: &str) -> Result<bool> {
-        let got = self
-            .etcd
-            .get(
-                self.deadline(),
-                "leader read",
-                self.leader.clone(),
-                GetOptions::new(),
-            )
-            .await?;
-        let Some(kv) = got.kvs().first() else {
+        let Some((held, lease)) = self.read_leader().await? else {
             return Ok(false);
         };
-        if kv.value() != value.as_bytes() || kv.lease() == 0 {
+        if held != value.as_bytes() || lease == 0 {
             return Ok(false);
         }
-        super::lease::revoke(&self.etcd, kv.lease(), self.deadline()).await?;
+        super::lease::revoke(&self.etcd, lease, self.deadline()).await?;
         Ok(true)
     }
 

@@ -512,6 +512,15 @@ async fn refuse_fast(endpoints: &[String], deadline: Instant) -> Result<()> {
     )))
 }
 
+/// Sleeps until `at`, or forever when there is none: a `select!` branch for an optional
+/// deadline (a stream's stuck or idle time).
+pub async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Sleeps 25 ms, doubling up to 800 ms, plus up to half again of jitter so retrying nodes
 /// spread out; never past `deadline`.
 pub async fn backoff(attempt: &mut u32, deadline: Instant) {

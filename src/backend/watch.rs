@@ -10,7 +10,7 @@
 //! ids. A broken stream ends every watch on it (each reads afresh and watches again, as
 //! before), and the next watch opens a new stream.
 
-use super::{backoff, Etcd, Target};
+use super::{backoff, sleep_until_some, Etcd, Target};
 use crate::error::Result;
 use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion};
 use etcd_client::{Event, WatchOptions, WatchResponse};
@@ -424,13 +424,6 @@ async fn next_message(
 ) -> std::result::Result<Option<WatchResponse>, etcd_client::Error> {
     match responses {
         Some(responses) => responses.message().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
