@@ -1,11 +1,17 @@
-"""What torch's own c10d rendezvous backend costs its store host at rest, to set beside
-rdzv's figures (docs/BENCHMARKS.md, "At rest"). N nodes (threads, one handler each, as
-torchrun makes one per node) form a round on one TCPStore; then, for SECONDS, each calls
-`num_nodes_waiting()` every 0.1 s, as torch's agent does on every monitor tick under
-torchrun's default `--monitor-interval`. Every request a handler sends its store goes through
-its backend's `get_state` or `set_state` (one store call each): those are counted.
+"""What torch's own rendezvous backends cost their store at rest, to set beside rdzv's
+figures (docs/BENCHMARKS.md, "At rest"). N nodes (threads, one handler each, as torchrun makes
+one per node) form a round; then, for SECONDS, each calls `num_nodes_waiting()` every 0.1 s,
+as torch's agent does on every monitor tick under torchrun's default `--monitor-interval`.
 
-Usage: python benches/at_rest_torch.py [N ...] [--seconds 10]   (default N = 8 64)
+- c10d (the default): one TCPStore. Every request a handler sends its store goes through its
+  backend's `get_state` or `set_state` (one store call each): those are counted.
+- `--etcd-v2 HOST:PORT`: torch's legacy `etcd` backend, on an etcd serving the v2 API (3.4
+  with `--enable-v2`; 3.6 removed it), through python-etcd. Every HTTP request of every client
+  goes through python-etcd's `Client.api_execute`: those are counted, the lease renewals of
+  its background threads included.
+
+Usage: python benches/at_rest_torch.py [N ...] [--seconds 10] [--etcd-v2 HOST:PORT]
+       (default N = 8 64)
 """
 
 import socket
@@ -46,9 +52,8 @@ class Counted:
         return self._backend.set_state(state, token)
 
 
-def measure(n: int, seconds: float) -> float:
+def c10d_handlers(n: int, counter, lock):
     port = free_port()
-    counter, lock = [0], threading.Lock()
     handlers = []
     for i in range(n):
         params = RendezvousParameters(
@@ -63,6 +68,43 @@ def measure(n: int, seconds: float) -> float:
         )
         backend, store = create_backend(params)
         handlers.append(create_handler(store, Counted(backend, counter, lock), params))
+    return handlers
+
+
+def etcd_v2_handlers(n: int, endpoint: str, counter, lock):
+    import etcd  # python-etcd, which torch's legacy backend needs
+    from torch.distributed.elastic.rendezvous.etcd_rendezvous import create_rdzv_handler
+
+    execute = etcd.Client.api_execute
+
+    def counted(self, *args, **kwargs):
+        with lock:
+            counter[0] += 1
+        return execute(self, *args, **kwargs)
+
+    etcd.Client.api_execute = counted
+    run_id = f"rest-v2-{n}-{time.monotonic_ns()}"
+    return [
+        create_rdzv_handler(
+            RendezvousParameters(
+                backend="etcd",
+                endpoint=endpoint,
+                run_id=run_id,
+                min_nodes=n,
+                max_nodes=n,
+                last_call_timeout=1,
+            )
+        )
+        for _ in range(n)
+    ]
+
+
+def measure(n: int, seconds: float, etcd_v2) -> float:
+    counter, lock = [0], threading.Lock()
+    if etcd_v2:
+        handlers = etcd_v2_handlers(n, etcd_v2, counter, lock)
+    else:
+        handlers = c10d_handlers(n, counter, lock)
     joined = [None] * n
 
     def join(i):
@@ -105,10 +147,17 @@ def main():
         i = args.index("--seconds")
         seconds = float(args[i + 1])
         del args[i : i + 2]
+    etcd_v2 = None
+    if "--etcd-v2" in args:
+        i = args.index("--etcd-v2")
+        etcd_v2 = args[i + 1]
+        del args[i : i + 2]
     sizes = [int(a) for a in args] or [8, 64]
+    what = "legacy etcd (v2) backend" if etcd_v2 else "c10d backend"
+    unit = "etcd v2 requests" if etcd_v2 else "store requests"
     for n in sizes:
-        rate = measure(n, seconds)
-        print(f"torch c10d backend, N={n:>5}: {rate:.2f} store requests per node per second at rest "
+        rate = measure(n, seconds, etcd_v2)
+        print(f"torch {what}, N={n:>5}: {rate:.2f} {unit} per node per second at rest "
               f"(num_nodes_waiting every {TICK} s, {seconds:.0f} s)", flush=True)
 
 

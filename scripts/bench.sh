@@ -18,6 +18,8 @@
 #                                        memory, etcd's cost at rest, every run's close seen
 #        scripts/bench.sh --torch-at-rest [N ...]  torch's c10d rendezvous backend at rest: store
 #                                        requests per node per second (N = 8 64), no etcd
+#        scripts/bench.sh --torch-etcd-v2-at-rest [N ...]  torch's legacy etcd backend at rest,
+#                                        on etcd 3.4's v2 API: its requests per node per second
 #        scripts/bench.sh --launcher [--case NAME] [N ...]  rdzv run and torchrun (N = 2 8):
 #                                        launch to all workers started, a node lost to the
 #                                        survivors restarted, a failed job to every
@@ -75,6 +77,21 @@ if [ "${1:-}" = "--heartbeat" ]; then
     --program "C++=$out/heartbeat-cpp" --program "Go=$out/heartbeat-go" \
     --program "Python=$(printf '%q ' python3 benches/heartbeat/heartbeat.py)" \
     --program "Rust=$target/release/bench_heartbeat" "${nvrx[@]}"
+  exit 0
+fi
+if [ "${1:-}" = "--torch-etcd-v2-at-rest" ]; then
+  shift
+  # The v2 API torch's legacy backend speaks: Debian's etcd 3.4 (the first on PATH unless
+  # changed; 3.6 removed the API), with it enabled, and python-etcd in a cache of its own.
+  read -r pid v2 dir < <(scripts/etcd-local.sh --enable-v2=true)
+  # shellcheck disable=SC2064 # the pid is known now
+  trap "kill $pid 2>/dev/null || true; rm -rf '$dir'" EXIT
+  echo "etcd $(etcd --version | awk '/^etcd Version:/ {print $3}') at $v2 (v2 API), $(nproc) cores"
+  python=$(scripts/torch-env.sh)
+  . scripts/lib/cached-env.sh
+  python_etcd="$(rdzv_cache)/python-etcd-0.4.5"
+  [ -d "$python_etcd/etcd" ] || "$python" -m pip install -q --no-cache-dir --target "$python_etcd" python-etcd==0.4.5 >&2
+  PYTHONPATH="$python_etcd" "$python" benches/at_rest_torch.py --etcd-v2 "$v2" "$@"
   exit 0
 fi
 # --cluster: the same benchmark against a 3-member etcd cluster on loopback, as production runs.
