@@ -71,9 +71,9 @@ struct Connection {
     next_term_probe: Mutex<Instant>,
     /// A key these credentials may read (the first run's `current`): the term probe reads it.
     term_probe_key: String,
-    /// The leases this process holds on this connection, refreshed over one stream.
+    /// The leases this process holds on this connection, refreshed over streams of 32.
     keep_alives: lease::KeepAlives,
-    /// The watches of this process on this connection, over one stream.
+    /// The watches of this process on this connection, over four streams.
     watches: watch::Watches,
 }
 
