@@ -30,7 +30,7 @@
 //! - **nothing left behind**: once the run is closed and every node is gone, within two lease
 //!   TTLs the run's prefix holds nothing but its `closed` marker, however its nodes died.
 
-use super::history::{Event, FaultKind, Run, StoreOp, Time, What};
+use super::history::{Event, FaultKind, Run, StoreOp, Time, What, LIFE};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
@@ -74,6 +74,8 @@ pub struct Report {
     pub interrupted: BTreeMap<String, usize>,
     /// Time from the end of the faults until the job was whole.
     pub final_recovery: Duration,
+    /// Times the run was lost (no node reached etcd within the lease TTL) and begun again.
+    pub run_lost: usize,
 }
 
 fn secs(d: Duration) -> String {
@@ -105,6 +107,14 @@ impl fmt::Display for Report {
             "rounds formed: {} (last round {}); store operations acknowledged: {}",
             self.rounds, self.last_round, self.store_ops
         )?;
+        if self.run_lost > 0 {
+            writeln!(
+                f,
+                "run lost and begun again from round 0: {} (no node reached etcd within the \
+                 lease TTL: the machine, not the schedule)",
+                self.run_lost
+            )?;
+        }
         let errors: Vec<String> = self
             .errors
             .iter()
@@ -800,6 +810,7 @@ impl<'a> Checker<'a> {
 /// The first time at or after `from` at which every live node is in one round sealed after
 /// `after` whose members are exactly the live nodes (the runner waits for this).
 pub fn first_whole(run: &Run, from: Time, after: Time) -> Option<Time> {
+    let run = &run.by_life();
     let mut c = Checker::new(run);
     c.check_rounds();
     c.whole_between(from, Time::MAX, after)
@@ -807,6 +818,7 @@ pub fn first_whole(run: &Run, from: Time, after: Time) -> Option<Time> {
 
 /// Every violation in the run (in no particular order), and the report.
 pub fn violations(run: &Run) -> (Vec<Violation>, Report) {
+    let run = &run.by_life();
     let mut c = Checker::new(run);
     c.check_rounds();
     c.check_membership();
@@ -819,7 +831,8 @@ pub fn violations(run: &Run) -> (Vec<Violation>, Report) {
         *report.faults.entry(f.kind).or_default() += 1;
     }
     report.rounds = c.rounds.len();
-    report.last_round = c.rounds.keys().next_back().copied().unwrap_or(0);
+    report.last_round = c.rounds.keys().next_back().copied().unwrap_or(0) % LIFE;
+    report.run_lost = run.run_lost.len();
     for e in c.by_node.values().flatten() {
         match &e.what {
             What::Store { .. } => report.store_ops += 1,

@@ -247,9 +247,51 @@ pub struct Run {
     pub faults_stopped: Time,
     /// When the runner closed the run; events after it are not judged for progress.
     pub closed: Time,
+    /// When the runner saw the run's `lease` key deleted while the job ran: the run's lease
+    /// expired because no node reached etcd for longer than its TTL (a machine too loaded to
+    /// run etcd or the nodes; the schedule itself never cuts off more than 3 of 8 nodes), so
+    /// etcd deleted the run's keys and the nodes began it again from round 0.
+    pub run_lost: Vec<Time>,
 }
 
+/// Rounds of the run begun again after its k-th loss are numbered from k times this, so that
+/// every guarantee is judged within one life of the run.
+pub const LIFE: u64 = 1_000_000;
+
 impl Run {
+    /// The run with every round renumbered by the life it belongs to (see `run_lost`): an
+    /// event belongs to the life that began at the last loss before it. The round inside the
+    /// workload's values (`NODE/ROUND/SEQ`) is taken to be of the same life as the call that
+    /// wrote or read it: a read returning a value of an earlier life's round of the same
+    /// number would pass (etcd deleted those keys with the run's lease).
+    pub fn by_life(&self) -> Run {
+        let life = |t: Time| self.run_lost.iter().filter(|&&lost| lost <= t).count() as u64;
+        let mut run = self.clone();
+        for p in &mut run.processes {
+            for e in &mut p.events {
+                let offset = life(e.t) * LIFE;
+                if let What::Store { value, .. } = &mut e.what {
+                    let parts: Vec<&str> = value.split('/').collect();
+                    if let [node, round, seq] = parts[..] {
+                        if let Ok(round) = round.parse::<u64>() {
+                            *value = format!("{node}/{}/{seq}", round + offset);
+                        }
+                    }
+                }
+                match &mut e.what {
+                    What::Sealed { round, .. }
+                    | What::Store { round, .. }
+                    | What::Counts { round, .. }
+                    | What::Error {
+                        round: Some(round), ..
+                    } => *round += offset,
+                    _ => {}
+                }
+            }
+        }
+        run
+    }
+
     /// The bound on recovery: lease TTL + last call + slack.
     pub fn recovery_bound(&self) -> Duration {
         self.lease_ttl + self.last_call + self.slack

@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub struct Config {
@@ -106,6 +107,74 @@ struct Runner {
     stopped: Time,
     /// Node processes that exited on their own while the job ran: (slot, code).
     unexpected_exits: Vec<(usize, Option<i32>)>,
+    run_lease: RunLeaseWatch,
+}
+
+/// Watches the run's `lease` key from before the first node starts, and notes when etcd
+/// deletes it (`Run::run_lost`). Stops when dropped.
+struct RunLeaseWatch {
+    lost: Arc<Mutex<Vec<Time>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl RunLeaseWatch {
+    fn start(endpoints: Vec<String>, key: String) -> RunLeaseWatch {
+        let lost = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (opened_tx, opened) = mpsc::channel();
+        let (seen, stopping) = (lost.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                // From the revision after the last event seen, across member kills.
+                let mut from = 0;
+                let mut opened_tx = Some(opened_tx);
+                while !stopping.load(Ordering::Relaxed) {
+                    let options = etcd_client::WatchOptions::new().with_start_revision(from);
+                    let watch = match etcd_client::Client::connect(&endpoints, None).await {
+                        Ok(mut client) => client.watch(key.as_str(), Some(options)).await,
+                        Err(e) => Err(e),
+                    };
+                    let Ok(mut stream) = watch else {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    };
+                    if let Some(tx) = opened_tx.take() {
+                        let _ = tx.send(());
+                    }
+                    while !stopping.load(Ordering::Relaxed) {
+                        let message =
+                            tokio::time::timeout(Duration::from_millis(200), stream.message());
+                        let resp = match message.await {
+                            Err(_) => continue,
+                            Ok(Ok(Some(resp))) => resp,
+                            Ok(_) => break,
+                        };
+                        for event in resp.events() {
+                            let Some(kv) = event.kv() else { continue };
+                            from = kv.mod_revision() + 1;
+                            if event.event_type() == etcd_client::EventType::Delete {
+                                seen.lock().unwrap().push(now());
+                            }
+                        }
+                    }
+                }
+            });
+        });
+        opened
+            .recv_timeout(Duration::from_secs(30))
+            .expect("cannot watch the run's lease key");
+        RunLeaseWatch { lost, stop }
+    }
+}
+
+impl Drop for RunLeaseWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 fn say(line: &str) {
@@ -158,6 +227,17 @@ impl Runner {
             config.last_call.as_secs_f64(),
         );
         let url = cluster.url("chaos", &query);
+        let params = rdzv::Params::from_url(&url).unwrap();
+        let run_lease = RunLeaseWatch::start(
+            (0..cluster.member_count())
+                .map(|i| cluster.endpoint(i))
+                .collect(),
+            format!(
+                "{}/{}/lease",
+                params.key_prefix().trim_end_matches('/'),
+                params.run_id()
+            ),
+        );
         let mut namespaces = namespaces.into_iter();
         let slots = (0..config.nodes)
             .map(|_| Slot {
@@ -179,6 +259,7 @@ impl Runner {
             faults: Vec::new(),
             stopped: 0,
             unexpected_exits: Vec::new(),
+            run_lease,
         };
         for slot in 0..runner.config.nodes {
             runner.spawn(slot);
@@ -271,6 +352,11 @@ impl Runner {
             faults: self.faults.clone(),
             faults_stopped: self.stopped,
             closed,
+            // Once closed, the last node out deletes the run's keys, its lease key with them.
+            run_lost: (self.run_lease.lost.lock().unwrap().iter())
+                .copied()
+                .filter(|&t| t < closed)
+                .collect(),
         }
     }
 
@@ -620,6 +706,7 @@ fn save(run: &Run, histories: &[PathBuf], path: &Path) {
         "last_call": run.last_call.as_secs_f64(),
         "slack": run.slack.as_secs_f64(),
         "faults_stopped": run.faults_stopped,
+        "run_lost": run.run_lost,
         "closed": run.closed,
         "processes": processes,
         "faults": faults,
@@ -672,6 +759,10 @@ pub fn load(dir: &Path) -> Run {
         processes,
         faults,
         faults_stopped: v["faults_stopped"].as_u64().unwrap(),
+        run_lost: v["run_lost"]
+            .as_array()
+            .map(|lost| lost.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default(),
         closed: v["closed"].as_u64().unwrap(),
     }
 }
