@@ -15,3 +15,18 @@ etcd_test_targets() {
     esac
   done
 }
+
+# etcd_test_skips: `--skip FILTER` arguments for the runs on the older etcd versions: the
+# tests whose etcd use is the same on every version, or which pick their etcd themselves, run
+# on the newest alone. Random faults against a running job for 90 s (tests/all/chaos: the same
+# protocol calls as the fault and race suites, which run on every version), the rolling
+# upgrade (it runs 3.5 and then 3.6, whatever is on PATH), the C program under valgrind (the
+# library's memory, not etcd's answers) and the rounds of 256 and 1024 nodes (CPU, on a
+# machine that runs four such lanes at once).
+etcd_test_skips() {
+  printf -- '--skip\n%s\n' \
+    chaos::a_job_under_random_faults_keeps_every_guarantee \
+    cluster::a_job_rides_out_a_rolling_upgrade_of_its_etcd \
+    c_api::c_program_is_clean_under_valgrind \
+    scale::
+}
