@@ -6,7 +6,7 @@
 # of all (each job's ratio), with and without a scheduler watching every job's
 # status, etcd's database size every 10 s, failed calls, the keys left once every job ended
 # and lease_ttl passed, a snapshot, and a defragmentation of each member. Exits 1 on a failed
-# call, a stuck job, or keys left other than `closed` markers.
+# call, a stuck job, or keys left other than `closed` markers, keeping etcd's logs then.
 #
 # Usage: scripts/soak.sh [--duration 3m] [--runs 100] [--nodes 8] [--cluster]
 #                        [--retention 5m] [--etcd VERSION|debian] [--upgrade-from VERSION]
@@ -111,4 +111,12 @@ print(int(solo + s(sys.argv[1]) / 3))' "$duration" "${extra[@]}")
     echo "soak.sh: member $i upgraded to $("$new_etcd" --version | awk '/^etcd Version:/ {print $3}'): stopped in $(python3 -c "print(f'{$started - $stopping:.1f}')") s, ready $(python3 -c "import time; print(f'{time.time() - $started:.1f}')") s after its start"
   done
 fi
-wait "$soak_pid"
+status=0
+wait "$soak_pid" || status=$?
+if [ "$status" -ne 0 ]; then
+  # etcd's own account of a failed run (slow disk, long applies, the leases it expired).
+  kept=$(mktemp -d -t rdzv-soak-etcd.XXXXXX)
+  find "$dir" -name etcd.log -exec sh -c 'cp "$1" "$2/$(basename "$(dirname "$1")")-etcd.log"' _ {} "$kept" \;
+  echo "soak.sh: etcd's logs kept in $kept"
+fi
+exit "$status"
