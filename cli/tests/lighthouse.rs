@@ -103,6 +103,20 @@ impl Lighthouse {
         self.said_line("lighthouse: leading")
     }
 
+    /// Whether this lighthouse says it leads within `within`: its output reaches the test
+    /// through a reader thread, so a line written before an answer may come after it.
+    fn says_leading_within(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while !self.said_leading() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
     /// Whether this lighthouse has written a line containing `what`, so far.
     fn said_line(&mut self, what: &str) -> bool {
         while let Ok(line) = self.lines.try_recv() {
@@ -338,7 +352,10 @@ fn quorums_follow_torchfts_rules_and_survive_a_killed_leader() {
             id0 + 1,
             "same members after failover: same id"
         );
-        assert!(b.said_leading(), "the follower took over");
+        assert!(
+            b.says_leading_within(Duration::from_secs(5)),
+            "the follower took over"
+        );
         // Its address refusing connections, the dead leader's lease is revoked at once rather
         // than left to expire (lease_ttl = 2 s).
         assert!(
@@ -469,7 +486,7 @@ fn a_paused_leader_is_replaced_after_its_lease_and_steps_down_when_it_resumes() 
             paused.elapsed() >= Duration::from_secs(1),
             "replaced before its lease (2 s) could expire"
         );
-        assert!(b.said_leading());
+        assert!(b.says_leading_within(Duration::from_secs(5)));
         assert_eq!(ids(&after), ["replica0", "replica1"]);
         assert_eq!(after.quorum_id, id0 + 1);
         // A call reaches the paused leader (it waits in its socket's queue), then it resumes:
