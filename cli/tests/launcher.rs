@@ -496,9 +496,11 @@ fn a_sigterm_at_each_step_of_re_forming_after_a_loss_exits_by_the_signal() {
     ];
     for (trial, step) in steps.into_iter().enumerate() {
         eprintln!("trial {trial}: SIGTERM at {step:?}"); // shown with a failed trial's output
+                                                         // A last call long enough that both launchers join round 0 on a loaded machine (with
+                                                         // 1 s the first once sealed it alone); a round of one waits it out once per trial.
         let url = etcd.url(
             &format!("reform-signal-{trial}"),
-            &format!("min_nodes=1&max_nodes=2&{FAST}"),
+            "min_nodes=1&max_nodes=2&last_call_timeout=4&lease_ttl=2",
         );
         let mut nodes = s.nodes(2, &url, &[], "hold");
         formed(&mut nodes, 2, 30);
