@@ -315,16 +315,19 @@ fn handles_created_at_once_share_one_connection() {
     drop(nodes);
 }
 
+/// The `LeaseKeepAlive` streams etcd has opened so far.
+fn lease_streams(etcd: &Etcd) -> f64 {
+    etcd.metric_sum(
+        "grpc_server_started_total",
+        &["grpc_method=\"LeaseKeepAlive\""],
+    )
+}
+
 #[test]
 fn every_lease_of_a_process_is_refreshed_over_one_stream() {
     let etcd = Etcd::start();
     let url = etcd.url("one-stream", "min_nodes=8&max_nodes=8&lease_ttl=3");
-    let streams = || {
-        etcd.metric_sum(
-            "grpc_server_started_total",
-            &["grpc_method=\"LeaseKeepAlive\""],
-        )
-    };
+    let streams = || lease_streams(&etcd);
     let before = streams();
     let nodes: Vec<_> = handles_at_once(&url, 8)
         .into_iter()
@@ -371,12 +374,7 @@ fn every_lease_of_a_process_is_refreshed_over_one_stream() {
 fn a_process_of_many_leases_refreshes_them_over_streams_of_at_most_32() {
     let etcd = Etcd::start();
     let url = etcd.url("many-leases", "min_nodes=60&max_nodes=60&lease_ttl=3");
-    let streams = || {
-        etcd.metric_sum(
-            "grpc_server_started_total",
-            &["grpc_method=\"LeaseKeepAlive\""],
-        )
-    };
+    let streams = || lease_streams(&etcd);
     let before = streams();
     let nodes: Vec<_> = handles_at_once(&url, 60)
         .into_iter()
