@@ -12,15 +12,19 @@
 //! ends at a follower, so one stream for 900 leases (a process of 800 nodes) fell behind what
 //! their TTLs need once etcd slowed (`scripts/soak.sh`: leases expired by the thousand).
 
-use super::{backoff, sleep_until_some, Etcd};
+use super::{backoff_delay, sleep_until_some, Etcd};
 use crate::error::Result;
 use etcd_client::proto::PbLeaseKeepAliveRequest;
+use etcd_client::{LeaseKeepAliveResponse, LeaseKeepAliveStream, LeaseKeeper};
 use once_cell::sync::Lazy;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::mpsc::Permit;
 use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio::time::error::Elapsed;
 use tokio::time::Instant;
 
 pub struct Lease {
@@ -247,6 +251,11 @@ impl Shard {
         self.0.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// One lease of the shard, to open a stream with.
+    fn any(&self) -> Option<i64> {
+        self.lock().leases.keys().next().copied()
+    }
+
     /// Marks a lease lost (etcd said it does not exist) and stops refreshing it.
     fn lost(&self, id: i64) {
         if let Some(entry) = self.lock().leases.remove(&id) {
@@ -294,10 +303,42 @@ impl Shard {
     }
 }
 
-/// Refreshes every lease of the shard over one stream until none is held. A broken or stuck stream
-/// (etcd restart, leader change) is reopened and every lease refreshed at once; a lease
-/// survives as long as a refresh lands within its TTL, and one etcd reports gone is marked
-/// lost.
+/// A refresh stream: etcd's client opens it with one lease's refresh, and returns once etcd
+/// answered that one.
+type Stream = (LeaseKeeper, LeaseKeepAliveStream);
+
+/// An opening of a stream, with the lease it opened with; bounded by the shortest TTL (a lease
+/// not refreshed by then is gone anyway).
+type Opening = (
+    i64,
+    std::result::Result<std::result::Result<Stream, etcd_client::Error>, Elapsed>,
+);
+
+/// Streams opening at once for one shard, at most: one more each refresh period that the
+/// stream (or the openings before) did not answer.
+const OPENINGS_AT_ONCE: usize = 3;
+
+/// What woke the refresh task.
+enum Event {
+    Nothing,
+    Answered(LeaseKeepAliveResponse),
+    Broken(String),
+    OpenAnother,
+    Opened(Option<std::result::Result<Opening, tokio::task::JoinError>>),
+}
+
+/// Refreshes every lease of the shard over one stream until none is held.
+///
+/// A stream that leaves a refresh unanswered for a refresh period (a third of the shortest
+/// TTL) may end at a member that stopped (frozen, cut off from its leader) or at one merely
+/// slowed by load. So another stream is opened beside it, and the first of the two to answer
+/// carries the refreshes from then on. Giving up on the slow stream instead, and bounding the
+/// new one's opening by a refresh period, lost every lease of the stream whenever etcd
+/// answered later than that: the new stream's first answer came as late, so no stream ever
+/// opened (`scripts/soak.sh`, 30 minutes: hundreds of leases in one minute). A broken stream
+/// (etcd restart, leader change) is opened again. Every lease is refreshed at once over a new
+/// stream; a lease survives as long as a refresh lands within its TTL, and one etcd reports
+/// gone is marked lost.
 ///
 /// Requests are queued here and handed to the stream only as it takes them, while responses
 /// are read all along: etcd answers a stream's refreshes one by one, so a writer blocked on a
@@ -305,95 +346,154 @@ impl Shard {
 async fn refresh(etcd: Etcd, leases: Shard) {
     let mut attempt = 0u32;
     let mut retry_within = Duration::from_secs(1);
+    // Dropping the set aborts its openings: done once a stream answers.
+    let mut openings: JoinSet<Opening> = JoinSet::new();
+    let mut keeper: Option<LeaseKeeper> = None;
+    let mut responses: Option<LeaseKeepAliveStream> = None;
+    let mut pending: VecDeque<i64> = VecDeque::new();
+    let mut next = Instant::now();
+    let mut recheck = true;
+    // Refreshes handed to the stream and not answered yet.
+    let mut unanswered = 0usize;
+    // When to open a stream: at once with none; with one, a refresh period after it last
+    // answered (or was handed a refresh) while a refresh is unanswered.
+    let mut open_at = Some(Instant::now());
     loop {
-        // etcd's client opens the stream with a first refresh of one lease.
-        let Some((all, _, shortest)) = leases.due(true) else {
-            return;
-        };
-        retry_within = retry_within.min(shortest);
-        let first = all[0];
-        // Bounded by a refresh period: a member that accepts and never answers (frozen,
-        // stopping) must not hold every lease of the process until they expire.
-        let mut client = etcd.client();
-        let opening = tokio::time::timeout(retry_within, client.lease_keep_alive(first)).await;
-        let (keeper, mut responses) = match opening {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(e)))
-                if e.contains("lease not found") =>
-            {
-                leases.lost(first);
-                continue;
-            }
-            Err(_) => {
-                tracing::debug!(
-                    lease = first,
-                    attempt = attempt + 1,
-                    "the lease refresh stream did not open within a refresh period; retrying"
-                );
-                backoff(&mut attempt, Instant::now() + retry_within).await;
-                continue;
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(lease = first, attempt = attempt + 1, error = %e,
-                    "cannot open the lease refresh stream; retrying");
-                backoff(&mut attempt, Instant::now() + retry_within).await;
-                continue;
-            }
-        };
-        attempt = 0;
-        if let Some(entry) = leases.lock().leases.get(&first) {
-            entry.kept.refreshed.now();
-        }
-        let mut pending: VecDeque<i64> = all[1..].iter().copied().collect();
-        let mut next = Instant::now();
-        let mut recheck = false;
-        // Refreshes handed to the stream and not answered yet, and since when.
-        let mut unanswered = 0usize;
-        let mut waiting_since: Option<Instant> = None;
-        loop {
-            if recheck || Instant::now() >= next {
-                let Some((due, at, shortest)) = leases.due(false) else {
-                    return;
-                };
+        if recheck || Instant::now() >= next {
+            let Some((due, at, shortest)) = leases.due(false) else {
+                return;
+            };
+            if keeper.is_some() {
                 pending.extend(due);
-                (next, retry_within, recheck) = (at, shortest, false);
             }
-            let stuck_at = waiting_since.map(|since| since + retry_within);
-            tokio::select! {
-                permit = keeper.sender.reserve(), if !pending.is_empty() => {
-                    let Ok(permit) = permit else { break };
-                    let now = Instant::now();
-                    permit.send(PbLeaseKeepAliveRequest { id: pending.pop_front().unwrap_or(first) });
+            (next, retry_within, recheck) = (at, shortest, false);
+        }
+        let event = tokio::select! {
+            permit = reserve(keeper.as_ref()), if !pending.is_empty() => match permit {
+                None => Event::Broken("the stream takes no more refreshes".into()),
+                Some(permit) => {
+                    if unanswered == 0 {
+                        open_at = Some(Instant::now() + retry_within);
+                    }
+                    permit.send(PbLeaseKeepAliveRequest { id: pending.pop_front().unwrap_or_default() });
                     unanswered += 1;
                     // Hand over as many as the stream takes now; the rest wait for room.
-                    while let Some(&id) = pending.front() {
+                    while let (Some(&id), Some(keeper)) = (pending.front(), keeper.as_ref()) {
                         if keeper.sender.try_send(PbLeaseKeepAliveRequest { id }).is_err() {
                             break;
                         }
                         pending.pop_front();
                         unanswered += 1;
                     }
-                    waiting_since.get_or_insert(now);
+                    Event::Nothing
                 }
-                message = responses.message() => match message {
-                    Ok(Some(resp)) => {
-                        if let Some(header) = resp.header() {
-                            etcd.saw_term(header.raft_term());
-                        }
-                        leases.answered(resp.id(), resp.ttl());
-                        unanswered = unanswered.saturating_sub(1);
-                        waiting_since = (unanswered > 0).then(Instant::now);
-                    }
-                    _ => break,
-                },
-                _ = tokio::time::sleep_until(next) => {}
-                _ = leases.0.changed.notified() => recheck = true,
-                _ = sleep_until_some(stuck_at) => {
-                    tracing::debug!(unanswered, "the lease refresh stream is stuck; reopening it");
-                    break;
-                }
+            },
+            message = answer(responses.as_mut()) => match message {
+                Ok(Some(resp)) => Event::Answered(resp),
+                Ok(None) => Event::Broken("etcd ended the stream".into()),
+                Err(e) => Event::Broken(e.to_string()),
+            },
+            opened = openings.join_next(), if !openings.is_empty() => Event::Opened(opened),
+            _ = tokio::time::sleep_until(next) => Event::Nothing,
+            _ = leases.0.changed.notified() => {
+                recheck = true;
+                Event::Nothing
             }
+            _ = sleep_until_some(open_at), if openings.len() < OPENINGS_AT_ONCE => Event::OpenAnother,
+        };
+        match event {
+            Event::Nothing => {}
+            Event::Answered(resp) => {
+                if let Some(header) = resp.header() {
+                    etcd.saw_term(header.raft_term());
+                }
+                leases.answered(resp.id(), resp.ttl());
+                unanswered = unanswered.saturating_sub(1);
+                // The stream answers: none is needed beside it.
+                openings = JoinSet::new();
+                open_at = (unanswered > 0).then(|| Instant::now() + retry_within);
+            }
+            Event::Broken(why) => {
+                tracing::debug!(unanswered, error = %why, "the lease refresh stream broke; opening another");
+                (keeper, responses, unanswered) = (None, None, 0);
+                pending.clear();
+                open_at = Some(Instant::now() + backoff_delay(&mut attempt));
+            }
+            Event::OpenAnother => {
+                let Some(first) = leases.any() else {
+                    (recheck, open_at) = (true, None);
+                    continue;
+                };
+                if keeper.is_some() || !openings.is_empty() {
+                    tracing::debug!(
+                        unanswered,
+                        opening = openings.len() + 1,
+                        "the lease refresh stream has not answered within a refresh period; opening another beside it"
+                    );
+                }
+                let mut client = etcd.client();
+                let limit = retry_within * 3;
+                openings.spawn(async move {
+                    let opened = tokio::time::timeout(limit, client.lease_keep_alive(first)).await;
+                    (first, opened)
+                });
+                open_at = Some(Instant::now() + retry_within);
+            }
+            Event::Opened(None | Some(Err(_))) => {}
+            Event::Opened(Some(Ok((first, opened)))) => match opened {
+                Ok(Ok((new_keeper, new_responses))) => {
+                    attempt = 0;
+                    openings = JoinSet::new();
+                    if let Some(entry) = leases.lock().leases.get(&first) {
+                        entry.kept.refreshed.now();
+                    }
+                    (keeper, responses) = (Some(new_keeper), Some(new_responses));
+                    // Every lease at once over the new stream: the refreshes left unanswered
+                    // on the old one are dropped with it.
+                    let Some((all, at, shortest)) = leases.due(true) else {
+                        return;
+                    };
+                    pending = all.into_iter().filter(|id| *id != first).collect();
+                    (next, retry_within, unanswered, open_at) = (at, shortest, 0, None);
+                }
+                Ok(Err(etcd_client::Error::LeaseKeepAliveError(e)))
+                    if e.contains("lease not found") =>
+                {
+                    leases.lost(first);
+                    if keeper.is_none() {
+                        open_at = Some(Instant::now());
+                    }
+                }
+                failed => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {limit:?}", limit = retry_within * 3),
+                    };
+                    tracing::debug!(lease = first, attempt = attempt + 1, %error,
+                        "cannot open a lease refresh stream; retrying");
+                    if keeper.is_none() && openings.is_empty() {
+                        open_at = Some(Instant::now() + backoff_delay(&mut attempt));
+                    }
+                }
+            },
         }
-        backoff(&mut attempt, Instant::now() + retry_within).await;
+    }
+}
+
+/// Room for one refresh on the stream, if there is one (None: it is gone).
+async fn reserve(keeper: Option<&LeaseKeeper>) -> Option<Permit<'_, PbLeaseKeepAliveRequest>> {
+    match keeper {
+        Some(keeper) => keeper.sender.reserve().await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// The stream's next answer, if there is a stream.
+async fn answer(
+    responses: Option<&mut LeaseKeepAliveStream>,
+) -> std::result::Result<Option<LeaseKeepAliveResponse>, etcd_client::Error> {
+    match responses {
+        Some(responses) => responses.message().await,
+        None => std::future::pending().await,
     }
 }

@@ -524,10 +524,15 @@ pub async fn sleep_until_some(at: Option<Instant>) {
 /// Sleeps 25 ms, doubling up to 800 ms, plus up to half again of jitter so retrying nodes
 /// spread out; never past `deadline`.
 pub async fn backoff(attempt: &mut u32, deadline: Instant) {
+    let delay = backoff_delay(attempt);
+    tokio::time::sleep_until(deadline.min(Instant::now() + delay)).await;
+}
+
+/// `backoff`'s delay for this attempt (counted).
+pub fn backoff_delay(attempt: &mut u32) -> Duration {
     let base = Duration::from_millis(25u64 << (*attempt).min(5));
     *attempt += 1;
-    let jitter = base.mul_f64(crate::util::random_unit() * 0.5);
-    tokio::time::sleep_until(deadline.min(Instant::now() + base + jitter)).await;
+    base + base.mul_f64(crate::util::random_unit() * 0.5)
 }
 
 enum Failure {

@@ -390,6 +390,36 @@ fn a_process_of_many_leases_refreshes_them_over_streams_of_at_most_32() {
     drop(nodes);
 }
 
+/// etcd slowed by load answers every refresh late, later than a refresh period (a third of
+/// the TTL) but well within the TTL: every lease must live on. The refresh task used to take
+/// a stream that slow for stuck, drop it, and bound the new one's opening by a refresh period:
+/// its first answer came as late, so no stream ever opened again and every lease of the
+/// stream expired (a 30-minute soak lost hundreds so in one minute). Here every answer of etcd
+/// reaches the process 1.3 s late, with a TTL of 3 s: the leases outlive three TTLs.
+#[test]
+fn leases_outlive_an_etcd_that_answers_later_than_a_refresh_period() {
+    let etcd = Etcd::start();
+    let proxy = common::SlowProxy::start(etcd.client_port, Duration::from_millis(1300));
+    let url = etcd.url(
+        "slow-answers",
+        "min_nodes=4&max_nodes=4&lease_ttl=3&connect_timeout=30",
+    );
+    let slow_url = url.replace(&etcd.endpoint(), &proxy.endpoint());
+    let nodes: Vec<_> = handles_at_once(&slow_url, 4)
+        .into_iter()
+        .map(|n| n.unwrap())
+        .collect();
+    // Read past the proxy: what etcd holds.
+    let admin = rdzv::BlockingAdmin::new(Params::from_url(&url).unwrap()).unwrap();
+    assert_eq!(admin.status().unwrap().alive, 4);
+    let lease_ends = Instant::now() + Duration::from_secs(9);
+    while Instant::now() < lease_ends {
+        assert_eq!(admin.status().unwrap().alive, 4, "a lease expired");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(nodes);
+}
+
 #[test]
 fn a_connect_waiting_behind_another_fails_within_its_own_connect_timeout() {
     // Listening (the kernel completes the TCP handshake) but never answering.

@@ -6,10 +6,13 @@ pub mod etcd;
 pub mod leftovers;
 pub mod netns;
 pub mod node;
+pub mod slow_proxy;
 
 pub use etcd::*;
 #[allow(unused_imports)]
 pub use netns::NetNs;
+#[allow(unused_imports)]
+pub use slow_proxy::SlowProxy;
 
 use std::path::PathBuf;
 use std::process::Child;
