@@ -976,19 +976,38 @@ impl DbSeen {
     }
 }
 
-/// etcd's database size per member, its raft proposals and CPU, and the CPU of this process
-/// and of the scheduler's, printed every 10 s; returns what it saw of the database.
+/// etcd's database size per member, its raft proposals, CPU, leader changes and slow applies,
+/// the CPU of this process and of the scheduler's, and the rounds formed since the last line
+/// with their median, printed every 10 s (a slowdown that grows over a run shows when it
+/// began, and beside what); returns what it saw of the database.
 async fn sample_db(
     endpoints: Vec<String>,
     started: Instant,
     done: Arc<AtomicBool>,
     scheduler: Arc<Scheduler>,
+    stats: Arc<Stats>,
 ) -> DbSeen {
     let mut largest: f64 = 0.0;
     let mut in_use_seen = Vec::new();
     let mut rates = Rates::default();
+    let mut rounds_seen = 0;
     while !done.load(Relaxed) {
         let mut line = format!("t={:>5.0}s", started.elapsed().as_secs_f64());
+        let mut window: Vec<Duration> = {
+            let rounds = stats.rounds.lock().unwrap();
+            let window = rounds[rounds_seen.min(rounds.len())..]
+                .iter()
+                .map(|r| r.3)
+                .collect();
+            rounds_seen = rounds.len();
+            window
+        };
+        window.sort();
+        line += &format!(
+            "  rounds {} (median {})",
+            window.len(),
+            ms(percentile(&window, 0.5))
+        );
         let own = rates.per_second("soak".into(), process_cpu("self"));
         let scheduler_cpu = match scheduler.pid() {
             Some(pid) => {
@@ -1009,6 +1028,14 @@ async fn sample_db(
             if let Some(rate) = rates.per_second(format!("proposals {e}"), committed) {
                 line += &format!("  {rate:.0} proposals/s");
             }
+            // Counters since the member started: a step between two lines is an event.
+            let leaders = member_metric(e, "etcd_server_leader_changes_seen_total").await;
+            let slow = member_metric(e, "etcd_server_slow_apply_total").await;
+            line += &format!(
+                ", leader changes {:.0}, slow applies {:.0}",
+                leaders.unwrap_or(-1.0),
+                slow.unwrap_or(-1.0)
+            );
             let size = member_metric(e, "etcd_mvcc_db_total_size_in_bytes").await;
             let in_use = member_metric(e, "etcd_mvcc_db_total_size_in_use_in_bytes").await;
             if let (true, Some(in_use)) = (e == &endpoints[0], in_use) {
@@ -1111,6 +1138,7 @@ async fn soak(cfg: Config) -> bool {
         started,
         sampling.clone(),
         scheduler.clone(),
+        stats.clone(),
     ));
     let load = Arc::new(Mutex::new(Load::Alone));
     let ids = Arc::new(AtomicU64::new(1_000_000));
