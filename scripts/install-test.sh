@@ -25,7 +25,8 @@ trap 'kill "$etcd_pid" 2>/dev/null || true; rm -rf "$work" "$etcd_dir"' EXIT
 # linked with that prefix's flags: the prefix goes into the cache key through CGO_CPPFLAGS.
 prefix=${given:-"$work/prefix"}
 url() { echo "etcd://$endpoint/install-$1-$$?min_nodes=1"; }
-step() { echo "--- $*"; }
+# Each step with the seconds since the start: where the time goes.
+step() { echo "--- $* (at ${SECONDS} s)"; }
 
 if [ -n "$given" ]; then
   step "a prefix made elsewhere: $prefix"
@@ -238,4 +239,4 @@ echo "$job"
 grep -qx "etcd=$(realpath "$work/venv/bin/etcd")" <<<"$job" \
   || { echo "the c10d job's etcd was not the wheel's ($work/venv/bin/etcd)" >&2; exit 1; }
 echo "rdzv-etcd ok: $(basename "$etcd_wheel") ($(du -k "$etcd_wheel" | cut -f1) KB) served a c10d job"
-echo "install test ok"
+echo "install test ok (${SECONDS} s)"
