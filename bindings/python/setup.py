@@ -53,16 +53,6 @@ class BdistWheel(bdist_wheel):
         return "py3", "none", plat
 
 
-# The library is built in a target directory of its own. Built alone it resolves its
-# dependencies' features without the command's (cargo unifies features over the packages of one
-# build), so it is another build of the crate than the command's, with the same output file
-# names: in one target directory each of the two builds overwrote the other's files, and every
-# wheel compiled the crate twice (about two minutes on 2 cores) and left the next
-# `cargo build` to compile it again.
-LIBRARY_TARGET_DIR = str(
-    Path(os.environ.get("CARGO_TARGET_DIR") or CARGO_TOML.parent / "target") / "wheel-library"
-)
-
 rust_extensions = []
 if os.environ.get("RDZV_PYTHON_ONLY") != "1":
     rust_extensions += [
@@ -72,10 +62,10 @@ if os.environ.get("RDZV_PYTHON_ONLY") != "1":
             binding=Binding.NoBinding,
             strip=Strip.Debug,  # the release profile keeps line tables for profiling
             # Cargo.toml's crate types ([lib] crate-type), not setuptools-rust's default of
-            # cdylib alone: the same build as `cargo build -p rdzv --release`.
+            # cdylib alone: the library is then the same build as the one the command below
+            # and scripts/install.sh use, so a build compiles the crate once. With cdylib
+            # alone each of those recompiled it (about a minute each).
             args=["--crate-type", "rlib", "--crate-type", "cdylib", "--crate-type", "staticlib"],
-            # setuptools-rust gives cargo this environment alone: the rest of it is kept.
-            env={**os.environ, "CARGO_TARGET_DIR": LIBRARY_TARGET_DIR},
         ),
         # The launcher (the rdzv-cli crate), installed as a script: `rdzv run ...` on PATH.
         RustBin("rdzv", path=str(CLI_CARGO_TOML), args=["--bin", "rdzv"], strip=Strip.Debug),
