@@ -897,6 +897,12 @@ fn ms(d: Duration) -> String {
 
 /// One value of etcd's metrics from one member (as the bench reads them).
 async fn member_metric(endpoint: &str, name: &str) -> Option<f64> {
+    metric_in(&member_metrics(endpoint).await, name)
+}
+
+/// One member's metrics page (empty if it does not answer within 5 s): read once for all
+/// the values a sample needs.
+async fn member_metrics(endpoint: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let read = async {
         let mut conn = tokio::net::TcpStream::connect(endpoint).await.ok()?;
@@ -904,14 +910,20 @@ async fn member_metric(endpoint: &str, name: &str) -> Option<f64> {
         conn.write_all(request.as_bytes()).await.ok()?;
         let mut body = String::new();
         conn.read_to_string(&mut body).await.ok()?;
-        body.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse::<f64>().ok())
+        Some(body)
     };
     tokio::time::timeout(Duration::from_secs(5), read)
         .await
         .ok()
         .flatten()
+        .unwrap_or_default()
+}
+
+/// The value of metric `name` (without labels) in a metrics page.
+fn metric_in(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
 }
 
 fn mib(bytes: f64) -> String {
@@ -1020,30 +1032,32 @@ async fn sample_db(
             line += &format!(", scheduler {cpu:.2}");
         }
         for e in &endpoints {
-            let cpu = member_metric(e, "process_cpu_seconds_total").await;
+            let page = member_metrics(e).await;
+            let metric = |name| metric_in(&page, name);
+            let cpu = metric("process_cpu_seconds_total");
             if let Some(cpu) = rates.per_second(format!("cpu {e}"), cpu) {
                 line += &format!(", etcd {cpu:.2}");
             }
-            let committed = member_metric(e, "etcd_server_proposals_committed_total").await;
+            let committed = metric("etcd_server_proposals_committed_total");
             if let Some(rate) = rates.per_second(format!("proposals {e}"), committed) {
                 line += &format!("  {rate:.0} proposals/s");
             }
             // Counters since the member started: a step between two lines is an event.
-            let leaders = member_metric(e, "etcd_server_leader_changes_seen_total").await;
-            let slow = member_metric(e, "etcd_server_slow_apply_total").await;
+            let leaders = metric("etcd_server_leader_changes_seen_total");
+            let slow = metric("etcd_server_slow_apply_total");
             line += &format!(
                 ", leader changes {:.0}, slow applies {:.0}",
                 leaders.unwrap_or(-1.0),
                 slow.unwrap_or(-1.0)
             );
-            let size = member_metric(e, "etcd_mvcc_db_total_size_in_bytes").await;
-            let in_use = member_metric(e, "etcd_mvcc_db_total_size_in_use_in_bytes").await;
+            let size = metric("etcd_mvcc_db_total_size_in_bytes");
+            let in_use = metric("etcd_mvcc_db_total_size_in_use_in_bytes");
             if let (true, Some(in_use)) = (e == &endpoints[0], in_use) {
                 in_use_seen.push(in_use);
             }
-            let revision = member_metric(e, "etcd_debugging_mvcc_current_revision").await;
-            let compacted = member_metric(e, "etcd_debugging_mvcc_compact_revision").await;
-            let keys = member_metric(e, "etcd_debugging_mvcc_keys_total").await;
+            let revision = metric("etcd_debugging_mvcc_current_revision");
+            let compacted = metric("etcd_debugging_mvcc_compact_revision");
+            let keys = metric("etcd_debugging_mvcc_keys_total");
             match (size, in_use) {
                 (Some(size), Some(in_use)) => {
                     largest = largest.max(size);

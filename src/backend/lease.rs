@@ -409,8 +409,10 @@ async fn refresh(etcd: Etcd, leases: Shard) {
                 }
                 leases.answered(resp.id(), resp.ttl());
                 unanswered = unanswered.saturating_sub(1);
-                // The stream answers: none is needed beside it.
-                openings = JoinSet::new();
+                // The stream answers: none is needed beside it (dropping the set aborts them).
+                if !openings.is_empty() {
+                    openings = JoinSet::new();
+                }
                 open_at = (unanswered > 0).then(|| Instant::now() + retry_within);
             }
             Event::Broken(why) => {
@@ -467,7 +469,7 @@ async fn refresh(etcd: Etcd, leases: Shard) {
                 failed => {
                     let error = match failed {
                         Ok(Err(e)) => e.to_string(),
-                        _ => format!("no answer within {limit:?}", limit = retry_within * 3),
+                        _ => "no answer within the TTL".to_string(),
                     };
                     tracing::debug!(lease = first, attempt = attempt + 1, %error,
                         "cannot open a lease refresh stream; retrying");
