@@ -243,8 +243,11 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
     let set = |value: View| {
         *view.lock().unwrap_or_else(|e| e.into_inner()) = value;
     };
-    // `lost` names the member whose departure was seen, when an event showed it.
+    // `lost` names the member whose departure was seen, when an event showed it. The view is
+    // settled before the record is logged: a host that reads the record and then asks
+    // `num_lost` must get the loss (logged first, it once got 0 from the watched view).
     let settle = |lost: Option<&str>| {
+        set(View::Settled { read: None });
         let who = etcd.who();
         let (run, me, round) = (who.run.as_deref(), who.node.as_deref(), who.round);
         tracing::info!(
@@ -254,7 +257,6 @@ async fn track(etcd: Etcd, keys: Keys, sealed: FinalRecord, view: Arc<Mutex<View
             lost,
             "member of the round lost (its lease expired, it left or it was drained)"
         );
-        set(View::Settled { read: None });
     };
     let joins = keys.join_prefix(sealed.round);
     let drains = keys.drain_prefix();
