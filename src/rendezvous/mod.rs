@@ -734,7 +734,14 @@ impl Rendezvous {
             .etcd
             .txn(deadline, "create the run's lease", txn)
             .await?;
-        if resp.succeeded() {
+        let published = match ranges(&resp).first().and_then(|g| g.kvs().first()) {
+            Some(kv) => Some(records::parse_lease_id(kv.key(), kv.value())?),
+            None => None,
+        };
+        // Our own grant already published: an attempt of this transaction landed but its
+        // answer was lost (a leader change, a timed-out attempt) and it was sent again.
+        // Revoking it would delete the run's lease and every round bound to it.
+        if resp.succeeded() || published == Some(granted) {
             tracing::info!(run = %self.params.run_id(), node = %self.node, run_lease = granted,
                 "created the run's lease");
             return Ok(granted);
@@ -744,9 +751,9 @@ impl Rendezvous {
             let deadline = Instant::now() + Duration::from_secs(5);
             let _ = crate::backend::lease::revoke(&etcd, granted, deadline).await;
         });
-        match ranges(&resp).first().and_then(|g| g.kvs().first()) {
-            Some(kv) => records::parse_lease_id(kv.key(), kv.value()),
-            // Published and expired in between: nobody refreshes it, so take ours after all.
+        match published {
+            Some(id) => Ok(id),
+            // Published and expired in between: ours is being revoked; the caller starts over.
             None => Err(Error::new(
                 ErrorKind::LeaseLost,
                 "the run's lease expired while this node was joining it",

@@ -420,6 +420,47 @@ fn leases_outlive_an_etcd_that_answers_later_than_a_refresh_period() {
     drop(nodes);
 }
 
+/// The transaction that publishes the run's lease took effect, but its answer was lost (the
+/// connection cut right after, as when a member fails after applying it or a leader change
+/// strands it): it was sent again and found a lease published already, its own. It used to
+/// take that for another node's lease and revoke it, which deletes the run's lease key and
+/// every round bound to that lease. The run's lease must stay the one published, alive,
+/// through a round.
+#[test]
+fn a_run_lease_whose_publication_lost_its_answer_is_kept() {
+    let etcd = Etcd::start();
+    let url = etcd.url("lost-publication", "min_nodes=1&max_nodes=1");
+    let key = format!("/rdzv/{}/lease", run_of(&url));
+    // The publication's guard as protobuf encodes it (Compare: target CREATE, then the key);
+    // no other request compares this key's creation.
+    let mut guard = vec![0x10, 0x01, 0x1a, key.len() as u8];
+    guard.extend_from_slice(key.as_bytes());
+    let proxy = common::SlowProxy::lose_answer_to(etcd.client_port, guard);
+    let cut_url = url.replace(&etcd.endpoint(), &proxy.endpoint());
+    let node = BlockingRendezvous::new(Params::from_url(&cut_url).unwrap()).unwrap();
+    assert!(proxy.answer_lost(), "the publication's answer was not lost");
+    let (rt, mut client) = common::etcd_client(&etcd);
+    let mut published = || {
+        let got = rt.block_on(client.get(key.as_str(), None)).unwrap();
+        got.kvs()
+            .first()
+            .map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.create_revision()))
+    };
+    let first = published().expect("the run's lease key is gone once the handle was made");
+    let (_info, store) = node.next().unwrap();
+    store.set("after", b"1").unwrap();
+    assert_eq!(
+        published(),
+        Some(first.clone()),
+        "the run's lease was replaced (revoked, then published anew)"
+    );
+    let id: i64 = first.0.parse().unwrap();
+    let (rt, mut client) = common::etcd_client(&etcd);
+    let ttl = rt.block_on(client.lease_time_to_live(id, None)).unwrap().ttl();
+    assert!(ttl > 0, "the run's lease {id} was revoked (TTL {ttl})");
+    node.shutdown().unwrap();
+}
+
 #[test]
 fn a_connect_waiting_behind_another_fails_within_its_own_connect_timeout() {
     // Listening (the kernel completes the TCP handshake) but never answering.

@@ -1,6 +1,7 @@
 //! A TCP proxy in front of etcd that holds every answer back for a fixed delay: etcd slowed by
 //! load as its clients see it (every answer late, the connection alive), which neither a
-//! frozen etcd (no answer at all) nor a dead one (a broken connection) shows.
+//! frozen etcd (no answer at all) nor a dead one (a broken connection) shows. And one that
+//! loses etcd's answer to one request after etcd acted on it.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -10,6 +11,8 @@ use std::time::{Duration, Instant};
 
 pub struct SlowProxy {
     pub port: u16,
+    /// Whether `lose_answer_to`'s cut happened.
+    cut: Arc<AtomicBool>,
     stopped: Arc<AtomicBool>,
     /// Both ends of every connection, shut down when the proxy is dropped.
     sockets: Arc<Mutex<Vec<TcpStream>>>,
@@ -19,6 +22,62 @@ impl SlowProxy {
     /// Listens on a free port; what etcd at `target_port` sends reaches the client `delay`
     /// after etcd sent it (requests go through at once).
     pub fn start(target_port: u16, delay: Duration) -> SlowProxy {
+        SlowProxy::serve(target_port, move |client, etcd| {
+            let (to_etcd, from_client) = (etcd.try_clone().unwrap(), client.try_clone().unwrap());
+            std::thread::spawn(move || copy(from_client, to_etcd, Duration::ZERO));
+            std::thread::spawn(move || copy(etcd, client, delay));
+        })
+    }
+
+    /// Loses etcd's answer to the first request whose gRPC message contains `pattern`: once
+    /// etcd answered it (so it took effect), the client's connection is cut before the answer
+    /// reaches it, as when the member fails right after applying a write. Frames are
+    /// forwarded whole; `answer_lost` says whether it happened.
+    pub fn lose_answer_to(target_port: u16, pattern: Vec<u8>) -> SlowProxy {
+        let stream = Arc::new(Mutex::new(None::<u32>));
+        let pattern = Arc::new(pattern);
+        let cut = Arc::new(AtomicBool::new(false));
+        let cutting = cut.clone();
+        let mut proxy = SlowProxy::serve(target_port, move |client, etcd| {
+            let (to_etcd, from_client) = (etcd.try_clone().unwrap(), client.try_clone().unwrap());
+            let (found, pattern) = (stream.clone(), pattern.clone());
+            std::thread::spawn(move || {
+                forward_frames(from_client, to_etcd, true, |id, kind, payload| {
+                    let mut found = found.lock().unwrap();
+                    // A DATA frame carries the message.
+                    if found.is_none()
+                        && kind == 0
+                        && payload.windows(pattern.len()).any(|w| w == &pattern[..])
+                    {
+                        *found = Some(id);
+                    }
+                    true
+                })
+            });
+            let (found, cutting) = (stream.clone(), cutting.clone());
+            std::thread::spawn(move || {
+                forward_frames(etcd, client, false, |id, kind, _| {
+                    // HEADERS or DATA of the answer, once: cut instead of forwarding it.
+                    let answer = *found.lock().unwrap() == Some(id) && kind <= 1;
+                    !(answer && !cutting.swap(true, Ordering::SeqCst))
+                })
+            });
+        });
+        proxy.cut = cut;
+        proxy
+    }
+
+    /// Whether `lose_answer_to`'s request was answered by etcd and the answer lost.
+    pub fn answer_lost(&self) -> bool {
+        self.cut.load(Ordering::SeqCst)
+    }
+
+    /// Accepts clients on a free port and gives each, with its own connection to etcd at
+    /// `target_port`, to `connect`.
+    fn serve(
+        target_port: u16,
+        connect: impl Fn(TcpStream, TcpStream) + Send + 'static,
+    ) -> SlowProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let stopped = Arc::new(AtomicBool::new(false));
@@ -37,14 +96,12 @@ impl SlowProxy {
                 keep.lock()
                     .unwrap()
                     .extend([client.try_clone().unwrap(), etcd.try_clone().unwrap()]);
-                let (to_etcd, from_client) =
-                    (etcd.try_clone().unwrap(), client.try_clone().unwrap());
-                std::thread::spawn(move || copy(from_client, to_etcd, Duration::ZERO));
-                std::thread::spawn(move || copy(etcd, client, delay));
+                connect(client, etcd);
             }
         });
         SlowProxy {
             port,
+            cut: Arc::new(AtomicBool::new(false)),
             stopped,
             sockets,
         }
@@ -53,6 +110,52 @@ impl SlowProxy {
     pub fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
+}
+
+/// Forwards HTTP/2 frames from `from` to `to` whole (after the client's connection preface,
+/// when `preface`), each first shown to `keep` (stream id, frame type, payload): on false,
+/// both connections are cut there.
+fn forward_frames(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    preface: bool,
+    mut keep: impl FnMut(u32, u8, &[u8]) -> bool,
+) {
+    let mut pending: Vec<u8> = Vec::new();
+    let mut skip = if preface { 24 } else { 0 };
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        let mut whole = 0;
+        if skip > 0 {
+            whole = skip.min(pending.len());
+            skip -= whole;
+        }
+        // Frame header: 24-bit length, type, flags, 31-bit stream id.
+        while skip == 0 && pending.len() >= whole + 9 {
+            let h = &pending[whole..whole + 9];
+            let length = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+            let (kind, id) = (h[3], u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff);
+            if pending.len() < whole + 9 + length {
+                break;
+            }
+            if !keep(id, kind, &pending[whole + 9..whole + 9 + length]) {
+                let _ = to.write_all(&pending[..whole]);
+                let _ = (from.shutdown(Shutdown::Both), to.shutdown(Shutdown::Both));
+                return;
+            }
+            whole += 9 + length;
+        }
+        if to.write_all(&pending[..whole]).is_err() {
+            break;
+        }
+        pending.drain(..whole);
+    }
+    let _ = to.shutdown(Shutdown::Write);
 }
 
 /// Copies `from` to `to`, each chunk written `delay` after it was read, in order; then ends
