@@ -50,9 +50,14 @@ fn assert_one_world(lines: &[Value]) {
 fn round_survives_the_death_of_the_etcd_leader(early: usize) {
     let mut cluster = EtcdCluster::start(3);
     let url = cluster.url("etcd-leader", "min_nodes=3&max_nodes=3&join_timeout=60");
-    let mut nodes: Vec<Node> = (0..early)
-        .map(|_| Node::spawn(&url, &["--exchange"]))
-        .collect();
+    // Each node's records at info level on the test's stderr: leases created, lost and
+    // revoked, rounds sealed and deleted, so a failure here says which of them undid the round.
+    let spawn = || {
+        let mut command = std::process::Command::new(NODE_BIN);
+        command.env("RDZV_LOG", "info");
+        Node::spawn_command(command, &url, &["--exchange"])
+    };
+    let mut nodes: Vec<Node> = (0..early).map(|_| spawn()).collect();
     // Blocked in their join: every early node's join key is in etcd.
     common::wait_for_key_count(&cluster.endpoint(0), &joiners_of_round(&url, 0), |n| {
         n == early
@@ -60,7 +65,7 @@ fn round_survives_the_death_of_the_etcd_leader(early: usize) {
     let victim = cluster.raft_leader();
     cluster.kill(victim);
     let killed_at = Instant::now();
-    nodes.extend((early..3).map(|_| Node::spawn(&url, &["--exchange"])));
+    nodes.extend((early..3).map(|_| spawn()));
     let lines: Vec<Value> = nodes.iter().map(|n| n.line(60)).collect();
     eprintln!(
         "round formed {:.1} s after the etcd leader (member {victim}) was killed",
