@@ -4,7 +4,8 @@ one per node) form a round; then, for SECONDS, each calls `num_nodes_waiting()` 
 as torch's agent does on every monitor tick under torchrun's default `--monitor-interval`.
 
 - c10d (the default): one TCPStore. Every request a handler sends its store goes through its
-  backend's `get_state` or `set_state` (one store call each): those are counted.
+  backend's `get_state` or `set_state` (one store call each): those are counted, and the
+  bytes of state each answer carries (the whole state, whatever changed).
 - `--etcd-v2 HOST:PORT`: torch's legacy `etcd` backend, on an etcd serving the v2 API (3.4
   with `--enable-v2`; 3.6 removed it), through python-etcd. Every HTTP request of every client
   goes through python-etcd's `Client.api_execute`: those are counted, the lease renewals of
@@ -41,15 +42,18 @@ class Counted:
     def __getattr__(self, name):
         return getattr(self._backend, name)
 
-    def get_state(self):
+    def _count(self, result):
+        # Every answer carries the whole state, base64-encoded on the wire (4/3 of its size).
         with self._lock:
             self._counter[0] += 1
-        return self._backend.get_state()
+            self._counter[1] += len(result[0]) * 4 // 3 if result else 0
+        return result
+
+    def get_state(self):
+        return self._count(self._backend.get_state())
 
     def set_state(self, state, token=None):
-        with self._lock:
-            self._counter[0] += 1
-        return self._backend.set_state(state, token)
+        return self._count(self._backend.set_state(state, token))
 
 
 def c10d_handlers(n: int, counter, lock):
@@ -99,8 +103,9 @@ def etcd_v2_handlers(n: int, endpoint: str, counter, lock):
     ]
 
 
-def measure(n: int, seconds: float, etcd_v2) -> float:
-    counter, lock = [0], threading.Lock()
+def measure(n: int, seconds: float, etcd_v2) -> tuple[float, float]:
+    """Requests, and bytes the store answered (c10d only), per node per second at rest."""
+    counter, lock = [0, 0], threading.Lock()
     if etcd_v2:
         handlers = etcd_v2_handlers(n, etcd_v2, counter, lock)
     else:
@@ -119,7 +124,7 @@ def measure(n: int, seconds: float, etcd_v2) -> float:
     time.sleep(1)  # the joins' own traffic ends
     stop = time.monotonic() + seconds
     with lock:
-        before = counter[0]
+        before, bytes_before = counter[0], counter[1]
 
     def monitor(h):
         while time.monotonic() < stop:
@@ -134,10 +139,10 @@ def measure(n: int, seconds: float, etcd_v2) -> float:
         t.join()
     took = time.monotonic() - started
     with lock:
-        after = counter[0]
+        after, bytes_after = counter[0], counter[1]
     for h in handlers:
         h.shutdown()
-    return (after - before) / n / took
+    return (after - before) / n / took, (bytes_after - bytes_before) / n / took
 
 
 def main():
@@ -156,9 +161,10 @@ def main():
     what = "legacy etcd (v2) backend" if etcd_v2 else "c10d backend"
     unit = "etcd v2 requests" if etcd_v2 else "store requests"
     for n in sizes:
-        rate = measure(n, seconds, etcd_v2)
-        print(f"torch {what}, N={n:>5}: {rate:.2f} {unit} per node per second at rest "
-              f"(num_nodes_waiting every {TICK} s, {seconds:.0f} s)", flush=True)
+        rate, answered = measure(n, seconds, etcd_v2)
+        carried = "" if etcd_v2 else f", {answered / 1024:.1f} KiB of state answered"
+        print(f"torch {what}, N={n:>5}: {rate:.2f} {unit}{carried} per node per second at "
+              f"rest (num_nodes_waiting every {TICK} s, {seconds:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":
