@@ -1333,20 +1333,25 @@ impl Rendezvous {
             .etcd
             .txn(deadline, "clean up finished run", txn)
             .await?;
-        // Nothing of the run is bound to it any more, and no node can have adopted it since
-        // (a node reads the id in the transaction that writes its `alive` key): give it back.
-        if let (true, Some(id)) = (resp.succeeded(), run_lease) {
-            let _ = crate::backend::lease::revoke(&self.etcd, id, deadline).await;
-        }
-        // Logged by the node whose cleanup deleted something (two last nodes may both run it).
-        let deleted: i64 = resp
+        let deleted_by_op: Vec<i64> = resp
             .op_responses()
             .iter()
             .map(|op| match op {
                 etcd_client::TxnOpResponse::Delete(d) => d.deleted(),
                 _ => 0,
             })
-            .sum();
+            .collect();
+        // Nothing of the run is bound to it any more, and no node can have adopted it since
+        // (a node reads the id in the transaction that writes its `alive` key): give it back.
+        // Only the cleanup that deleted the lease key does: the last nodes of a job often
+        // leave together and all run the cleanup, and each revoke is a write every member
+        // applies (a soak's job ended with up to 8 of them).
+        let deleted_lease_key = deleted_by_op.last().is_some_and(|n| *n > 0);
+        if let (true, true, Some(id)) = (resp.succeeded(), deleted_lease_key, run_lease) {
+            let _ = crate::backend::lease::revoke(&self.etcd, id, deadline).await;
+        }
+        // Logged by the node whose cleanup deleted something (two last nodes may both run it).
+        let deleted: i64 = deleted_by_op.iter().sum();
         if resp.succeeded() && deleted > 0 {
             tracing::info!(run = %self.params.run_id(), node = %self.node, keys = deleted,
                 "no live node left: deleted the run's rounds, stores and round counter");

@@ -420,6 +420,42 @@ fn leases_outlive_an_etcd_that_answers_later_than_a_refresh_period() {
     drop(nodes);
 }
 
+/// A job whose nodes all leave at once (a job that ended): every lease is gone from etcd
+/// afterwards, and the run's lease is revoked once, by the node whose cleanup deleted its key,
+/// not by every node that ran the cleanup (each revoke is a write every member applies; a
+/// soak's job ended with up to 8 of them, all but one answered "lease not found").
+#[test]
+fn a_job_that_ends_at_once_revokes_each_lease_once() {
+    const N: usize = 8;
+    let etcd = Etcd::start();
+    let url = etcd.url("ends-at-once", &format!("min_nodes={N}&max_nodes={N}"));
+    let nodes: Vec<_> = handles_at_once(&url, N)
+        .into_iter()
+        .map(|n| Arc::new(n.unwrap()))
+        .collect();
+    let rounds = {
+        let nodes = nodes.clone();
+        common::on_threads(N, move |i| nodes[i].next().map(|(info, _)| info.round))
+    };
+    assert!(rounds.iter().all(|r| r.as_ref().is_ok_and(|r| *r == 0)), "{rounds:?}");
+    let revokes = || etcd.metric_sum("grpc_server_handled_total", &["LeaseRevoke"]);
+    let before = revokes();
+    let start = Arc::new(std::sync::Barrier::new(N));
+    let left = {
+        let nodes = nodes.clone();
+        common::on_threads(N, move |i| {
+            start.wait();
+            nodes[i].shutdown()
+        })
+    };
+    assert!(left.iter().all(|r| r.is_ok()), "{left:?}");
+    let (rt, mut client) = common::etcd_client(&etcd);
+    let leases = rt.block_on(client.leases()).unwrap().leases().len();
+    assert_eq!(leases, 0, "leases left in etcd once every node left");
+    // One revoke per node's own lease, and one of the run's.
+    assert_eq!(revokes() - before, (N + 1) as f64, "LeaseRevoke calls etcd handled");
+}
+
 /// The transaction that publishes the run's lease took effect, but its answer was lost (the
 /// connection cut right after, as when a member fails after applying it or a leader change
 /// strands it): it was sent again and found a lease published already, its own. It used to

@@ -452,7 +452,7 @@ fn a_run_whose_every_lease_expired_starts_over() {
     });
     let left = rt
         .block_on(client.get(
-            "/rdzv/all-expired/",
+            run.as_str(),
             Some(etcd_client::GetOptions::new().with_prefix()),
         ))
         .unwrap();
