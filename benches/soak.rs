@@ -963,7 +963,9 @@ fn requests_by_method(page: &str) -> BTreeMap<String, f64> {
             .split_once("grpc_method=\"")
             .and_then(|(_, rest)| rest.split_once('"'))
             .map(|(method, _)| method);
-        let value = line.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok());
+        let value = line
+            .rsplit_once(' ')
+            .and_then(|(_, v)| v.parse::<f64>().ok());
         if let (Some(method), Some(value)) = (method, value) {
             *by_method.entry(method.to_string()).or_default() += value;
         }
@@ -1264,7 +1266,8 @@ async fn soak(cfg: Config) -> bool {
     *load.lock().unwrap() = Load::Ramp;
     println!("{} jobs at once for {:?}", cfg.runs, cfg.duration);
     let requests_before = cluster_requests(&endpoints).await;
-    let proposals_before = member_metric(&endpoints[0], "etcd_server_proposals_committed_total").await;
+    let proposals_before =
+        member_metric(&endpoints[0], "etcd_server_proposals_committed_total").await;
     let until = Instant::now() + cfg.duration;
     let slots: Vec<_> = (0..cfg.runs)
         .map(|i| {
@@ -1313,7 +1316,8 @@ async fn soak(cfg: Config) -> bool {
     }
     scheduler.stop(&stats);
     let requests_after = cluster_requests(&endpoints).await;
-    let proposals_after = member_metric(&endpoints[0], "etcd_server_proposals_committed_total").await;
+    let proposals_after =
+        member_metric(&endpoints[0], "etcd_server_proposals_committed_total").await;
     println!(
         "t={:>5.0}s  every job ended",
         started.elapsed().as_secs_f64()
@@ -1438,7 +1442,12 @@ async fn soak(cfg: Config) -> bool {
     println!("etcd requests while all jobs ran, by method (every member's): per second | per round formed");
     let mut spent: Vec<(String, f64)> = requests_after
         .iter()
-        .map(|(method, n)| (method.clone(), n - requests_before.get(method).unwrap_or(&0.0)))
+        .map(|(method, n)| {
+            (
+                method.clone(),
+                n - requests_before.get(method).unwrap_or(&0.0),
+            )
+        })
         .filter(|(_, n)| *n > 0.0)
         .collect();
     spent.sort_by(|a, b| b.1.total_cmp(&a.1));

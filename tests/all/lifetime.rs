@@ -437,14 +437,22 @@ fn a_job_that_ends_at_once_revokes_each_lease_once() {
         let nodes = nodes.clone();
         common::on_threads(N, move |i| nodes[i].next().map(|(info, _)| info.round))
     };
-    assert!(rounds.iter().all(|r| r.as_ref().is_ok_and(|r| *r == 0)), "{rounds:?}");
+    assert!(
+        rounds.iter().all(|r| r.as_ref().is_ok_and(|r| *r == 0)),
+        "{rounds:?}"
+    );
     // The grants of nodes that lost the race to publish the run's lease are revoked in the
     // background: counted once they are gone, when etcd holds each node's lease and the run's.
     let (rt, mut client) = common::etcd_client(&etcd);
     let mut leases = || rt.block_on(client.leases()).unwrap().leases().len();
     let deadline = Instant::now() + Duration::from_secs(10);
     while leases() != N + 1 {
-        assert!(Instant::now() < deadline, "{} leases, not {}", leases(), N + 1);
+        assert!(
+            Instant::now() < deadline,
+            "{} leases, not {}",
+            leases(),
+            N + 1
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let revokes = || etcd.metric_sum("grpc_server_handled_total", &["LeaseRevoke"]);
@@ -460,7 +468,11 @@ fn a_job_that_ends_at_once_revokes_each_lease_once() {
     assert!(left.iter().all(|r| r.is_ok()), "{left:?}");
     assert_eq!(leases(), 0, "leases left in etcd once every node left");
     // One revoke per node's own lease, and one of the run's.
-    assert_eq!(revokes() - before, (N + 1) as f64, "LeaseRevoke calls etcd handled");
+    assert_eq!(
+        revokes() - before,
+        (N + 1) as f64,
+        "LeaseRevoke calls etcd handled"
+    );
 }
 
 /// The transaction that publishes the run's lease took effect, but its answer was lost (the
@@ -485,9 +497,12 @@ fn a_run_lease_whose_publication_lost_its_answer_is_kept() {
     let (rt, mut client) = common::etcd_client(&etcd);
     let mut published = || {
         let got = rt.block_on(client.get(key.as_str(), None)).unwrap();
-        got.kvs()
-            .first()
-            .map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.create_revision()))
+        got.kvs().first().map(|kv| {
+            (
+                String::from_utf8_lossy(kv.value()).into_owned(),
+                kv.create_revision(),
+            )
+        })
     };
     let first = published().expect("the run's lease key is gone once the handle was made");
     let (_info, store) = node.next().unwrap();
@@ -499,7 +514,10 @@ fn a_run_lease_whose_publication_lost_its_answer_is_kept() {
     );
     let id: i64 = first.0.parse().unwrap();
     let (rt, mut client) = common::etcd_client(&etcd);
-    let ttl = rt.block_on(client.lease_time_to_live(id, None)).unwrap().ttl();
+    let ttl = rt
+        .block_on(client.lease_time_to_live(id, None))
+        .unwrap()
+        .ttl();
     assert!(ttl > 0, "the run's lease {id} was revoked (TTL {ttl})");
     node.shutdown().unwrap();
 }

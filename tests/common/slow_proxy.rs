@@ -57,9 +57,10 @@ impl SlowProxy {
             let (found, cutting) = (stream.clone(), cutting.clone());
             std::thread::spawn(move || {
                 forward_frames(etcd, client, false, |id, kind, _| {
-                    // HEADERS or DATA of the answer, once: cut instead of forwarding it.
+                    // HEADERS or DATA of the answer, the first time: cut instead of
+                    // forwarding it (false), once.
                     let answer = *found.lock().unwrap() == Some(id) && kind <= 1;
-                    !(answer && !cutting.swap(true, Ordering::SeqCst))
+                    !answer || cutting.swap(true, Ordering::SeqCst)
                 })
             });
         });
@@ -139,7 +140,10 @@ fn forward_frames(
         while skip == 0 && pending.len() >= whole + 9 {
             let h = &pending[whole..whole + 9];
             let length = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
-            let (kind, id) = (h[3], u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff);
+            let (kind, id) = (
+                h[3],
+                u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
+            );
             if pending.len() < whole + 9 + length {
                 break;
             }
