@@ -190,8 +190,28 @@ impl EtcdCluster {
         EtcdCluster::start_from(n, extra_hosts, None)
     }
 
-    /// `n` members of the etcd binary `program` (PATH's when `None`).
+    /// `n` members of the etcd binary `program` (PATH's when `None`). A port picked free can
+    /// be taken before its member binds it (by a cluster another test starts at the same
+    /// moment, or an outgoing connection): a member that exits before it is ready has the
+    /// whole cluster started again on other ports, 3 times in all, as `Etcd` does.
     pub fn start_from(n: usize, extra_hosts: &[&str], program: Option<PathBuf>) -> EtcdCluster {
+        for attempt in 1.. {
+            match EtcdCluster::try_start(n, extra_hosts, program.clone()) {
+                Ok(cluster) => return cluster,
+                Err(why) if attempt < 3 => {
+                    eprintln!("{why}; starting the cluster again on other ports")
+                }
+                Err(why) => panic!("{why} (3 times)"),
+            }
+        }
+        unreachable!()
+    }
+
+    fn try_start(
+        n: usize,
+        extra_hosts: &[&str],
+        program: Option<PathBuf>,
+    ) -> Result<EtcdCluster, String> {
         let tag = format!(
             "rdzv-cluster-{}-{}",
             std::process::id(),
@@ -231,15 +251,18 @@ impl EtcdCluster {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match r.recv_timeout(left) {
                 Ok(_) => {}
+                // The cluster is dropped: its members killed, their data removed.
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    panic!("etcd member {i} exited before it was ready (its stderr is above)")
+                    return Err(format!(
+                        "etcd member {i} exited before it was ready (its stderr is above)"
+                    ))
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     panic!("etcd member {i} did not report ready within 30 s")
                 }
             }
         }
-        cluster
+        Ok(cluster)
     }
 
     /// Starts member `i` (on its ports and data directory); the channel receives once it is
