@@ -973,15 +973,21 @@ fn requests_by_method(page: &str) -> BTreeMap<String, f64> {
     by_method
 }
 
-/// The requests of every member, by method, summed.
-async fn cluster_requests(endpoints: &[String]) -> BTreeMap<String, f64> {
+/// The requests of every member, by method, summed; and the raft proposals committed, as the
+/// first member counts them (every member commits every proposal). One page per member.
+async fn cluster_requests(endpoints: &[String]) -> (BTreeMap<String, f64>, Option<f64>) {
     let mut all = BTreeMap::new();
-    for e in endpoints {
-        for (method, n) in requests_by_method(&member_metrics(e).await) {
+    let mut proposals = None;
+    for (i, e) in endpoints.iter().enumerate() {
+        let page = member_metrics(e).await;
+        if i == 0 {
+            proposals = metric_in(&page, "etcd_server_proposals_committed_total");
+        }
+        for (method, n) in requests_by_method(&page) {
             *all.entry(method).or_default() += n;
         }
     }
-    all
+    (all, proposals)
 }
 
 fn mib(bytes: f64) -> String {
@@ -1265,9 +1271,7 @@ async fn soak(cfg: Config) -> bool {
     stats.arriving.store(cfg.runs as u64, Relaxed);
     *load.lock().unwrap() = Load::Ramp;
     println!("{} jobs at once for {:?}", cfg.runs, cfg.duration);
-    let requests_before = cluster_requests(&endpoints).await;
-    let proposals_before =
-        member_metric(&endpoints[0], "etcd_server_proposals_committed_total").await;
+    let (requests_before, proposals_before) = cluster_requests(&endpoints).await;
     let until = Instant::now() + cfg.duration;
     let slots: Vec<_> = (0..cfg.runs)
         .map(|i| {
@@ -1315,9 +1319,7 @@ async fn soak(cfg: Config) -> bool {
         let _ = s.await;
     }
     scheduler.stop(&stats);
-    let requests_after = cluster_requests(&endpoints).await;
-    let proposals_after =
-        member_metric(&endpoints[0], "etcd_server_proposals_committed_total").await;
+    let (requests_after, proposals_after) = cluster_requests(&endpoints).await;
     println!(
         "t={:>5.0}s  every job ended",
         started.elapsed().as_secs_f64()
@@ -1430,7 +1432,8 @@ async fn soak(cfg: Config) -> bool {
         println!("{line}");
     }
     // What the load cost etcd, by request: what to cut first when rounds slow down.
-    let formed = (of(Load::All).len() + of(Load::Observed).len()).max(1) as f64;
+    // Every round of that time, the arriving jobs' included, as the counts include them.
+    let formed = rounds.iter().filter(|r| r.0 != Load::Alone).count().max(1) as f64;
     let seconds = cfg.duration.as_secs_f64();
     if let (Some(before), Some(after)) = (proposals_before, proposals_after) {
         println!(
