@@ -205,6 +205,21 @@ for name_file in "$logs"/*.name; do
   fi
 done
 [ "$lanes_failed" -eq 0 ] || echo "$lanes_failed lane(s) ended without running all their suites"
+# Why each failed suite failed, last, where a reader of only the end of the output sees it:
+# Rust tests' panics with their messages, else the suite's last lines.
+for result in "$logs"/*.result; do
+  [ -f "$result" ] || continue
+  read -r status _ <"$result"
+  [ "$status" = ok ] && continue
+  id=$(basename "$result" .result)
+  echo "=== why: $(cat "$logs/$id.name")"
+  if grep -q "panicked at" "$logs/$id.log"; then
+    # Each panic with the 6 lines after it, 80 lines at most (awk: no pipe to cut short).
+    awk '/^---- .* stdout ----|panicked at/ {n = 7} n > 0 {print; n--; if (++shown == 80) exit}' "$logs/$id.log"
+  else
+    tail -n 20 "$logs/$id.log"
+  fi
+done
 for name in "${failures[@]}"; do echo "failed: $name"; done
 echo "total: $((SECONDS - started)) s"
 echo "suites: $passed passed, $failed failed"
