@@ -324,3 +324,51 @@ fn a_namespace_skips_a_30_that_an_interface_on_the_machine_already_holds() {
         ns.host_addr
     );
 }
+
+/// A test's etcd keeps its ports claimed while it is down, since it starts again on them: no
+/// other test process picks them meanwhile (the admin watch test on a killed etcd once failed
+/// in CI, beside three other suites starting etcd servers, in a way that fits its restart
+/// finding a port taken). The claims go with the `Etcd`.
+#[test]
+fn an_etcd_keeps_its_ports_claimed_while_it_is_down() {
+    let mut etcd = Etcd::start();
+    let ports = [etcd.client_port, etcd.peer_port];
+    etcd.kill();
+    for port in ports {
+        assert_eq!(common::port_claimer(port), Some(std::process::id()));
+        assert!(!common::claim_port(port), "port {port} claimed twice");
+    }
+    let picked: Vec<u16> = (0..500).map(|_| common::free_port()).collect();
+    for port in &picked {
+        common::release_port(*port);
+    }
+    assert!(
+        !picked.iter().any(|p| ports.contains(p)),
+        "a pick took a port of the etcd that is down"
+    );
+    etcd.restart();
+    drop(etcd);
+    for port in ports {
+        assert_eq!(
+            common::port_claimer(port),
+            None,
+            "port {port} still claimed"
+        );
+    }
+}
+
+/// A claim whose process is gone (a test process killed, which ran no destructor) is taken.
+#[test]
+fn a_port_claimed_by_a_process_that_is_gone_is_taken() {
+    let port = common::free_port();
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let claim = std::env::temp_dir()
+        .join("rdzv-test-ports")
+        .join(port.to_string());
+    std::fs::write(&claim, gone_pid.to_string()).unwrap();
+    assert!(common::claim_port(port), "a stale claim was not taken");
+    assert_eq!(common::port_claimer(port), Some(std::process::id()));
+    common::release_port(port);
+}

@@ -25,12 +25,82 @@ pub struct Etcd {
     flags: Vec<std::ffi::OsString>,
 }
 
-/// A port for a test's etcd, free a moment ago. Outside the kernel's ephemeral range, as
-/// rdzv's MASTER_PORT: a port from `bind(0)` can be taken by any outgoing connection on the
-/// machine before etcd binds it (a member of a test cluster once exited for that, beside
-/// another test run).
+/// The ports test etcd servers are given: below rdzv's MASTER_PORT range (which starts at
+/// 20000, below the kernel's ephemeral range), so neither an outgoing connection nor a node
+/// picking a MASTER_PORT ever takes one.
+const TEST_PORTS: std::ops::RangeInclusive<u16> = 10000..=19999;
+
+/// Where test processes claim their etcd ports: a file per port, holding the claimer's pid.
+fn claims_dir() -> PathBuf {
+    std::env::temp_dir().join("rdzv-test-ports")
+}
+
+/// A port for a test's etcd: free now, and claimed by this process until `release_port` (or
+/// its end), so that no other test process on the machine picks it meanwhile. A test that
+/// kills its etcd starts it again on the same ports seconds later; picked the old way, a port
+/// could be taken in between by another suite's etcd, and the restart failed.
 pub fn free_port() -> u16 {
-    rdzv::free_master_port()
+    let span = u32::from(TEST_PORTS.end() - TEST_PORTS.start()) + 1;
+    for _ in 0..512 {
+        let mut r = [0u8; 4];
+        // SAFETY: writes at most r.len() bytes into r.
+        unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
+        let port = TEST_PORTS.start() + (u32::from_le_bytes(r) % span) as u16;
+        if claim_port(port) {
+            if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+                return port;
+            }
+            release_port(port); // in use by something else: not ours to hold
+        }
+    }
+    panic!(
+        "no free port among {TEST_PORTS:?} in 512 tries (claims in {:?})",
+        claims_dir()
+    );
+}
+
+/// Claims `port` for this process: a new claim, or one whose process is gone.
+pub fn claim_port(port: u16) -> bool {
+    use std::io::Write;
+    let path = &claims_dir().join(port.to_string());
+    let _ = std::fs::create_dir_all(claims_dir());
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
+            Ok(mut file) => {
+                let _ = write!(file, "{}", std::process::id());
+                return true;
+            }
+            Err(_) => {
+                let owner = std::fs::read_to_string(path).ok();
+                let owner = owner.and_then(|pid| pid.trim().parse::<u32>().ok());
+                // A claimer that died (or is writing its pid this instant: left alone).
+                match owner {
+                    Some(pid) if !leftovers::process_alive(pid) => {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    _ => return false,
+                }
+            }
+        }
+    }
+    false
+}
+
+/// The process that claims `port`, if any.
+pub fn port_claimer(port: u16) -> Option<u32> {
+    let pid = std::fs::read_to_string(claims_dir().join(port.to_string())).ok()?;
+    pid.trim().parse().ok()
+}
+
+/// Gives back a port this process claimed.
+pub fn release_port(port: u16) {
+    if port_claimer(port) == Some(std::process::id()) {
+        let _ = std::fs::remove_file(claims_dir().join(port.to_string()));
+    }
 }
 
 /// One etcd member's command line. `client_urls` may list several URLs (comma-separated).
@@ -264,6 +334,8 @@ impl Etcd {
                 Ok(()) => return,
                 Err(why) if attempt < 3 => {
                     eprintln!("{why}; starting it again on other ports");
+                    release_port(self.client_port);
+                    release_port(self.peer_port);
                     self.client_port = free_port();
                     self.peer_port = free_port();
                     let _ = std::fs::remove_dir_all(&self.data_dir);
@@ -332,6 +404,8 @@ impl Etcd {
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.kill();
+        release_port(self.client_port);
+        release_port(self.peer_port);
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }

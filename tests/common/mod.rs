@@ -411,6 +411,8 @@ impl Drop for EtcdCluster {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
             self.kill(i);
+            release_port(self.members[i].client_port);
+            release_port(self.members[i].peer_port);
             let _ = std::fs::remove_dir_all(&self.members[i].data_dir);
         }
     }
