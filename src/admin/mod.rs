@@ -532,7 +532,7 @@ impl StatusWatch {
 
     /// Store keys (`r/{round}/store/...`) change with the workers' traffic, never with the
     /// run's membership; so do the run store's (`store/...`), but for its notes, which the
-    /// status shows.
+    /// status shows, and the adds' receipts (`adds/...`).
     fn is_store_key(&self, key: &[u8]) -> bool {
         let keys = &self.admin.keys;
         let rounds = keys.rounds_prefix();
@@ -541,6 +541,7 @@ impl StatusWatch {
             .and_then(|rest| rest.get(20..))
             .is_some_and(|rest| rest.starts_with(b"/store/"));
         in_round_store
+            || key.starts_with(keys.add_receipts_prefix().as_bytes())
             || (key.starts_with(keys.run_store_prefix().as_bytes())
                 && !key.starts_with(keys.run_notes_prefix().as_bytes()))
     }

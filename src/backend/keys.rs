@@ -157,6 +157,14 @@ impl Keys {
         format!("{}{RUN_NOTES}", self.run_store_prefix())
     }
 
+    /// The receipts of store adds (`Store::add`): a key per add, written with its sum in the
+    /// add's own transaction, so that an add sent again after its answer was lost finds its
+    /// write applied instead of adding twice. Deleted by the handle's next add, and with the
+    /// run.
+    pub fn add_receipts_prefix(&self) -> String {
+        format!("{}adds/", self.namespace)
+    }
+
     /// The node id at the end of a `join/`, `gone/`, `alive/` or `drain/` key.
     pub fn node_of(key: &[u8]) -> Option<&str> {
         let key = std::str::from_utf8(key).ok()?;

@@ -137,7 +137,8 @@ fn get(
 
 /// Atomically adds `delta` to the decimal integer stored at `key` (absent counts as 0) and sets
 /// `*new_value` to the result. `RDZV_ERR_INVALID_ARGUMENT` if the stored value is not an
-/// integer or the sum overflows. Exact under any number of concurrent adders.
+/// integer or the sum overflows. Exact under any number of concurrent adders, and counted once
+/// when etcd's answer to it is lost and the library sends it again.
 #[no_mangle]
 pub extern "C" fn rdzv_store_add(
     store: *const rdzv_store_t,

@@ -1326,7 +1326,12 @@ impl Rendezvous {
                     self.keys.run_store_prefix(),
                     Some(DeleteOptions::new().with_prefix()),
                 ),
+                TxnOp::delete(
+                    self.keys.add_receipts_prefix(),
+                    Some(DeleteOptions::new().with_prefix()),
+                ),
                 TxnOp::delete(self.keys.current(), None),
+                // Last: whether it deleted something says who revokes the lease (below).
                 TxnOp::delete(self.keys.run_lease(), None),
             ]);
         let resp = self

@@ -76,7 +76,15 @@ pub struct Store {
     /// What `cancel` reaches: the waits in progress on this store (or a clone), or else the
     /// next one to start.
     cancel: Arc<HandleCancel>,
+    /// Where adds leave their receipts (`Keys::add_receipts_prefix`).
+    receipts: String,
+    /// Receipts of adds that have returned, to delete with the next add.
+    answered: Arc<Mutex<Vec<String>>>,
 }
+
+/// At most this many answered receipts are deleted by one add (etcd takes 128 operations in a
+/// transaction); the rest wait for the next.
+const RECEIPTS_PER_ADD: usize = 32;
 
 /// What one read of the store saw.
 struct Read {
@@ -103,6 +111,8 @@ impl Store {
             timeout: Arc::new(Mutex::new(timeout)),
             shutdown,
             cancel: Arc::new(HandleCancel::default()),
+            receipts: keys.add_receipts_prefix(),
+            answered: Arc::default(),
         }
     }
 
@@ -125,6 +135,8 @@ impl Store {
             timeout: Arc::new(Mutex::new(timeout)),
             shutdown,
             cancel: Arc::new(HandleCancel::default()),
+            receipts: keys.add_receipts_prefix(),
+            answered: Arc::default(),
         }
     }
 
@@ -356,6 +368,35 @@ impl Store {
     /// got there first, its else branch returns the fresh value, so each retry is one round trip.
     pub async fn add(&self, key: &str, delta: i64) -> Result<i64> {
         let full = self.key(key)?;
+        // This add's receipt, written with the sum in the add's transaction: when the answer
+        // to a write that took effect is lost, the library sends it again, its guard fails,
+        // and the receipt tells this add's own write from another node's.
+        let receipt = format!("{}{}", self.receipts, crate::util::new_node_id());
+        let answered = {
+            let mut all = self.answered.lock().unwrap_or_else(|e| e.into_inner());
+            let keep = all.len().saturating_sub(RECEIPTS_PER_ADD);
+            all.split_off(keep)
+        };
+        let result = self.add_once(key, &full, delta, &receipt, &answered).await;
+        let mut all = self.answered.lock().unwrap_or_else(|e| e.into_inner());
+        match &result {
+            // The write deleted them: only this add's receipt is left to delete.
+            Ok(_) => all.push(receipt),
+            // Sent or not, deleted or not: deleting again later is harmless, and the receipt
+            // may have been written.
+            Err(_) => all.extend(answered.into_iter().chain([receipt])),
+        }
+        result
+    }
+
+    async fn add_once(
+        &self,
+        key: &str,
+        full: &str,
+        delta: i64,
+        receipt: &str,
+        answered: &[String],
+    ) -> Result<i64> {
         let deadline = self.op_deadline();
         let (mut value, mut mod_rev) = (0i64, 0i64);
         let mut attempt = 0u32;
@@ -365,16 +406,25 @@ impl Store {
                     "add: {value} + {delta} overflows a 64-bit integer at key {key:?}"
                 ))
             })?;
-            let unchanged = Compare::mod_revision(full.clone(), CompareOp::Equal, mod_rev);
-            let put = self.put(full.clone(), new.to_string().into_bytes())?;
-            let read = TxnOp::get(full.clone(), None);
+            let unchanged = Compare::mod_revision(full, CompareOp::Equal, mod_rev);
+            let sum = new.to_string().into_bytes();
+            let mut writes = vec![
+                self.put(full.to_string(), sum.clone())?,
+                self.put(receipt.to_string(), sum)?,
+            ];
+            writes.extend(answered.iter().map(|r| TxnOp::delete(r.as_str(), None)));
+            let reads = vec![TxnOp::get(full, None), TxnOp::get(receipt, None)];
             let got = match self
-                .guarded("store add", vec![unchanged], vec![put], vec![read])
+                .guarded("store add", vec![unchanged], writes, reads)
                 .await?
             {
                 Ok(_) => return Ok(new),
                 Err(got) => got,
             };
+            if let Some(mine) = got[1].kvs().first() {
+                // This add's write took effect; the answer that said so was lost.
+                return parse_integer(key, mine.value());
+            }
             match got[0].kvs().first() {
                 Some(kv) => {
                     value = parse_integer(key, kv.value())?;

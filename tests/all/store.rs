@@ -259,3 +259,53 @@ fn a_read_over_many_keys_survives_compaction_between_its_transactions() {
         compactions.load(Ordering::Relaxed)
     );
 }
+
+/// An add whose answer is lost after etcd applied it (the connection cut as the answer
+/// comes, as when a member fails right after a write) is sent again by the library; it must
+/// still count once. A barrier that counts its arrivals with `add` would pass a node early.
+#[test]
+fn an_add_whose_answer_is_lost_counts_once() {
+    let etcd = Etcd::start();
+    let url = etcd.url("lost-add", "min_nodes=1&max_nodes=1");
+    // The add's guard as protobuf encodes it (Compare: target MOD, then the key); no other
+    // request compares this key's revision. The round is 0: the run is new.
+    let key = format!(
+        "/rdzv/{}/r/{:020}/store/arrived",
+        common::node::run_of(&url),
+        0
+    );
+    let mut guard = vec![0x10, 0x02, 0x1a, key.len() as u8];
+    guard.extend_from_slice(key.as_bytes());
+    let proxy = common::SlowProxy::lose_answer_to(etcd.client_port, guard);
+    let cut_url = url.replace(&etcd.endpoint(), &proxy.endpoint());
+    let node = BlockingRendezvous::new(Params::from_url(&cut_url).unwrap()).unwrap();
+    let (_, store) = node.next().unwrap();
+    assert_eq!(store.add("arrived", 1).unwrap(), 1);
+    assert!(proxy.answer_lost(), "the add's answer was not lost");
+    assert_eq!(
+        store.get("arrived", None).unwrap(),
+        b"1",
+        "the add counted twice"
+    );
+    assert_eq!(store.add("arrived", 1).unwrap(), 2);
+    assert_eq!(
+        store.num_keys().unwrap(),
+        1,
+        "the store shows more than its key"
+    );
+    // Each add deletes the receipts of those before it; the run's end deletes the last.
+    let receipts = format!("/rdzv/{}/adds/", common::node::run_of(&url));
+    let count = || {
+        let (rt, mut client) = common::etcd_client(&etcd);
+        let only_count = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        rt.block_on(client.get(receipts.as_str(), Some(only_count)))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(count(), 1, "receipts of answered adds were kept");
+    node.set_closed().unwrap();
+    node.shutdown().unwrap();
+    assert_eq!(count(), 0, "a receipt outlived its run");
+}
