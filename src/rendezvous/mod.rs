@@ -73,6 +73,8 @@ pub struct Rendezvous {
     writes: Arc<tokio::sync::Mutex<()>>,
     /// Turned on while a failed `next` withdraws: a write still retrying stops retrying.
     give_up: watch::Sender<bool>,
+    /// The receipts of this node's store adds not deleted yet (`Store::add`).
+    add_receipts: crate::store::Receipts,
 }
 
 /// How long withdrawing a join request may take once `next` has failed. It must run even
@@ -144,6 +146,7 @@ impl Rendezvous {
             cancel: HandleCancel::default(),
             writes: Arc::new(tokio::sync::Mutex::new(())),
             give_up: watch::channel(false).0,
+            add_receipts: Arc::default(),
         };
         rdzv.ensure_lease(deadline).await?;
         Ok(rdzv)
@@ -473,6 +476,7 @@ impl Rendezvous {
             lease,
             self.params.store_timeout(),
             self.shutdown.subscribe(),
+            self.add_receipts.clone(),
         ))
     }
 
@@ -498,6 +502,7 @@ impl Rendezvous {
             self.run_lease().as_ref().map(|l| l.id),
             self.params.store_timeout(),
             self.shutdown.subscribe(),
+            self.add_receipts.clone(),
         );
         let mut state = self.state();
         state.last = Some((sealed, rank));
@@ -1282,9 +1287,26 @@ impl Rendezvous {
         if let Some(lease) = self.lease.lock().await.take() {
             lease.revoke(&self.etcd, deadline).await?;
         }
+        self.delete_add_receipts(deadline).await;
         self.delete_finished_run(run_lease, deadline).await?;
         tracing::info!(run = %self.params.run_id(), node = %self.node, "shut down");
         Ok(())
+    }
+
+    /// The receipts this node's last adds left (each add deletes those before it). Best
+    /// effort: a receipt left goes with the run.
+    async fn delete_add_receipts(&self, deadline: Instant) {
+        let left =
+            std::mem::take(&mut *self.add_receipts.lock().unwrap_or_else(|e| e.into_inner()));
+        // etcd takes at most 128 operations in a transaction.
+        for chunk in left.chunks(128) {
+            let deletes = chunk.iter().map(|r| TxnOp::delete(r.as_str(), None));
+            let txn = Txn::new().and_then(deletes.collect::<Vec<_>>());
+            if let Err(e) = self.etcd.txn(deadline, "delete add receipts", txn).await {
+                tracing::debug!(error = %e, "add receipts left to the run's end");
+                return;
+            }
+        }
     }
 
     /// The last node out of a run deletes its rounds, stores (the rounds' and the run's), round

@@ -78,9 +78,14 @@ pub struct Store {
     cancel: Arc<HandleCancel>,
     /// Where adds leave their receipts (`Keys::add_receipts_prefix`).
     receipts: String,
-    /// Receipts of adds that have returned, to delete with the next add.
-    answered: Arc<Mutex<Vec<String>>>,
+    /// Receipts of adds that have returned, to delete with the next add: shared by every store
+    /// of one node (its rounds' and the run's), so each round does not leave one behind.
+    answered: Receipts,
 }
+
+/// The receipts of a node's adds that have returned (`Store::add`); the node deletes what is
+/// left when it shuts down.
+pub(crate) type Receipts = Arc<Mutex<Vec<String>>>;
 
 /// At most this many answered receipts are deleted by one add (etcd takes 128 operations in a
 /// transaction); the rest wait for the next.
@@ -100,6 +105,7 @@ impl Store {
         lease: Option<i64>,
         timeout: Duration,
         shutdown: watch::Receiver<bool>,
+        answered: Receipts,
     ) -> Store {
         Store {
             etcd,
@@ -112,7 +118,7 @@ impl Store {
             shutdown,
             cancel: Arc::new(HandleCancel::default()),
             receipts: keys.add_receipts_prefix(),
-            answered: Arc::default(),
+            answered,
         }
     }
 
@@ -124,6 +130,7 @@ impl Store {
         lease: i64,
         timeout: Duration,
         shutdown: watch::Receiver<bool>,
+        answered: Receipts,
     ) -> Store {
         Store {
             etcd,
@@ -136,7 +143,7 @@ impl Store {
             shutdown,
             cancel: Arc::new(HandleCancel::default()),
             receipts: keys.add_receipts_prefix(),
-            answered: Arc::default(),
+            answered,
         }
     }
 

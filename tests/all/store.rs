@@ -305,7 +305,13 @@ fn an_add_whose_answer_is_lost_counts_once() {
             .count()
     };
     assert_eq!(count(), 1, "receipts of answered adds were kept");
-    node.set_closed().unwrap();
+    // A later round's store deletes the receipt of the round before.
+    let (_, next_store) = node.next().unwrap();
+    assert_eq!(next_store.add("arrived", 5).unwrap(), 5);
+    assert_eq!(count(), 1, "a round left its add's receipt behind");
+    // A node that leaves deletes its last receipt, while the run goes on with another node.
+    let other = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
     node.shutdown().unwrap();
-    assert_eq!(count(), 0, "a receipt outlived its run");
+    assert_eq!(count(), 0, "a node that left kept a receipt");
+    other.shutdown().unwrap();
 }
