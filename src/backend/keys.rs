@@ -159,8 +159,7 @@ impl Keys {
 
     /// The receipts of store adds (`Store::add`): a key per add, written with its sum in the
     /// add's own transaction, so that an add sent again after its answer was lost finds its
-    /// write applied instead of adding twice. Deleted by the node's next add, when the node
-    /// leaves, and with the run.
+    /// write applied instead of adding twice. Deleted by the node's next add and with the run.
     pub fn add_receipts_prefix(&self) -> String {
         format!("{}adds/", self.namespace)
     }

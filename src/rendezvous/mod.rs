@@ -73,7 +73,9 @@ pub struct Rendezvous {
     writes: Arc<tokio::sync::Mutex<()>>,
     /// Turned on while a failed `next` withdraws: a write still retrying stops retrying.
     give_up: watch::Sender<bool>,
-    /// The receipts of this node's store adds not deleted yet (`Store::add`).
+    /// The receipts of this node's store adds not deleted yet (`Store::add`). The last one is
+    /// left when the node leaves, for the run's end: deleting it then would cost every node
+    /// one more revision of etcd's history (`scripts/bench.sh --history`).
     add_receipts: crate::store::Receipts,
 }
 
@@ -1287,26 +1289,9 @@ impl Rendezvous {
         if let Some(lease) = self.lease.lock().await.take() {
             lease.revoke(&self.etcd, deadline).await?;
         }
-        self.delete_add_receipts(deadline).await;
         self.delete_finished_run(run_lease, deadline).await?;
         tracing::info!(run = %self.params.run_id(), node = %self.node, "shut down");
         Ok(())
-    }
-
-    /// The receipts this node's last adds left (each add deletes those before it). Best
-    /// effort: a receipt left goes with the run.
-    async fn delete_add_receipts(&self, deadline: Instant) {
-        let left =
-            std::mem::take(&mut *self.add_receipts.lock().unwrap_or_else(|e| e.into_inner()));
-        // etcd takes at most 128 operations in a transaction.
-        for chunk in left.chunks(128) {
-            let deletes = chunk.iter().map(|r| TxnOp::delete(r.as_str(), None));
-            let txn = Txn::new().and_then(deletes.collect::<Vec<_>>());
-            if let Err(e) = self.etcd.txn(deadline, "delete add receipts", txn).await {
-                tracing::debug!(error = %e, "add receipts left to the run's end");
-                return;
-            }
-        }
     }
 
     /// The last node out of a run deletes its rounds, stores (the rounds' and the run's), round

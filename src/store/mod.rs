@@ -83,8 +83,7 @@ pub struct Store {
     answered: Receipts,
 }
 
-/// The receipts of a node's adds that have returned (`Store::add`); the node deletes what is
-/// left when it shuts down.
+/// The receipts of a node's adds that have returned (`Store::add`).
 pub(crate) type Receipts = Arc<Mutex<Vec<String>>>;
 
 /// At most this many answered receipts are deleted by one add (etcd takes 128 operations in a

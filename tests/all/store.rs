@@ -309,9 +309,12 @@ fn an_add_whose_answer_is_lost_counts_once() {
     let (_, next_store) = node.next().unwrap();
     assert_eq!(next_store.add("arrived", 5).unwrap(), 5);
     assert_eq!(count(), 1, "a round left its add's receipt behind");
-    // A node that leaves deletes its last receipt, while the run goes on with another node.
+    // A node's last receipt stays while the run goes on (here with another node), and goes
+    // with the run.
     let other = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
     node.shutdown().unwrap();
-    assert_eq!(count(), 0, "a node that left kept a receipt");
+    assert_eq!(count(), 1, "receipts of answered adds were kept");
+    other.set_closed().unwrap();
     other.shutdown().unwrap();
+    assert_eq!(count(), 0, "a receipt outlived its run");
 }
