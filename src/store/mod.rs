@@ -383,6 +383,8 @@ impl Store {
             let keep = all.len().saturating_sub(RECEIPTS_PER_ADD);
             all.split_off(keep)
         };
+        // A cancelled add (its future dropped) loses these from the list: they stay in etcd
+        // until the run ends, as a node's last receipt does.
         let result = self.add_once(key, &full, delta, &receipt, &answered).await;
         let mut all = self.answered.lock().unwrap_or_else(|e| e.into_inner());
         match &result {
