@@ -486,10 +486,8 @@ fn a_run_lease_whose_publication_lost_its_answer_is_kept() {
     let etcd = Etcd::start();
     let url = etcd.url("lost-publication", "min_nodes=1&max_nodes=1");
     let key = format!("/rdzv/{}/lease", run_of(&url));
-    // The publication's guard as protobuf encodes it (Compare: target CREATE, then the key);
-    // no other request compares this key's creation.
-    let mut guard = vec![0x10, 0x01, 0x1a, key.len() as u8];
-    guard.extend_from_slice(key.as_bytes());
+    // The publication's guard: no other request compares this key's creation.
+    let guard = common::SlowProxy::compare_on(1, &key);
     let proxy = common::SlowProxy::lose_answer_to(etcd.client_port, guard);
     let cut_url = url.replace(&etcd.endpoint(), &proxy.endpoint());
     let node = BlockingRendezvous::new(Params::from_url(&cut_url).unwrap()).unwrap();

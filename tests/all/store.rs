@@ -267,15 +267,14 @@ fn a_read_over_many_keys_survives_compaction_between_its_transactions() {
 fn an_add_whose_answer_is_lost_counts_once() {
     let etcd = Etcd::start();
     let url = etcd.url("lost-add", "min_nodes=1&max_nodes=1");
-    // The add's guard as protobuf encodes it (Compare: target MOD, then the key); no other
-    // request compares this key's revision. The round is 0: the run is new.
+    // The add's guard: no other request compares this key's modification revision. The
+    // round is 0: the run is new.
     let key = format!(
         "/rdzv/{}/r/{:020}/store/arrived",
         common::node::run_of(&url),
         0
     );
-    let mut guard = vec![0x10, 0x02, 0x1a, key.len() as u8];
-    guard.extend_from_slice(key.as_bytes());
+    let guard = common::SlowProxy::compare_on(2, &key);
     let proxy = common::SlowProxy::lose_answer_to(etcd.client_port, guard);
     let cut_url = url.replace(&etcd.endpoint(), &proxy.endpoint());
     let node = BlockingRendezvous::new(Params::from_url(&cut_url).unwrap()).unwrap();

@@ -22,7 +22,8 @@ impl SlowProxy {
     /// Listens on a free port; what etcd at `target_port` sends reaches the client `delay`
     /// after etcd sent it (requests go through at once).
     pub fn start(target_port: u16, delay: Duration) -> SlowProxy {
-        SlowProxy::serve(target_port, move |client, etcd| {
+        let cut = Arc::new(AtomicBool::new(false));
+        SlowProxy::serve(target_port, cut, move |client, etcd| {
             let (to_etcd, from_client) = (etcd.try_clone().unwrap(), client.try_clone().unwrap());
             std::thread::spawn(move || copy(from_client, to_etcd, Duration::ZERO));
             std::thread::spawn(move || copy(etcd, client, delay));
@@ -34,12 +35,13 @@ impl SlowProxy {
     /// reaches it, as when the member fails right after applying a write. Frames are
     /// forwarded whole; `answer_lost` says whether it happened.
     pub fn lose_answer_to(target_port: u16, pattern: Vec<u8>) -> SlowProxy {
-        let stream = Arc::new(Mutex::new(None::<u32>));
         let pattern = Arc::new(pattern);
         let cut = Arc::new(AtomicBool::new(false));
         let cutting = cut.clone();
-        let mut proxy = SlowProxy::serve(target_port, move |client, etcd| {
+        SlowProxy::serve(target_port, cut, move |client, etcd| {
             let (to_etcd, from_client) = (etcd.try_clone().unwrap(), client.try_clone().unwrap());
+            // The request's stream on this connection (stream ids are per connection).
+            let stream = Arc::new(Mutex::new(None::<u32>));
             let (found, pattern) = (stream.clone(), pattern.clone());
             std::thread::spawn(move || {
                 forward_frames(from_client, to_etcd, true, |id, kind, payload| {
@@ -54,18 +56,25 @@ impl SlowProxy {
                     true
                 })
             });
-            let (found, cutting) = (stream.clone(), cutting.clone());
+            let cutting = cutting.clone();
             std::thread::spawn(move || {
                 forward_frames(etcd, client, false, |id, kind, _| {
                     // HEADERS or DATA of the answer, the first time: cut instead of
                     // forwarding it (false), once.
-                    let answer = *found.lock().unwrap() == Some(id) && kind <= 1;
+                    let answer = *stream.lock().unwrap() == Some(id) && kind <= 1;
                     !answer || cutting.swap(true, Ordering::SeqCst)
                 })
             });
-        });
-        proxy.cut = cut;
-        proxy
+        })
+    }
+
+    /// How protobuf encodes the start of an etcd `Compare` on `key` with `target` (1: its
+    /// creation revision, 2: its modification revision), for `lose_answer_to`'s pattern: the
+    /// guard that singles out one kind of request.
+    pub fn compare_on(target: u8, key: &str) -> Vec<u8> {
+        let mut pattern = vec![0x10, target, 0x1a, key.len() as u8];
+        pattern.extend_from_slice(key.as_bytes());
+        pattern
     }
 
     /// Whether `lose_answer_to`'s request was answered by etcd and the answer lost.
@@ -74,9 +83,10 @@ impl SlowProxy {
     }
 
     /// Accepts clients on a free port and gives each, with its own connection to etcd at
-    /// `target_port`, to `connect`.
+    /// `target_port`, to `connect`; `cut` is what `answer_lost` reads.
     fn serve(
         target_port: u16,
+        cut: Arc<AtomicBool>,
         connect: impl Fn(TcpStream, TcpStream) + Send + 'static,
     ) -> SlowProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -102,7 +112,7 @@ impl SlowProxy {
         });
         SlowProxy {
             port,
-            cut: Arc::new(AtomicBool::new(false)),
+            cut,
             stopped,
             sockets,
         }
