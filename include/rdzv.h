@@ -115,6 +115,8 @@
 
 #define NAME_BYTES 48
 
+#define PAUSED_AT 136
+
 #define SECTIONS_AT 192
 
 #define SECTIONS 16
@@ -747,6 +749,16 @@ void rdzv_heartbeat(void);
  * (RDZV_ERR_INVALID_ARGUMENT otherwise, and nothing is recorded). Safe from any thread.
  */
 rdzv_status_t rdzv_heartbeat_step(int64_t step, rdzv_error_t **error);
+
+/**
+ * Pauses `rdzv run`'s hang monitoring of this process until its next heartbeat or section
+ * begin or end: its silence is no longer taken for a hang. Call it before work without steps
+ * that may outlast the hang timeout: a final checkpoint, an evaluation, the program's end.
+ * The program's `exit` pauses by itself (an `atexit` handler registered on the first progress
+ * call), and rdzv's Python module pauses as the interpreter starts to exit; a crash is still
+ * seen while paused. A no-op outside `rdzv run`. Never fails, never blocks, any thread.
+ */
+void rdzv_progress_pause(void);
 
 /**
  * Opens the section `name` (1 to 39 bytes of UTF-8, no NUL): `rdzv run`'s per-section

@@ -68,6 +68,12 @@ func Section(name string) (end func() error, err error) {
 	}, nil
 }
 
+// ProgressPause pauses the hang monitoring of this process until its next heartbeat or
+// section: for work without steps that may outlast the hang timeout (a final checkpoint, an
+// evaluation, the program's end). Call it before os.Exit, which runs no exit handlers; a
+// return from main runs none either, so a Go worker whose end may be slow pauses itself.
+func ProgressPause() { C.rdzv_progress_pause() }
+
 // IsMonitored reports whether this process runs under the progress monitoring of `rdzv run`:
 // its heartbeats and sections are seen.
 func IsMonitored() bool { return bool(C.rdzv_is_monitored()) }

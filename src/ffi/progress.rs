@@ -23,6 +23,17 @@ pub extern "C" fn rdzv_heartbeat_step(step: i64, error: *mut *mut rdzv_error_t) 
     boundary(error, || progress::heartbeat_step(step))
 }
 
+/// Pauses `rdzv run`'s hang monitoring of this process until its next heartbeat or section
+/// begin or end: its silence is no longer taken for a hang. Call it before work without steps
+/// that may outlast the hang timeout: a final checkpoint, an evaluation, the program's end.
+/// The program's `exit` pauses by itself (an `atexit` handler registered on the first progress
+/// call), and rdzv's Python module pauses as the interpreter starts to exit; a crash is still
+/// seen while paused. A no-op outside `rdzv run`. Never fails, never blocks, any thread.
+#[no_mangle]
+pub extern "C" fn rdzv_progress_pause() {
+    let _ = catch_unwind(progress::pause);
+}
+
 /// Opens the section `name` (1 to 39 bytes of UTF-8, no NUL): `rdzv run`'s per-section
 /// timeout (`--section-timeout name=SECONDS`, or learned with `auto`) runs until
 /// `rdzv_section_end(name)`. Sections nest. The name is checked everywhere

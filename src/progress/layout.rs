@@ -15,7 +15,9 @@
 //!  72  open_depth                 sections open (nested)
 //!  80  open_started_ns            when the innermost open section began
 //!  88  open_name[48]              its name, NUL-padded
-//! 136  reserved up to 192
+//! 136  paused_ns                  when the worker paused monitoring (0: not paused); the next
+//!                                 heartbeat or section clears it
+//! 144  reserved up to 192
 //! 192  sections[16] x 64 bytes:   name[40], count u64, max_ns u64, total_ns u64
 //! ```
 
@@ -35,6 +37,7 @@ pub const OPEN_DEPTH_AT: usize = 72;
 pub const OPEN_STARTED_AT: usize = 80;
 pub const OPEN_NAME_AT: usize = 88;
 pub const NAME_BYTES: usize = 48;
+pub const PAUSED_AT: usize = 136;
 
 pub const SECTIONS_AT: usize = 192;
 pub const SECTIONS: usize = 16;
@@ -46,7 +49,8 @@ pub const SECTION_TOTAL_OFF: usize = 56;
 
 pub const PAGE_BYTES: usize = SECTIONS_AT + SECTIONS * SECTION_BYTES;
 
-const _: () = assert!(OPEN_NAME_AT + NAME_BYTES <= SECTIONS_AT);
+const _: () = assert!(OPEN_NAME_AT + NAME_BYTES <= PAUSED_AT);
+const _: () = assert!(PAUSED_AT + 8 <= SECTIONS_AT);
 const _: () = assert!(PAGE_BYTES <= 4096);
 
 use std::sync::atomic::AtomicU64;
@@ -63,13 +67,15 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps the page at `path`, which must be at least `PAGE_BYTES` long (the launcher made it
-    /// so); `writable` for the worker, read-only for the launcher.
-    pub fn open(path: &std::path::Path, writable: bool) -> std::io::Result<Mapping> {
+    /// Maps the page at `path` for writing, which must be at least `PAGE_BYTES` long (the
+    /// launcher made it so). Only the worker maps its page: the launcher reads it with `pread`
+    /// (`reader`), so that nothing the worker does to the file (truncating it, say) can fault
+    /// the launcher.
+    pub fn open(path: &std::path::Path) -> std::io::Result<Mapping> {
         use std::os::unix::io::AsRawFd;
         let file = std::fs::OpenOptions::new()
             .read(true)
-            .write(writable)
+            .write(true)
             .open(path)?;
         let len = file.metadata()?.len();
         if len < PAGE_BYTES as u64 {
@@ -81,10 +87,7 @@ impl Mapping {
                 ),
             ));
         }
-        let prot = match writable {
-            true => libc::PROT_READ | libc::PROT_WRITE,
-            false => libc::PROT_READ,
-        };
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
         // SAFETY: a fresh shared mapping of an open file of at least PAGE_BYTES; the file
         // descriptor may close afterwards (the mapping keeps the file).
         let base = unsafe {
@@ -137,6 +140,11 @@ pub fn load_name(page: &Mapping, offset: usize, bytes: usize) -> String {
     for i in (0..bytes).step_by(8) {
         raw.extend_from_slice(&page.word(offset + i).load(Relaxed).to_ne_bytes());
     }
+    name_of(&raw)
+}
+
+/// A NUL-padded name (invalid UTF-8 shown with replacement characters).
+pub fn name_of(raw: &[u8]) -> String {
     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }

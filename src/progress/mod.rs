@@ -19,9 +19,9 @@ mod layout;
 pub mod reader;
 mod writer;
 
-pub use reader::{Section, SectionStats, Snapshot};
+pub use reader::{Read, Section, SectionStats, Snapshot};
 pub use writer::{
-    heartbeat, heartbeat_step, is_monitored, section_begin, section_end, set_stack_signal,
+    heartbeat, heartbeat_step, is_monitored, pause, section_begin, section_end, set_stack_signal,
 };
 
 /// The environment variable naming a worker's progress page; set by `rdzv run`.

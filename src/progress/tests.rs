@@ -1,5 +1,5 @@
 use super::reader::Reader;
-use super::writer::{beat, begin, end, Page};
+use super::writer::{beat, begin, end, pause_page, Page};
 use super::*;
 
 fn page() -> (std::path::PathBuf, Page, Reader) {
@@ -81,6 +81,11 @@ fn a_reader_never_sees_half_a_section_name() {
         for i in 0..20_000 {
             let name = names[i % 2];
             begin(&page, name).unwrap();
+            // Open for a few microseconds: long enough for two copies of the page to agree
+            // now and then, short enough that most copies overlap a write.
+            for _ in 0..500 {
+                std::hint::spin_loop();
+            }
             end(&page, name).unwrap();
         }
     });
@@ -108,4 +113,84 @@ fn names_are_checked_even_outside_a_launcher() {
     }
     assert!(heartbeat_step(-1).is_err());
     assert!(set_stack_signal(65).is_err());
+}
+
+#[test]
+fn a_pause_is_shown_until_the_next_heartbeat_or_section() {
+    let (dir, page, reader) = page();
+    beat(&page, None);
+    assert_eq!(reader.snapshot().unwrap().paused_for, None);
+    pause_page(&page);
+    assert!(reader.snapshot().unwrap().paused_for.is_some());
+    beat(&page, None);
+    assert_eq!(reader.snapshot().unwrap().paused_for, None, "a heartbeat resumes");
+    pause_page(&page);
+    begin(&page, "final_save").unwrap();
+    assert_eq!(reader.snapshot().unwrap().paused_for, None, "a section resumes");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Writes `bytes` at `offset` of the page file, as a worker scribbling on its page would.
+fn scribble(path: &std::path::Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_at(bytes, offset).unwrap();
+}
+
+#[test]
+fn a_truncated_or_unlinked_page_is_read_without_faulting_the_reader() {
+    let (dir, page, reader) = page();
+    let path = dir.join("progress");
+    beat(&page, None);
+    // Unlinked: the reader's file is still the worker's page.
+    std::fs::remove_file(&path).unwrap();
+    beat(&page, None);
+    assert_eq!(reader.snapshot().unwrap().beats, 2);
+    // Truncated under the reader (a mapped reader would die of SIGBUS here).
+    let (dir2, page2, reader2) = self::page();
+    beat(&page2, None);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir2.join("progress"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    match reader2.read() {
+        Read::Damaged(why) => assert!(why.contains("is 0 bytes"), "{why}"),
+        other => panic!("a truncated page read as {other:?}"),
+    }
+    drop(page);
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_dir_all(dir2).unwrap();
+}
+
+#[test]
+fn a_page_holding_what_no_worker_writes_is_damaged_with_the_reason() {
+    let cases: [(&str, u64, Vec<u8>); 5] = [
+        ("random bytes", 0, (0..1216u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect()),
+        ("0xFF from byte 8", 8, vec![0xFF; 1208]),
+        ("a far-future heartbeat", 24, u64::MAX.to_ne_bytes().to_vec()),
+        ("a far-future event", 48, (u64::MAX / 2).to_ne_bytes().to_vec()),
+        ("a zeroed magic", 0, vec![0; 8]),
+    ];
+    for (what, offset, bytes) in cases {
+        let (dir, page, reader) = page();
+        beat(&page, None);
+        scribble(&dir.join("progress"), offset, &bytes);
+        match reader.read() {
+            Read::Damaged(why) => assert!(!why.is_empty(), "{what}"),
+            other => panic!("{what}: read as {other:?}"),
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+    // A longest interval longer than the clock has run is refused too (a timeout learned from
+    // it would overflow).
+    let (dir, page, reader) = page();
+    beat(&page, None);
+    scribble(&dir.join("progress"), 40, &(u64::MAX - 1).to_ne_bytes());
+    match reader.read() {
+        Read::Damaged(why) => assert!(why.contains("longest heartbeat interval"), "{why}"),
+        other => panic!("read as {other:?}"),
+    }
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -20,7 +20,7 @@ pub(crate) struct Page {
 impl Page {
     /// Maps the page at `path` and marks it as this process's.
     pub(crate) fn open(path: &std::path::Path) -> std::io::Result<Page> {
-        let map = Mapping::open(path, true)?;
+        let map = Mapping::open(path)?;
         let pid = std::process::id() as u64;
         map.word(layout::VERSION_PID_AT)
             .store(layout::VERSION as u64 | pid << 32, Relaxed);
@@ -37,13 +37,47 @@ impl Page {
 static PAGE: Lazy<Option<Page>> = Lazy::new(|| {
     let path = std::env::var_os(PROGRESS_FILE_ENV)?;
     match Page::open(std::path::Path::new(&path)) {
-        Ok(page) => Some(page),
+        Ok(page) => {
+            OWNER.store(std::process::id(), Relaxed);
+            // The program's end is not a hang: exit() pauses monitoring before the handlers
+            // registered earlier and the C++ destructors run (they can take long).
+            // SAFETY: registers a function with no arguments that only touches atomics.
+            unsafe { libc::atexit(pause_at_exit) };
+            Some(page)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot map the progress page: heartbeats are not seen");
             None
         }
     }
 });
+
+/// The process that mapped the page: a child forked from it inherits the mapping and the exit
+/// handler, and must not pause its parent's monitoring when it exits.
+static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+extern "C" fn pause_at_exit() {
+    if OWNER.load(Relaxed) == std::process::id() {
+        pause();
+    }
+}
+
+/// Pauses monitoring until this process's next heartbeat or section begin or end: `rdzv run`
+/// no longer takes its silence for a hang. For work without steps that may outlast the hang
+/// timeout: a final checkpoint, an evaluation, the program's teardown. The program's exit
+/// pauses by itself (an `atexit` handler; rdzv's Python module pauses when the interpreter
+/// starts to exit). A no-op outside `rdzv run`. Never fails, any thread.
+pub fn pause() {
+    if let Some(page) = PAGE.as_ref() {
+        pause_page(page);
+    }
+}
+
+pub(crate) fn pause_page(page: &Page) {
+    // Never 0, which means "not paused".
+    let now = monotonic_ns().max(1);
+    page.map.word(layout::PAUSED_AT).store(now, Release);
+}
 
 /// Whether this process runs under `rdzv run`'s progress monitoring (its calls are seen).
 pub fn is_monitored() -> bool {
@@ -86,6 +120,7 @@ pub(crate) fn beat(page: &Page, step: Option<i64>) {
             longest.fetch_max(now - before, Relaxed);
         }
     }
+    map.word(layout::PAUSED_AT).store(0, Relaxed);
     map.word(layout::LAST_EVENT_AT).store(now, Release);
 }
 
@@ -105,6 +140,7 @@ pub(crate) fn begin(page: &Page, name: &str) -> Result<()> {
     let mut open = page.open.lock().unwrap_or_else(|e| e.into_inner());
     open.push((name.to_string(), now));
     publish_open(page, &open);
+    page.map.word(layout::PAUSED_AT).store(0, Relaxed);
     page.map.word(layout::LAST_EVENT_AT).store(now, Release);
     Ok(())
 }
@@ -131,6 +167,7 @@ pub(crate) fn end(page: &Page, name: &str) -> Result<()> {
     let (_, started) = open.remove(at);
     record(page, name, now.saturating_sub(started));
     publish_open(page, &open);
+    page.map.word(layout::PAUSED_AT).store(0, Relaxed);
     page.map.word(layout::LAST_EVENT_AT).store(now, Release);
     Ok(())
 }

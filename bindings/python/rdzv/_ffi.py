@@ -183,6 +183,7 @@ SIGNATURES = {
     "rdzv_params_free": (None, [ParamsP]),
     "rdzv_heartbeat": (None, []),
     "rdzv_heartbeat_step": (rdzv_status_t, [c_int64, ErrorPP]),
+    "rdzv_progress_pause": (None, []),
     "rdzv_section_begin": (rdzv_status_t, [c_char_p, ErrorPP]),
     "rdzv_section_end": (rdzv_status_t, [c_char_p, ErrorPP]),
     "rdzv_set_stack_signal": (rdzv_status_t, [c_int32, ErrorPP]),

@@ -56,6 +56,7 @@ __all__ = [
 ]
 
 _heartbeat = progress.heartbeat
+_pause = progress.pause
 _section_begin = progress.section_begin
 _section_end = progress.section_end
 
@@ -118,8 +119,10 @@ class RankMonitorClient:
         self.is_initialized = True
 
     def shutdown_workload_monitoring(self) -> None:
-        """Stops reporting (the sections this client left open stay open on the page)."""
+        """Stops reporting: hang monitoring pauses (``rdzv.progress.pause()``) until the next
+        heartbeat or section, so what the program does after it is never called a hang."""
         self.is_initialized = False
+        _pause()
 
     def send_heartbeat(self) -> None:
         """One heartbeat (``rdzv.heartbeat()``)."""

@@ -26,6 +26,7 @@ program that uses the signal keeps it), and gives up silently if anything fails.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import faulthandler
@@ -33,6 +34,7 @@ import operator
 import os
 import signal
 import sys
+import threading
 from types import TracebackType
 from typing import IO, Any, Callable, Dict, Optional, Type
 
@@ -46,6 +48,7 @@ __all__ = [
     "STACK_SIGNAL",
     "heartbeat",
     "is_monitored",
+    "pause",
     "section",
     "section_begin",
     "section_end",
@@ -227,6 +230,18 @@ def is_monitored() -> bool:
     return bool(_monitored)
 
 
+def pause() -> None:
+    """Pauses the hang monitoring of this process until its next heartbeat or section: its
+    silence is no longer taken for a hang. Call it before work without steps that may outlast
+    the hang timeout (a final checkpoint, an evaluation, ``destroy_process_group``). The
+    interpreter's exit pauses by itself (see ``_pause_at_exit``). Never raises; a no-op
+    outside ``rdzv run``."""
+    if _monitored is None:
+        _bind()
+    if _monitored:
+        _ffi.lib().rdzv_progress_pause()
+
+
 def set_stack_signal(signum: int) -> None:
     """Tells ``rdzv run`` which signal makes this process write its threads' stacks to the
     file named by ``RDZV_STACKS_FILE``; 0 takes it back. ``import rdzv`` does this for
@@ -258,7 +273,30 @@ def _default_action(signum: int) -> bool:
     return not old[0]  # SIG_DFL is 0
 
 
-def _install_stack_dumps() -> None:
+def def _pause_at_exit(owner: int = os.getpid()) -> None:
+    """The interpreter is exiting: the end of the program is not a hang. Registered with
+    threading's exit hooks, which run before the interpreter waits for its threads and before
+    every ``atexit`` handler; a forked child that exits leaves its parent watched."""
+    if os.getpid() == owner and _monitored:
+        with contextlib.suppress(Exception):
+            _ffi.lib().rdzv_progress_pause()
+
+
+def _register_exit_pause() -> None:
+    if not os.environ.get(PROGRESS_FILE_ENV):
+        return
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(_pause_at_exit)
+            return
+    except RuntimeError:  # already shutting down
+        return
+    atexit.register(_pause_at_exit)
+
+
+_install_stack_dumps()
+_register_exit_pause() -> None:
     """Under ``rdzv run`` with a stacks file: faulthandler on STACK_SIGNAL, said to the
     launcher. Never raises: a worker is never failed for its evidence."""
     global _stacks_file

@@ -309,6 +309,11 @@ inline void set_log_handler(LogHandler handler) {
 /// One heartbeat: the worker made progress (call it once per training step). Never throws.
 inline void heartbeat() noexcept { rdzv_heartbeat(); }
 
+/// Pauses hang monitoring of this process until its next heartbeat or section: for work
+/// without steps that may outlast the hang timeout (a final checkpoint, an evaluation, the
+/// program's end). exit() pauses by itself. Never throws.
+inline void progress_pause() noexcept { rdzv_progress_pause(); }
+
 /// A heartbeat that also says which step the worker reached (a global iteration that goes on
 /// from a checkpoint across restarts). Throws InvalidArgumentError for a negative step.
 inline void heartbeat(int64_t step) {
