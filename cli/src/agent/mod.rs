@@ -54,10 +54,11 @@ use crate::exit::{signal_name, Exit};
 use crate::host::cpus::Cpus;
 use crate::host::hostname;
 use crate::monitor::evidence::{self, Evidence};
-use crate::monitor::hang::{self, HangMonitor, Hung, Learned};
+use crate::monitor::hang::{self, HangMonitor, HangNotice, Hung, Learned};
 use crate::monitor::health::{self, Unhealthy};
 use crate::monitor::pace::Meter;
 use crate::monitor::progress::NoProgress;
+use crate::monitor::verdict::{self, WorkerProgress};
 use crate::monitor::workers::{self as watched, Watched};
 use crate::output::{self, say};
 use crate::ranks::NodeInfo;
@@ -79,7 +80,7 @@ enum Outcome {
     /// A worker of this node made no progress for longer than its timeout.
     Hung(Hung),
     /// Another node found a hung worker (what it announced).
-    PeerHung(serde_json::Value),
+    PeerHung(HangNotice),
     /// This node's health check failed while training.
     Unhealthy(Unhealthy),
 }
@@ -88,7 +89,7 @@ enum Outcome {
 enum Event {
     Stop(Stop),
     Hung(Hung),
-    PeerHung(serde_json::Value),
+    PeerHung(HangNotice),
     Unhealthy(Unhealthy),
 }
 
@@ -374,11 +375,19 @@ impl Agent {
             write_hang_error_file(&workers[i].error_file, &hung, stacks.as_deref());
         }
         self.stop_group(group, libc::SIGKILL, signals).await?;
+        let mut evidence_by_rank = evidence_entries(workers, &evidence, &host);
         let all = match store {
-            Some(store) => hang::gather(store, round.group_world_size, hang::GATHER_BOUND).await,
+            Some(store) => {
+                let nodes = round.group_world_size;
+                let all = hang::gather(store, nodes, hang::GATHER_BOUND).await;
+                // The other nodes collected theirs meanwhile, as bounded as this node's.
+                let theirs = hang::gather_evidence(store, nodes, hang::GATHER_BOUND).await;
+                evidence_by_rank.extend(theirs);
+                all
+            }
             None => progress,
         };
-        let verdict = hang::verdict(&all);
+        let verdict = verdict::verdict(&all);
         if let Some(verdict) = &verdict {
             for line in verdict.lines() {
                 say(format_args!("hang: {line}"));
@@ -387,15 +396,13 @@ impl Agent {
         for (w, e) in workers.iter().zip(&evidence) {
             say_evidence(w, e);
         }
-        // For `rdzv status`: which rank hung, where, for how long, and where the evidence is.
+        // For `rdzv status`: which rank hung, where, for how long, and where every node's
+        // evidence is.
         let mut note = serde_json::json!({
             "round": round.number,
             "found_by": host,
             "hung": hung.describe(),
-            "evidence": workers.iter().zip(&evidence).filter_map(|(w, e)| {
-                let at = e.stacks.as_ref().or(e.kernel.as_ref())?;
-                Some((w.global_rank.to_string(), at.display().to_string().into()))
-            }).collect::<serde_json::Map<String, serde_json::Value>>(),
+            "evidence": evidence_by_rank,
         });
         if let Some(verdict) = &verdict {
             note["verdict"] = verdict.to_json();
@@ -413,17 +420,16 @@ impl Agent {
         group: &mut Group,
         workers: &[Watched],
         round: &Round,
-        what: serde_json::Value,
+        what: HangNotice,
         signals: &mut Signals,
     ) -> Result<(), Exit> {
         say(format_args!(
             "hang on node {} ({}): {}; stopping the workers to form a new round",
-            what["node"],
-            what["host"].as_str().unwrap_or("?"),
-            what["what"].as_str().unwrap_or("a worker hung")
+            what.node, what.host, what.what
         ));
-        if let Some(store) = source.shared(round) {
-            let host = hostname();
+        let host = hostname();
+        let store = source.shared(round);
+        if let Some(store) = store {
             let progress = progress_of(workers, &host);
             hang::share_progress(store, round.group_rank, &progress).await;
             // The detecting node may have no restart left: it then asks whether a member was
@@ -433,6 +439,13 @@ impl Agent {
         let evidence = collect_evidence(workers, round).await;
         for (w, e) in workers.iter().zip(&evidence) {
             say_evidence(w, e);
+        }
+        if let Some(store) = store {
+            let mine: Vec<_> = evidence_entries(workers, &evidence, &host)
+                .into_iter()
+                .filter_map(|(rank, e)| Some((rank.parse().ok()?, e)))
+                .collect();
+            hang::share_evidence(store, round.group_rank, &mine).await;
         }
         self.stop_group(group, libc::SIGKILL, signals).await
     }
@@ -713,8 +726,30 @@ async fn watch<S: Source>(
 }
 
 /// What each worker's page says, for the other nodes and the verdict (`Watched::progress`).
-fn progress_of(workers: &[Watched], host: &str) -> Vec<serde_json::Value> {
+fn progress_of(workers: &[Watched], host: &str) -> Vec<WorkerProgress> {
     workers.iter().map(|w| w.progress(host)).collect()
+}
+
+/// Where each worker's evidence went, by rank, as the hang's note names it.
+fn evidence_entries(
+    workers: &[Watched],
+    evidence: &[Evidence],
+    host: &str,
+) -> serde_json::Map<String, serde_json::Value> {
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    workers
+        .iter()
+        .zip(evidence)
+        .map(|(w, e)| {
+            let entry = serde_json::json!({
+                "host": host,
+                "stacks": path(&e.stacks),
+                "kernel": path(&e.kernel),
+                "flight_recorder": path(&e.flight_recorder),
+            });
+            (w.global_rank.to_string(), entry)
+        })
+        .collect()
 }
 
 /// Every worker's evidence, collected at once, each bounded (`hang::EVIDENCE_BOUND`).

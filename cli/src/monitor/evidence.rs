@@ -7,7 +7,7 @@
 //! - the kernel's view of every thread (`/proc/PID/task/*`: state and wait channel), for any
 //!   worker in any language.
 
-use super::workers::Watched;
+use super::workers::{state_letter, Watched};
 use crate::workers::env::flight_recorder_prefix;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -34,6 +34,12 @@ pub async fn collect(w: &Watched, round: u64, bound: Duration) -> Evidence {
         flight_recorder: ask_flight_recorder(w),
         ..Evidence::default()
     };
+    // The kernel's view first: it is the state the hang left (a stack signal then wakes the
+    // worker), and it costs no waiting.
+    let kernel = w.stacks.with_file_name(format!("kernel.round{round}.txt"));
+    if std::fs::write(&kernel, kernel_view(w.pid)).is_ok() {
+        evidence.kernel = Some(kernel);
+    }
     let signal = w.snapshot().map_or(0, |s| s.stack_signal);
     let stacks = match signal {
         0 => py_spy(w, deadline).await,
@@ -41,10 +47,6 @@ pub async fn collect(w: &Watched, round: u64, bound: Duration) -> Evidence {
     };
     let kept = w.stacks.with_file_name(format!("stacks.round{round}.txt"));
     evidence.stacks = (stacks && std::fs::rename(&w.stacks, &kept).is_ok()).then_some(kept);
-    let kernel = w.stacks.with_file_name(format!("kernel.round{round}.txt"));
-    if std::fs::write(&kernel, kernel_view(w.pid)).is_ok() {
-        evidence.kernel = Some(kernel);
-    }
     evidence
 }
 
@@ -136,13 +138,7 @@ pub fn kernel_view(pid: u32) -> String {
     for tid in tids {
         let dir = format!("/proc/{pid}/task/{tid}");
         let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).unwrap_or_default();
-        let stat = read("stat");
-        // After the name in parentheses (which may hold spaces): the state letter.
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next())
-            .unwrap_or("?")
-            .to_string();
+        let state = state_letter(&read("stat")).unwrap_or('?');
         let wchan = match read("wchan").trim() {
             "" | "0" => "-".to_string(),
             w => w.to_string(),

@@ -16,20 +16,25 @@
 //! value once before declaring a hang: every node applies the longest interval any worker of
 //! the job showed.
 //!
-//! Suspect versus victims: when one rank hangs, its peers soon block in a collective and stop
-//! making progress too, so the first rank to time out is not necessarily the cause. Whoever
-//! detects a hang announces it in the round's store (`HANG`); every launcher answers with its
-//! workers' progress (`PROGRESS/{node rank}`: last progress as wall-clock time, section,
-//! step), and the detecting launcher names the rank whose last progress is the oldest as the
-//! suspect and the others as waiting on it (`verdict`). Comparing across nodes relies on their
-//! clocks agreeing to well under a step (NTP does); when every rank marks its collectives as
-//! sections, the suspect is the one not in the collective.
+//! Before its first progress a worker is watched only against `--hang-initial-timeout`; while
+//! it has paused monitoring (`rdzv::progress::pause`: a final save, its exit) it is not
+//! watched at all; under `auto`, a section that never ended yet has no learned timeout, so
+//! it too is watched only against `--hang-initial-timeout` (a first checkpoint is not a
+//! hang). A damaged page (`rdzv::progress::Read::Damaged`) shows no progress, so its worker is
+//! held to the heartbeat timeout from the last progress its page showed.
+//!
+//! The launchers' hang protocol, in the round's store: whoever detects a hang announces it
+//! (`HANG`, a `HangNotice`; the first stands); every launcher answers with its workers'
+//! progress (`PROGRESS/{node rank}`, `WorkerProgress` records), from which the detecting
+//! launcher names the suspect (`verdict`), and with where its evidence went
+//! (`EVIDENCE/{node rank}`), so the hang's note names every node's.
 
+use super::verdict::WorkerProgress;
 use super::workers::Watched;
 use crate::args::monitor::Timeout;
 use crate::output::say;
 use crate::settings::monitor::MonitorConfig;
-use rdzv::progress::Snapshot;
+use rdzv::progress::{Read, Snapshot};
 use rdzv::{ErrorKind, Store};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -46,11 +51,8 @@ pub const GATHER_BOUND: Duration = Duration::from_secs(1);
 
 const HANG: &str = "rdzv/agent/hang";
 const PROGRESS: &str = "rdzv/agent/progress";
+const EVIDENCE: &str = "rdzv/agent/evidence";
 const LEARNED: &str = "rdzv/agent/learned";
-
-/// Ranks that stopped within this of the suspect, in the same section, make the verdict
-/// uncertain.
-const ALIKE: Duration = Duration::from_millis(100);
 
 /// A store wait that stands for "until it happens": renewed when it times out.
 const LONG_WAIT: Duration = Duration::from_secs(3600);
@@ -211,7 +213,7 @@ pub struct HangMonitor<'a> {
 }
 
 fn learned_timeout(longest: Duration) -> Duration {
-    (longest * SAFETY).max(AUTO_FLOOR)
+    longest.saturating_mul(SAFETY).max(AUTO_FLOOR)
 }
 
 impl HangMonitor<'_> {
@@ -224,22 +226,26 @@ impl HangMonitor<'_> {
                 .initial
                 .map(|t| (since_start, t, "--hang-initial-timeout"));
         };
+        if s.paused_for.is_some() {
+            return None;
+        }
         if let Some(open) = &s.open {
             let given = self.cfg.sections.iter().find(|(n, _)| *n == open.name);
-            let section = match given.map(|(_, t)| *t) {
-                Some(Timeout::Given(t)) => Some((t, "--section-timeout")),
-                Some(Timeout::Auto) => job
-                    .sections
-                    .get(&open.name)
-                    .map(|l| (learned_timeout(*l), "learned")),
-                None if self.cfg.hang == Some(Timeout::Auto) => job
-                    .sections
-                    .get(&open.name)
-                    .map(|l| (learned_timeout(*l), "learned")),
-                None => None,
+            let auto = match given.map(|(_, t)| *t) {
+                Some(Timeout::Given(t)) => return Some((open.open_for, t, "--section-timeout")),
+                Some(Timeout::Auto) => true,
+                None => self.cfg.hang == Some(Timeout::Auto),
             };
-            if let Some((t, from)) = section {
-                return Some((open.open_for, t, from));
+            if auto {
+                return match job.sections.get(&open.name) {
+                    Some(l) => Some((open.open_for, learned_timeout(*l), "learned")),
+                    // Never ended yet: nothing to learn from, and a first checkpoint is not a
+                    // hang. Only an initial timeout, if one is given, applies.
+                    None => self
+                        .cfg
+                        .initial
+                        .map(|t| (open.open_for, t, "--hang-initial-timeout")),
+                };
             }
         }
         let Some(silent) = s.since_event else {
@@ -248,14 +254,17 @@ impl HangMonitor<'_> {
                 .initial
                 .map(|t| (since_start, t, "--hang-initial-timeout"));
         };
+        self.beat_limit(job).map(|(t, from)| (silent, t, from))
+    }
+
+    /// The heartbeat's timeout: given, learned, or (under `auto`, before anything is learned)
+    /// the initial one.
+    fn beat_limit(&self, job: &Learned) -> Option<(Duration, &'static str)> {
         match self.cfg.hang {
-            Some(Timeout::Given(t)) => Some((silent, t, "--hang-timeout")),
+            Some(Timeout::Given(t)) => Some((t, "--hang-timeout")),
             Some(Timeout::Auto) => match job.beat {
-                Some(longest) => Some((silent, learned_timeout(longest), "learned")),
-                None => self
-                    .cfg
-                    .initial
-                    .map(|t| (silent, t, "--hang-initial-timeout")),
+                Some(longest) => Some((learned_timeout(longest), "learned")),
+                None => self.cfg.initial.map(|t| (t, "--hang-initial-timeout")),
             },
             None => None,
         }
@@ -302,8 +311,20 @@ impl HangMonitor<'_> {
             .iter()
             .filter(|w| !w.has_exited())
             .filter_map(|w| {
-                let s = w.snapshot();
-                let (silent, timeout, source) = self.limit(s.as_ref(), w.started.elapsed(), job)?;
+                let (s, limit) = match w.read() {
+                    Read::Page(s) => {
+                        let limit = self.limit(Some(&s), w.started.elapsed(), job);
+                        (Some(s), limit)
+                    }
+                    Read::NotYet => (None, self.limit(None, w.started.elapsed(), job)),
+                    // No progress can be read: silence since the last that could.
+                    Read::Damaged(_) => (
+                        None,
+                        self.beat_limit(job)
+                            .map(|(t, _)| (w.silent_since(), t, "its progress page is damaged")),
+                    ),
+                };
+                let (silent, timeout, source) = limit?;
                 (silent > timeout).then(|| Hung {
                     global_rank: w.global_rank,
                     local_rank: w.local_rank,
@@ -358,14 +379,54 @@ pub async fn read_learned(store: &Store) -> Learned {
     }
 }
 
+/// A hang as the launcher that found it announces it (`HANG`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HangNotice {
+    /// The node rank of the launcher that found it.
+    pub node: u32,
+    pub host: String,
+    pub rank: u32,
+    /// `Hung::describe`.
+    pub what: String,
+}
+
+impl HangNotice {
+    fn to_bytes(&self) -> Vec<u8> {
+        json!({"node": self.node, "host": self.host, "rank": self.rank, "what": self.what})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> HangNotice {
+        let v: Value = serde_json::from_slice(bytes).unwrap_or_default();
+        let u32_of = |k: &str| v[k].as_u64().and_then(|n| u32::try_from(n).ok());
+        HangNotice {
+            node: u32_of("node").unwrap_or(u32::MAX),
+            host: v["host"].as_str().unwrap_or("?").to_string(),
+            rank: u32_of("rank").unwrap_or(u32::MAX),
+            what: v["what"].as_str().unwrap_or("a worker hung").to_string(),
+        }
+    }
+}
+
 /// Tells the other launchers that this node (`group_rank`) found `hung`; they answer with
 /// their workers' progress (`peer_hung`). The first announcement stands: returns another
 /// node's when it came first (that node spends the restart; this one only re-forms).
-pub async fn announce(store: &Store, group_rank: u32, host: &str, hung: &Hung) -> Option<Value> {
-    let what = json!({"node": group_rank, "host": host, "rank": hung.global_rank, "what": hung.describe()})
-        .to_string();
-    match store.compare_set(HANG, b"", what.as_bytes()).await {
-        Ok(first) if first != what.as_bytes() => serde_json::from_slice(&first).ok(),
+pub async fn announce(
+    store: &Store,
+    group_rank: u32,
+    host: &str,
+    hung: &Hung,
+) -> Option<HangNotice> {
+    let mine = HangNotice {
+        node: group_rank,
+        host: host.to_string(),
+        rank: hung.global_rank,
+        what: hung.describe(),
+    }
+    .to_bytes();
+    match store.compare_set(HANG, b"", &mine).await {
+        Ok(first) if first != mine => Some(HangNotice::from_bytes(&first)),
         Ok(_) => None,
         Err(e) => {
             say(format_args!(
@@ -378,10 +439,10 @@ pub async fn announce(store: &Store, group_rank: u32, host: &str, hung: &Hung) -
 }
 
 /// Publishes this node's workers' progress (`Watched::progress`) under its node rank.
-pub async fn share_progress(store: &Store, group_rank: u32, mine: &[Value]) {
+pub async fn share_progress(store: &Store, group_rank: u32, mine: &[WorkerProgress]) {
     let key = format!("{PROGRESS}/{group_rank}");
     if let Err(e) = store
-        .set(&key, Value::from(mine).to_string().as_bytes())
+        .set(&key, &WorkerProgress::list_to_bytes(mine))
         .await
     {
         say(format_args!(
@@ -393,160 +454,62 @@ pub async fn share_progress(store: &Store, group_rank: u32, mine: &[Value]) {
 
 /// Resolves when another launcher announces a hang (`announce`): returns what it said.
 /// Never resolves when the store fails (the membership check sees why).
-pub async fn peer_hung(store: &Store) -> Value {
+pub async fn peer_hung(store: &Store) -> HangNotice {
     loop {
         match store.get(HANG, Some(LONG_WAIT)).await {
-            Ok(raw) => return serde_json::from_slice(&raw).unwrap_or_default(),
+            Ok(raw) => return HangNotice::from_bytes(&raw),
             Err(e) if e.kind() == ErrorKind::Timeout => continue,
             Err(_) => return std::future::pending().await,
         }
     }
 }
 
-/// Every node's workers' progress (`share_progress`), waiting up to `bound` for all
-/// `nodes` to answer; those that did not are left out.
-pub async fn gather(store: &Store, nodes: u32, bound: Duration) -> Vec<Value> {
-    let keys: Vec<String> = (0..nodes).map(|n| format!("{PROGRESS}/{n}")).collect();
+/// Reads `{prefix}/{n}` for every node, waiting up to `bound` for all `nodes` to answer;
+/// those that did not are left out.
+async fn gather_raw(store: &Store, prefix: &str, nodes: u32, bound: Duration) -> Vec<Vec<u8>> {
+    let keys: Vec<String> = (0..nodes).map(|n| format!("{prefix}/{n}")).collect();
     let deadline = tokio::time::Instant::now() + bound;
     let reads = keys.iter().map(|k| async move {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         store.get(k, Some(left)).await.ok()
     });
-    let mut all = Vec::new();
-    for raw in super::join_all(reads).await.into_iter().flatten() {
-        if let Ok(Value::Array(workers)) = serde_json::from_slice(&raw) {
-            all.extend(workers);
+    super::join_all(reads).await.into_iter().flatten().collect()
+}
+
+/// Every node's workers' progress (`share_progress`), waiting up to `bound` for all
+/// `nodes` to answer; those that did not are left out.
+pub async fn gather(store: &Store, nodes: u32, bound: Duration) -> Vec<WorkerProgress> {
+    gather_raw(store, PROGRESS, nodes, bound)
+        .await
+        .iter()
+        .flat_map(|raw| WorkerProgress::list_from_bytes(raw))
+        .collect()
+}
+
+/// Publishes where this node's workers' evidence went, for the note of the node that found
+/// the hang (`gather_evidence`).
+pub async fn share_evidence(store: &Store, group_rank: u32, mine: &[(u32, Value)]) {
+    let map: serde_json::Map<String, Value> = mine
+        .iter()
+        .map(|(rank, e)| (rank.to_string(), e.clone()))
+        .collect();
+    let key = format!("{EVIDENCE}/{group_rank}");
+    let _ = store.set(&key, Value::Object(map).to_string().as_bytes()).await;
+}
+
+/// Every node's evidence (`share_evidence`), waiting up to `bound`; by rank.
+pub async fn gather_evidence(
+    store: &Store,
+    nodes: u32,
+    bound: Duration,
+) -> serde_json::Map<String, Value> {
+    let mut all = serde_json::Map::new();
+    for raw in gather_raw(store, EVIDENCE, nodes, bound).await {
+        if let Ok(Value::Object(map)) = serde_json::from_slice(&raw) {
+            all.extend(map);
         }
     }
     all
-}
-
-/// The suspect and its victims, from every node's workers' progress.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    /// The rank whose last progress is the oldest.
-    pub suspect: Value,
-    /// The others, each with how long after the suspect it stopped.
-    pub victims: Vec<(Value, Duration)>,
-}
-
-/// Names the rank that stopped first as the suspect (ties: the lowest rank); ranks that never
-/// reported progress, or had exited, are left out.
-pub fn verdict(all: &[Value]) -> Option<Verdict> {
-    let last = |w: &Value| w["last_progress_ms"].as_u64();
-    let rank = |w: &Value| w["rank"].as_u64().unwrap_or(u64::MAX);
-    let mut seen: Vec<&Value> = all
-        .iter()
-        .filter(|w| last(w).is_some() && w["ended"] != true)
-        .collect();
-    seen.sort_by_key(|w| (last(w), rank(w)));
-    let (suspect, rest) = seen.split_first()?;
-    let at = last(suspect)?;
-    Some(Verdict {
-        suspect: (*suspect).clone(),
-        victims: rest
-            .iter()
-            .map(|w| {
-                (
-                    (*w).clone(),
-                    Duration::from_millis(last(w).unwrap_or(at) - at),
-                )
-            })
-            .collect(),
-    })
-}
-
-impl Verdict {
-    /// The report's lines: the suspect, then the victims grouped by section.
-    pub fn lines(&self) -> Vec<String> {
-        let who = |w: &Value| {
-            format!(
-                "rank {} (local rank {} on {})",
-                w["rank"],
-                w["local_rank"],
-                w["host"].as_str().unwrap_or("?")
-            )
-        };
-        let section = |w: &Value| match w["section"].as_str() {
-            Some(s) => format!("in section {s:?}"),
-            None => "outside any section".to_string(),
-        };
-        let s = &self.suspect;
-        // Ranks that stopped about when the suspect did, in the same place, cannot be told
-        // apart from it (heartbeats alone put every rank's last one in the same step).
-        let mut alike: Vec<u64> = self
-            .victims
-            .iter()
-            .filter(|(w, after)| *after < ALIKE && w["section"] == s["section"])
-            .map(|(w, _)| w["rank"].as_u64().unwrap_or(0))
-            .collect();
-        alike.sort_unstable();
-        let doubt = match alike.is_empty() {
-            true => String::new(),
-            false => format!(
-                " (uncertain: rank(s) {} stopped within {:.1} s of it in the same place; marking collectives with rdzv sections tells them apart)",
-                compress(&alike),
-                ALIKE.as_secs_f64()
-            ),
-        };
-        let mut lines = vec![format!(
-            "suspect: {} stopped first, {}, {:.1} s without progress{}{doubt}",
-            who(s),
-            section(s),
-            s["silent_s"].as_f64().unwrap_or(0.0),
-            s["step"]
-                .as_u64()
-                .map(|n| format!(", at step {n}"))
-                .unwrap_or_default()
-        )];
-        let mut by_section: BTreeMap<String, Vec<(u64, Duration)>> = BTreeMap::new();
-        for (w, after) in &self.victims {
-            by_section
-                .entry(section(w))
-                .or_default()
-                .push((w["rank"].as_u64().unwrap_or(0), *after));
-        }
-        for (section, ranks) in by_section {
-            let latest = ranks.iter().map(|(_, a)| *a).max().unwrap_or_default();
-            let mut ranks: Vec<u64> = ranks.into_iter().map(|(r, _)| r).collect();
-            ranks.sort_unstable();
-            lines.push(format!(
-                "waiting on it: rank(s) {} {section}, stopped up to {:.1} s later",
-                compress(&ranks),
-                latest.as_secs_f64()
-            ));
-        }
-        lines
-    }
-
-    pub fn to_json(&self) -> Value {
-        json!({
-            "suspect": self.suspect,
-            "victims": self.victims.iter().map(|(w, after)| {
-                let mut w = w.clone();
-                w["stopped_after_suspect_s"] = json!(after.as_secs_f64());
-                w
-            }).collect::<Vec<_>>(),
-        })
-    }
-}
-
-/// 0,1,2,5 → "0-2,5".
-fn compress(ranks: &[u64]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ranks.len() {
-        let mut j = i;
-        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
-            j += 1;
-        }
-        parts.push(match i == j {
-            true => ranks[i].to_string(),
-            false => format!("{}-{}", ranks[i], ranks[j]),
-        });
-        i = j + 1;
-    }
-    parts.join(",")
 }
 
 #[cfg(test)]

@@ -4,11 +4,14 @@
 //! the launcher maps, `rdzv::progress`); the agent runs these monitors beside its group and
 //! turns what they find into a stop, as it does a worker's exit (`agent/mod.rs`).
 //!
-//! Submodules, each using only those listed before it: `workers` (the group's pages as the
-//! monitors read them, and what a worker's progress looks like to other nodes), `evidence`
-//! (a hung worker's stacks and the kernel's view of every worker), `hang` (timeouts given or
-//! learned, job-wide; detecting a hang; suspect versus victims across nodes), `progress` (the
-//! no-progress restart count), `pace` (each node's pace, and which nodes straggle), `health` (the node's health command).
+//! Submodules, each using only those listed before it: `verdict` (what a worker's progress
+//! looks like to other nodes, and suspect versus victims across nodes), `workers` (the group's
+//! pages as the monitors read them), `evidence` (a hung worker's stacks and the kernel's view
+//! of every worker), `hang` (timeouts given or learned, job-wide; detecting a hang; the
+//! launchers' hang protocol), `progress` (the no-progress restart count), `pace` (each node's
+//! pace, and which nodes straggle), `health` (the node's health command).
+
+pub mod verdict;
 
 pub mod workers;
 

@@ -3,11 +3,12 @@
 
 use crate::workers::env::progress_files;
 use crate::workers::Group;
-use rdzv::progress::{reader::Reader, Snapshot};
-use serde_json::{json, Value};
+use super::verdict::WorkerProgress;
+use crate::output::say;
+use rdzv::progress::{reader::Reader, Read, Snapshot};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 /// One worker of the group, and its page.
@@ -21,6 +22,11 @@ pub struct Watched {
     pub error_file: PathBuf,
     /// Set once the worker has exited: nothing to watch any more.
     pub exited: Arc<AtomicBool>,
+    /// When its page last showed progress (or when it started): where a damaged page's
+    /// silence is counted from.
+    last_progress: Mutex<Instant>,
+    /// The page was found damaged (and that was said).
+    damaged: AtomicBool,
 }
 
 /// The group's workers, their pages mapped (a page that cannot be mapped is not watched).
@@ -39,14 +45,52 @@ pub fn watch(group: &Group) -> Vec<Watched> {
                 stacks,
                 error_file: w.error_file.clone(),
                 exited: w.exited.clone(),
+                last_progress: Mutex::new(Instant::now()),
+                damaged: AtomicBool::new(false),
             }
         })
         .collect()
 }
 
 impl Watched {
+    /// What the page says now, when it can be believed.
     pub fn snapshot(&self) -> Option<Snapshot> {
-        self.reader.as_ref()?.snapshot()
+        match self.read() {
+            Read::Page(s) => Some(s),
+            Read::NotYet | Read::Damaged(_) => None,
+        }
+    }
+
+    /// Reads the page: remembers when it last showed progress, and says once when it is
+    /// damaged (the hang monitor then counts silence from that last progress: `silent_since`).
+    pub fn read(&self) -> Read {
+        let Some(reader) = &self.reader else {
+            return Read::NotYet;
+        };
+        let read = reader.read();
+        match &read {
+            Read::Page(s) => {
+                if let Some(ago) = s.since_event {
+                    let at = Instant::now().checked_sub(ago).unwrap_or(self.started);
+                    let mut last = self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
+                    *last = (*last).max(at);
+                }
+            }
+            Read::Damaged(why) if !self.damaged.swap(true, Ordering::Relaxed) => say(format_args!(
+                "warning: rank {} (local rank {}, pid {}): its progress page is damaged ({why}); it is held to the hang timeout from its last progress seen",
+                self.global_rank, self.local_rank, self.pid
+            )),
+            _ => {}
+        }
+        read
+    }
+
+    /// How long since the page last showed progress (since the worker started, if never).
+    pub fn silent_since(&self) -> Duration {
+        self.last_progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
     }
 
     pub fn has_exited(&self) -> bool {
@@ -54,10 +98,9 @@ impl Watched {
     }
 
     /// What this worker's page says, for other nodes and the report: its last progress as
-    /// wall-clock milliseconds since the epoch, so that nodes can compare. A worker that has
-    /// exited (`ended`) is neither suspect nor victim.
-    pub fn progress(&self, host: &str) -> Value {
-        let ended = self.has_exited();
+    /// wall-clock milliseconds since the epoch, so that nodes can compare, and the kernel's
+    /// view of the process (a stopped one is evidence).
+    pub fn progress(&self, host: &str) -> WorkerProgress {
         let s = self.snapshot();
         let now = SystemTime::now();
         let wall = |ago: Duration| {
@@ -65,18 +108,37 @@ impl Watched {
                 .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
                 .map(|d| d.as_millis() as u64)
         };
-        json!({
-            "rank": self.global_rank,
-            "ended": ended,
-            "local_rank": self.local_rank,
-            "host": host,
-            "pid": self.pid,
-            "beats": s.as_ref().map_or(0, |s| s.beats),
-            "step": s.as_ref().and_then(|s| s.step),
-            "last_progress_ms": s.as_ref().and_then(|s| s.since_event).and_then(wall),
-            "silent_s": s.as_ref().and_then(|s| s.since_event).map(|d| d.as_secs_f64()),
-            "section": s.as_ref().and_then(|s| s.open.as_ref()).map(|o| o.name.clone()),
-            "section_open_s": s.as_ref().and_then(|s| s.open.as_ref()).map(|o| o.open_for.as_secs_f64()),
-        })
+        let open = s.as_ref().and_then(|s| s.open.as_ref());
+        WorkerProgress {
+            rank: self.global_rank,
+            local_rank: self.local_rank,
+            host: host.to_string(),
+            pid: self.pid,
+            ended: self.has_exited(),
+            beats: s.as_ref().map_or(0, |s| s.beats),
+            step: s.as_ref().and_then(|s| s.step),
+            last_progress_ms: s.as_ref().and_then(|s| s.since_event).and_then(wall),
+            silent_s: s
+                .as_ref()
+                .and_then(|s| s.since_event)
+                .map(|d| d.as_secs_f64()),
+            section: open.map(|o| o.name.clone()),
+            section_open_s: open.map(|o| o.open_for.as_secs_f64()),
+            state: process_state(self.pid),
+        }
     }
+}
+
+/// The state letter of process `pid` (`R`, `S`, `D`, `T` stopped, `Z`, ...), as the kernel
+/// shows it; None when the process is gone.
+pub fn process_state(pid: u32) -> Option<char> {
+    state_letter(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The state letter in a `/proc/.../stat` line: after the name in parentheses, which may
+/// hold spaces.
+pub fn state_letter(stat: &str) -> Option<char> {
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .and_then(|s| s.chars().next())
 }

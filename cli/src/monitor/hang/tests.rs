@@ -18,6 +18,7 @@ fn page(silent: Option<f64>, open: Option<(&str, f64)>) -> Snapshot {
             open_for: secs(t),
             depth: 1,
         }),
+        paused_for: None,
         stack_signal: 0,
         sections: vec![SectionStats {
             name: "ckpt".into(),
@@ -149,44 +150,47 @@ fn learned_values_merge_to_the_longest_and_smooth_to_the_mean_across_attempts() 
 }
 
 #[test]
-fn the_rank_that_stopped_first_is_the_suspect_and_the_rest_wait_on_it() {
-    let w = |rank: u64, at: Option<u64>, section: Option<&str>| json!({"rank": rank, "local_rank": rank % 2, "host": "h", "last_progress_ms": at, "section": section, "silent_s": 9.0});
-    let all = [
-        w(0, Some(1_000_400), Some("allreduce")),
-        w(1, Some(1_000_500), Some("allreduce")),
-        w(3, Some(1_000_000), Some("step")),
-        w(2, Some(1_000_450), Some("allreduce")),
-        w(4, None, None),
-        json!({"rank": 5, "ended": true, "last_progress_ms": 1, "host": "h"}),
-    ];
-    let v = verdict(&all).unwrap();
-    assert_eq!(v.suspect["rank"], 3);
+fn a_paused_worker_is_not_watched_and_an_unlearned_section_is_no_hang_under_auto() {
+    let given = MonitorConfig {
+        hang: Some(Timeout::Given(secs(5.0))),
+        ..MonitorConfig::default()
+    };
+    let mut paused = page(Some(60.0), None);
+    paused.paused_for = Some(secs(59.0));
+    assert_eq!(monitor(&given).limit(Some(&paused), secs(99.0), &Learned::default()), None);
+    // Under auto, a section that never ended has no timeout of its own, and the heartbeat's
+    // learned one does not apply inside it: only an initial timeout does, when given.
+    let learned = Learned {
+        beat: Some(secs(0.1)),
+        ..Learned::default()
+    };
+    let first_save = page(Some(30.0), Some(("checkpoint", 30.0)));
+    let auto = MonitorConfig {
+        hang: Some(Timeout::Auto),
+        ..MonitorConfig::default()
+    };
+    assert_eq!(monitor(&auto).limit(Some(&first_save), secs(40.0), &learned), None);
+    let auto_initial = MonitorConfig {
+        hang: Some(Timeout::Auto),
+        initial: Some(secs(600.0)),
+        ..MonitorConfig::default()
+    };
     assert_eq!(
-        v.victims.len(),
-        3,
-        "a rank that never reported, or ended, is left out"
+        monitor(&auto_initial).limit(Some(&first_save), secs(40.0), &learned),
+        Some((secs(30.0), secs(600.0), "--hang-initial-timeout"))
     );
-    let lines = v.lines();
-    assert!(
-        lines[0]
-            .starts_with("suspect: rank 3 (local rank 1 on h) stopped first, in section \"step\""),
-        "{lines:?}"
-    );
-    assert_eq!(
-        lines[1],
-        "waiting on it: rank(s) 0-2 in section \"allreduce\", stopped up to 0.5 s later"
-    );
-    assert_eq!(verdict(&[]), None);
-    // Heartbeats alone: every rank's last one in the same step, none in a section.
-    let alike = [
-        w(0, Some(2_000_010), None),
-        w(1, Some(2_000_000), None),
-        w(2, Some(2_000_900), None),
-    ];
-    let lines = verdict(&alike).unwrap().lines();
-    assert!(
-        lines[0].contains("(uncertain: rank(s) 0 stopped within 0.1 s of it"),
-        "{lines:?}"
-    );
-    assert_eq!(compress(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+    // An explicit `NAME=auto` beside a given heartbeat timeout: the same.
+    let section_auto = MonitorConfig {
+        hang: Some(Timeout::Given(secs(5.0))),
+        sections: vec![("checkpoint".into(), Timeout::Auto)],
+        ..MonitorConfig::default()
+    };
+    assert_eq!(monitor(&section_auto).limit(Some(&first_save), secs(40.0), &learned), None);
+    // A learned value too large to multiply saturates instead of overflowing.
+    let huge = Learned {
+        beat: Some(Duration::MAX / 2),
+        ..Learned::default()
+    };
+    let (_, t, _) = monitor(&auto).limit(Some(&page(Some(1.0), None)), secs(2.0), &huge).unwrap();
+    assert_eq!(t, Duration::MAX);
 }
