@@ -24,6 +24,10 @@ pub struct NodeInfo {
     /// when the framework needs one): absent from the entry when `None`, so entries read the
     /// same as before to launchers that know nothing of it.
     pub coordinator_port: Option<u16>,
+    /// The restarts the job had spent when this node read them, just before the exchange
+    /// (absent when it could not read them): every node of a round takes the least of these,
+    /// so that all its workers get the same `TORCHELASTIC_RESTART_COUNT` (`job_restarts`).
+    pub restarts: Option<u32>,
 }
 
 impl NodeInfo {
@@ -31,6 +35,9 @@ impl NodeInfo {
         let mut v = json!({"role": self.role, "rank": self.group_rank, "local_world_size": self.local_world_size});
         if let Some(port) = self.coordinator_port {
             v["coordinator_port"] = json!(port);
+        }
+        if let Some(n) = self.restarts {
+            v["restarts"] = json!(n);
         }
         v.to_string().into_bytes()
     }
@@ -45,6 +52,9 @@ impl NodeInfo {
                 None => None,
                 Some(p) => Some(u16::try_from(p.as_u64()?).ok()?),
             },
+            restarts: v
+                .get("restarts")
+                .and_then(|n| u32::try_from(n.as_u64()?).ok()),
         })
     }
 }
@@ -65,6 +75,14 @@ pub struct WorkerRanks {
     pub role_world_size: u32,
     /// The port node rank 0 published for a framework's coordinator, if it did.
     pub coordinator_port: Option<u16>,
+}
+
+/// The restarts the job had spent as the round's nodes read them before the exchange: the
+/// least (a node that read before another's refund read one too many; no node of the round can
+/// have charged a restart yet, since none has started its workers). None when no node could
+/// read them.
+pub fn job_restarts(infos: &[NodeInfo]) -> Option<u32> {
+    infos.iter().filter_map(|i| i.restarts).min()
 }
 
 /// The ranks of node `me`'s workers, given every node's entry indexed by node rank.
@@ -105,6 +123,7 @@ mod tests {
             group_rank: rank,
             local_world_size: n,
             coordinator_port: None,
+            restarts: None,
         }
     }
 

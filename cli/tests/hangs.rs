@@ -92,6 +92,125 @@ elif mode == "nvrx":
         client.end_section("step")
         client.send_heartbeat()
     client.shutdown_workload_monitoring()
+elif mode == "slow-exit":
+    # Steps, then an end without steps longer than the hang timeout, in one of three ways.
+    for step in range(20):
+        time.sleep(0.02)
+        rdzv.heartbeat()
+    how, slow = os.environ["EXIT_HOW"], float(os.environ["SLOW_S"])
+    print(f"DONE rank={rank} attempt={attempt} monitored={rdzv.is_monitored()}", flush=True)
+    if how == "pause":
+        rdzv.progress.pause()
+        time.sleep(slow)  # a final save
+    elif how == "nvrx":
+        from rdzv.fault_tolerance import RankMonitorClient
+
+        client = RankMonitorClient()
+        client.init_workload_monitoring()
+        client.send_heartbeat()
+        client.shutdown_workload_monitoring()
+        time.sleep(slow)
+    elif how == "teardown":
+        # The interpreter's own end: an exit handler registered after `import rdzv` (they run
+        # last-registered first), as torch's are.
+        import atexit
+
+        atexit.register(time.sleep, slow)
+    sys.exit(0)
+elif mode == "first-checkpoint":
+    # Steps of 0.1 s, then the job's first checkpoint, longer than the learned floor of 5 s.
+    for step in range(12):
+        time.sleep(0.1)
+        rdzv.heartbeat()
+    with rdzv.section("checkpoint"):
+        time.sleep(float(os.environ["CKPT_S"]))
+    for step in range(5):
+        time.sleep(0.1)
+        rdzv.heartbeat()
+elif mode == "ring":
+    # Steps through a stand-in for a collective (every rank waits for all ranks' files);
+    # HOW says how hang_rank hangs at step 10, once in the job, MARK whether the collective is
+    # a section ("allreduce"; the rest of the step is in none).
+    import ctypes, signal
+
+    shared, world = os.environ["SHARED"], int(os.environ["WORLD_SIZE"])
+    tag, how, marked = os.environ["MASTER_PORT"], os.environ["HOW"], os.environ["MARK"] == "sections"
+    for step in range(int(os.environ.get("STEPS", "30"))):
+        time.sleep(0.03)
+        if rank == hang_rank and step == 10 and not os.path.exists(f"{shared}/hung"):
+            open(f"{shared}/hung", "w").close()
+            print(f"HANGING rank={rank} attempt={attempt} how={how}", flush=True)
+            if how == "sleep":
+                time.sleep(3600)
+            elif how == "c":
+                ctypes.PyDLL(None).sleep(3600)  # in C, holding the GIL
+            else:
+                os.kill(os.getpid(), signal.SIGSTOP)
+        if marked:
+            rdzv.section_begin("allreduce")
+        open(f"{shared}/{tag}.{rank}.{step}", "w").close()
+        while not all(os.path.exists(f"{shared}/{tag}.{r}.{step}") for r in range(world)):
+            time.sleep(0.005)
+        if marked:
+            rdzv.section_end("allreduce")
+        rdzv.heartbeat()
+elif mode == "damage":
+    # Heartbeats, then the worker does something to its own page and stops making progress
+    # (or, for an unlinked page, goes on).
+    page, what = os.environ["RDZV_PROGRESS_FILE"], os.environ["DAMAGE"]
+    for step in range(10):
+        time.sleep(0.02)
+        rdzv.heartbeat()
+    if what == "truncate":
+        os.truncate(page, 0)
+    elif what == "unlink":
+        os.unlink(page)
+        for step in range(40):
+            time.sleep(0.05)
+            rdzv.heartbeat()
+    else:
+        with open(page, "r+b") as f:
+            if what == "random":
+                f.write(os.urandom(os.path.getsize(page)))
+            else:  # timestamps far in the future
+                f.seek(24)
+                f.write(b"\xff" * 8)
+                f.seek(48)
+                f.write(b"\xff" * 8)
+    print(f"DAMAGED rank={rank} what={what}", flush=True)
+    if what != "unlink":
+        time.sleep(3600)
+elif mode == "counts":
+    # Every attempt says its restart count and directory; crash_rank fails once in the job.
+    crash_rank = int(os.environ["CRASH_RANK"])
+    shared = os.environ["SHARED"]
+    error_file = os.environ["TORCHELASTIC_ERROR_FILE"]
+    print(f"COUNT rank={rank} count={attempt} dir={os.path.basename(os.path.dirname(os.path.dirname(error_file)))}", flush=True)
+    if rank == crash_rank and not os.path.exists(f"{shared}/crashed"):
+        open(f"{shared}/crashed", "w").close()
+        sys.exit(1)
+    for step in range(int(os.environ.get("STEPS", "40"))):
+        time.sleep(0.05)
+elif mode == "peer-lost":
+    # Fails at once when the other node's worker is gone (its connection broke, as a peer's
+    # death breaks a collective); alone in a later round, fails once more for real.
+    shared, world = os.environ["SHARED"], int(os.environ["WORLD_SIZE"])
+    open(f"{shared}/pid.{rank}.{os.getpid()}", "w").close()
+    if world == 1 and not os.path.exists(f"{shared}/real"):
+        open(f"{shared}/real", "w").close()
+        print(f"REAL FAILURE attempt={attempt}", flush=True)
+        sys.exit(1)
+    for step in range(20 if world == 1 else 1200):
+        time.sleep(0.05)
+        if world == 1:
+            continue
+        for name in os.listdir(shared):
+            if name.startswith("pid.") and name != f"pid.{rank}.{os.getpid()}":
+                try:
+                    os.kill(int(name.split(".")[2]), 0)
+                except ProcessLookupError:
+                    print(f"PEER GONE rank={rank}", flush=True)
+                    sys.exit(1)
 print(f"DONE rank={rank} attempt={attempt} monitored={rdzv.is_monitored()}", flush=True)
 "#;
 
@@ -479,12 +598,13 @@ fn restarts_that_make_no_progress_stop_the_job_before_its_budget_is_spent() {
     let stop = l.line_with_or_panic("no progress:");
     assert!(
         stop.contains(
-            "3 restart(s) in a row without a worker passing step 39 (--max-no-progress-restarts 2)"
+            "2 restart(s) in a row made no progress (no worker passed step 39) (--max-no-progress-restarts 2)"
         ),
         "{stop}"
     );
-    // The first attempt made progress, the next three did not: four attempts, not eleven.
-    assert_eq!(l.lines_with("FAILING rank=0").count(), 4, "{}", l.output());
+    // The first attempt made progress, the two restarts after it did not: three attempts,
+    // not eleven (nor four, a restart more than the flag allows).
+    assert_eq!(l.lines_with("FAILING rank=0").count(), 3, "{}", l.output());
 }
 
 #[test]
@@ -624,4 +744,289 @@ fn node_id(l: &Launcher) -> String {
     let line = l.line_with_or_panic("as node ");
     let at = line.find("as node ").unwrap() + "as node ".len();
     line[at..].split_whitespace().next().unwrap().to_string()
+}
+
+/// A job that ends slowly after its last heartbeat: `how` the worker ends.
+fn slow_exit_is_no_hang(how: &str) {
+    let s = Scratch::new();
+    let mut l = s.run(
+        &["--standalone", "--hang-timeout", "1.5", "--max-restarts", "0"],
+        "slow-exit",
+        &[("EXIT_HOW", how), ("SLOW_S", "4")],
+    );
+    assert_eq!(code(l.exit(60)), 0, "{how}: {}", l.output());
+    assert!(!l.said("hang:"), "{how}: {}", l.output());
+    l.line_with_or_panic("DONE rank=0 attempt=0 monitored=True");
+}
+
+#[test]
+fn a_worker_that_pauses_before_a_long_end_is_not_hung() {
+    slow_exit_is_no_hang("pause");
+}
+
+#[test]
+fn an_interpreter_whose_exit_outlasts_the_timeout_is_not_hung() {
+    slow_exit_is_no_hang("teardown");
+}
+
+#[test]
+fn nvrx_shutdown_workload_monitoring_pauses_the_monitor() {
+    slow_exit_is_no_hang("nvrx");
+}
+
+#[test]
+fn a_c_worker_that_exits_slowly_is_not_hung() {
+    // exit() runs the handler registered before the first heartbeat after rdzv's own, which
+    // pauses monitoring: the slow handler's silence is no hang.
+    const SLOW: &str = r#"
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <unistd.h>
+static void slow_end(void) { sleep(4); }
+int main(void) {
+    void *lib = dlopen(getenv("RDZV_LIB"), RTLD_NOW);
+    if (!lib) return 2;
+    void (*heartbeat)(void) = (void (*)(void))dlsym(lib, "rdzv_heartbeat");
+    atexit(slow_end);
+    for (int i = 0; i < 20; i++) { heartbeat(); usleep(20000); }
+    return 0;
+}
+"#;
+    let s = Scratch::new();
+    let source = s.path("slow.c");
+    std::fs::write(&source, SLOW).unwrap();
+    let program = s.path("slow");
+    let built = Command::new("cc")
+        .arg(&source)
+        .arg("-o")
+        .arg(&program)
+        .arg("-ldl")
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let mut cmd = Command::new(RDZV);
+    cmd.args(["run", "--standalone", "--hang-timeout", "1.5", "--max-restarts", "0"])
+        .arg(&program)
+        .env("RDZV_LIB", library());
+    clean_env(&mut cmd);
+    let mut l = Launcher::spawn_in_own_tmpdir(cmd);
+    assert_eq!(code(l.exit(60)), 0, "{}", l.output());
+    assert!(!l.said("hang:"), "{}", l.output());
+}
+
+#[test]
+fn under_auto_the_first_checkpoint_of_a_job_is_not_a_hang() {
+    // Steps of 0.1 s learn the 5 s floor; the first checkpoint takes 6.5 s and has never
+    // ended before, so nothing was learned of it.
+    for flags in [
+        &["--hang-timeout", "auto"][..],
+        &["--hang-timeout", "2", "--section-timeout", "checkpoint=auto"][..],
+    ] {
+        let s = Scratch::new();
+        let mut all = vec!["--standalone", "--max-restarts", "0"];
+        all.extend_from_slice(flags);
+        let mut l = s.run(&all, "first-checkpoint", &[("CKPT_S", "6.5")]);
+        assert_eq!(code(l.exit(60)), 0, "{flags:?}: {}", l.output());
+        assert!(!l.said("hang:"), "{flags:?}: {}", l.output());
+        l.line_with_or_panic("DONE rank=0 attempt=0 monitored=True");
+    }
+}
+
+/// A page the worker damages (`what`): the launcher says so, does not die, and holds the
+/// worker to its timeout from its last progress.
+fn damaged_page(what: &str) -> Launcher {
+    let s = Scratch::new();
+    let mut l = s.run(
+        &["--standalone", "--hang-timeout", "1.5", "--max-restarts", "0"],
+        "damage",
+        &[("DAMAGE", what)],
+    );
+    l.exit(60);
+    l
+}
+
+#[test]
+fn a_worker_that_damages_its_page_is_reported_and_held_to_its_timeout() {
+    for what in ["truncate", "random", "future"] {
+        let mut l = damaged_page(what);
+        let status = l.exit(5);
+        // The launcher lived to fail the job (a truncated mapped page was SIGBUS, 135).
+        assert_eq!(code(status), 1, "{what}: {}", l.output());
+        let warning = l.line_with_or_panic("its progress page is damaged (");
+        assert!(warning.contains("warning: rank 0"), "{what}: {warning}");
+        let hang = l.line_with_or_panic("hang: rank 0");
+        assert!(
+            hang.contains("(timeout 1.5 s, its progress page is damaged;"),
+            "{what}: {hang}"
+        );
+        assert!(number_after(&hang, "made no progress for ") >= 1.5, "{hang}");
+    }
+    // An unlinked page is still the worker's: it goes on being read, and the job succeeds.
+    let mut l = damaged_page("unlink");
+    assert_eq!(code(l.exit(5)), 0, "{}", l.output());
+    assert!(!l.said("hang:") && !l.said("damaged"), "{}", l.output());
+}
+
+/// Two nodes of two workers; rank 3 (on the second node) hangs `how`, the collective marked
+/// as a section or not. Returns every verdict line, the hang's note and the launchers.
+fn ring(how: &str, mark: &str) -> (Vec<String>, serde_json::Value, Vec<Launcher>) {
+    let etcd = Etcd::start();
+    let url = etcd.url(
+        &format!("ring-{how}-{mark}"),
+        "min_nodes=2&max_nodes=2",
+    );
+    let s = Scratch::new();
+    let flags = [
+        "--rdzv",
+        &url,
+        "--nproc-per-node",
+        "2",
+        "--hang-timeout",
+        "2",
+        "--max-restarts",
+        "1",
+    ];
+    let env = [
+        ("STEPS", "90"),
+        ("HOW", how),
+        ("MARK", mark),
+        ("HANG_RANK", "3"),
+    ];
+    let mut nodes: Vec<Launcher> = (0..2).map(|_| s.run(&flags, "ring", &env)).collect();
+    nodes[0].wait_line(60, |l| l.contains("round 1 formed"));
+    let status = Command::new(RDZV)
+        .args(["status", "--json", &url])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let note: serde_json::Value =
+        serde_json::from_str(status["notes"]["hang"].as_str().expect("a hang note")).unwrap();
+    for l in nodes.iter_mut() {
+        assert_eq!(code(l.exit(90)), 0, "{how}/{mark}: {}", l.output());
+    }
+    let verdicts: Vec<String> = nodes
+        .iter()
+        .flat_map(|l| l.lines_with("hang: ").map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| l.contains("hang: suspect:") || l.contains("hang: waiting on it:"))
+        .collect();
+    assert!(
+        verdicts.iter().any(|v| v.contains("hang: suspect:")),
+        "{how}/{mark}: no verdict\n{}\n---\n{}",
+        nodes[0].output(),
+        nodes[1].output()
+    );
+    // Every node's evidence is in the note: all four ranks, on both hosts' launchers.
+    let evidence = note["evidence"].as_object().expect("evidence by rank");
+    assert_eq!(evidence.len(), 4, "{note}");
+    (verdicts, note, nodes)
+}
+
+/// The verdict is certain and names rank 3, the others its victims.
+fn names_rank_3(how: &str, mark: &str) {
+    let (verdicts, note, _) = ring(how, mark);
+    let suspect = &note["verdict"]["suspect"];
+    assert_eq!(suspect["rank"], 3, "{how}/{mark}: {note}");
+    assert_eq!(note["verdict"]["uncertain"], false, "{note}");
+    let victims: Vec<u64> = note["verdict"]["victims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["rank"].as_u64().unwrap())
+        .collect();
+    assert_eq!(victims.len(), 3, "{note}");
+    assert!(!victims.contains(&3), "the suspect among its victims: {note}");
+    for v in verdicts.iter().filter(|v| v.contains("suspect:")) {
+        assert!(v.contains("suspect: rank 3 (local rank 1 on "), "{v}");
+    }
+}
+
+#[test]
+fn with_sections_a_sleeping_rank_outside_the_collective_is_the_suspect() {
+    names_rank_3("sleep", "sections");
+}
+
+#[test]
+fn with_sections_a_rank_hung_in_c_holding_the_gil_is_the_suspect() {
+    names_rank_3("c", "sections");
+}
+
+#[test]
+fn a_stopped_rank_is_the_suspect_with_sections_or_without() {
+    names_rank_3("stop", "sections");
+    names_rank_3("stop", "none");
+}
+
+#[test]
+fn with_heartbeats_alone_the_verdict_names_the_hung_rank_or_says_it_is_uncertain() {
+    for how in ["sleep", "c"] {
+        let (_, note, _) = ring(how, "none");
+        let v = &note["verdict"];
+        if v["suspect"]["rank"] != 3 {
+            // Every rank's last heartbeat was in the same step: only milliseconds part them,
+            // and the verdict must say so, with the hung rank among those alike.
+            assert_eq!(v["uncertain"], true, "{how}: a wrong suspect, certain: {note}");
+            let alike: Vec<u64> = v["because"]["alike"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r.as_u64().unwrap())
+                .collect();
+            assert!(alike.contains(&3), "{how}: {note}");
+        }
+    }
+}
+
+#[test]
+fn every_worker_of_a_round_gets_the_jobs_restart_count_and_directory() {
+    let etcd = Etcd::start();
+    let url = etcd.url("counts", "min_nodes=2&max_nodes=2");
+    let s = Scratch::new();
+    let flags = ["--rdzv", &url, "--max-restarts", "2"];
+    let env = [("CRASH_RANK", "1")];
+    let mut nodes: Vec<Launcher> = (0..2).map(|_| s.run(&flags, "counts", &env)).collect();
+    for l in nodes.iter_mut() {
+        assert_eq!(code(l.exit(90)), 0, "{}", l.output());
+    }
+    // Rank 1's crash spent the job's one restart; the node that did not fail re-formed
+    // without spending, and its worker is still told the job's count, in the same directory.
+    for l in &nodes {
+        let last = l
+            .lines_with("COUNT rank=")
+            .last()
+            .unwrap_or_else(|| panic!("{}", l.output()))
+            .to_string();
+        assert!(last.contains("count=1 dir=attempt_1"), "{last}\n{}", l.output());
+    }
+}
+
+#[test]
+fn a_restart_refunded_for_a_lost_peer_is_not_charged_again() {
+    // Node B vanishes (launcher and workers SIGKILLed, no watchdog): A's worker fails at once,
+    // before B's lease expires, so A spends its one restart; the next round, without B,
+    // gives it back. A real failure then still has that restart.
+    let etcd = Etcd::start();
+    let url = etcd.url(
+        "refund",
+        "min_nodes=1&max_nodes=2&lease_ttl=2&last_call_timeout=0.5",
+    );
+    let s = Scratch::new();
+    let flags = ["--rdzv", &url, "--max-restarts", "1", "--no-watchdog"];
+    let mut a = s.run(&flags, "peer-lost", &[]);
+    a.wait_line(60, |l| l.contains("round 0 formed"));
+    let mut b = s.run(&flags, "peer-lost", &[]);
+    for l in [&mut a, &mut b] {
+        l.wait_line(60, |l| l.contains("formed:") && l.contains("world size 2"));
+    }
+    // Both workers started (their pid files), then B dies whole.
+    let started = std::time::Instant::now();
+    while std::fs::read_dir(s.path("shared")).unwrap().count() < 2 {
+        assert!(started.elapsed().as_secs() < 30, "the workers did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    b.kill_node();
+    assert_eq!(code(a.exit(90)), 0, "{}", a.output());
+    a.line_with_or_panic("PEER GONE");
+    a.line_with_or_panic("restart refunded");
+    a.line_with_or_panic("REAL FAILURE");
+    assert!(a.said("restarting the worker group (restart 1 of 1)"), "{}", a.output());
 }

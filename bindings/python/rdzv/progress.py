@@ -273,30 +273,7 @@ def _default_action(signum: int) -> bool:
     return not old[0]  # SIG_DFL is 0
 
 
-def def _pause_at_exit(owner: int = os.getpid()) -> None:
-    """The interpreter is exiting: the end of the program is not a hang. Registered with
-    threading's exit hooks, which run before the interpreter waits for its threads and before
-    every ``atexit`` handler; a forked child that exits leaves its parent watched."""
-    if os.getpid() == owner and _monitored:
-        with contextlib.suppress(Exception):
-            _ffi.lib().rdzv_progress_pause()
-
-
-def _register_exit_pause() -> None:
-    if not os.environ.get(PROGRESS_FILE_ENV):
-        return
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is not None:
-            register(_pause_at_exit)
-            return
-    except RuntimeError:  # already shutting down
-        return
-    atexit.register(_pause_at_exit)
-
-
-_install_stack_dumps()
-_register_exit_pause() -> None:
+def _install_stack_dumps() -> None:
     """Under ``rdzv run`` with a stacks file: faulthandler on STACK_SIGNAL, said to the
     launcher. Never raises: a worker is never failed for its evidence."""
     global _stacks_file
@@ -320,4 +297,27 @@ _register_exit_pause() -> None:
         return
 
 
+def _pause_at_exit(owner: int = os.getpid()) -> None:
+    """The interpreter is exiting: the end of the program is not a hang. Registered with
+    threading's exit hooks, which run before the interpreter waits for its threads and before
+    every ``atexit`` handler; a forked child that exits leaves its parent watched."""
+    if os.getpid() == owner and _monitored:
+        with contextlib.suppress(Exception):
+            _ffi.lib().rdzv_progress_pause()
+
+
+def _register_exit_pause() -> None:
+    if not os.environ.get(PROGRESS_FILE_ENV):
+        return
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(_pause_at_exit)
+            return
+    except RuntimeError:  # already shutting down
+        return
+    atexit.register(_pause_at_exit)
+
+
 _install_stack_dumps()
+_register_exit_pause()

@@ -10,10 +10,10 @@ use super::barrier;
 use super::connect::connect;
 use super::failure;
 use super::signals::Signals;
-use super::source::{Round, Source, Stop};
+use super::source::{Exchanged, Round, Source, Stop};
 use crate::exit::Exit;
 use crate::output::say;
-use crate::ranks::{self, NodeInfo, WorkerRanks};
+use crate::ranks::{self, NodeInfo};
 use crate::watchdog::Watchdog;
 use rdzv::{ErrorKind, Params, Rendezvous, Store};
 use std::sync::Arc;
@@ -98,6 +98,22 @@ impl Etcd {
     }
 }
 
+/// The job's restart count in the run's store, and the marks that make each charge and each
+/// refund count once per round.
+const RESTARTS: &str = "rdzv/agent/restarts";
+
+impl Etcd {
+    /// Adds `delta` to the job's restart count if this node is the first to set `mark`;
+    /// returns the count either way.
+    async fn count_once(&self, mark: &str, delta: i64) -> Option<u32> {
+        let run = self.rdzv.run_store().await.ok()?;
+        let me = self.rdzv.node_id().as_bytes();
+        let first = run.compare_set(mark, b"", me).await.ok()?;
+        let delta = if first == me { delta } else { 0 };
+        u32::try_from(run.add(RESTARTS, delta).await.ok()?).ok()
+    }
+}
+
 impl Source for Etcd {
     const SHARED: bool = true;
 
@@ -169,7 +185,7 @@ impl Source for Etcd {
         round: &Round,
         me: NodeInfo,
         signals: &mut Signals,
-    ) -> Result<Vec<WorkerRanks>, Stop> {
+    ) -> Result<Exchanged, Stop> {
         let Some(store) = &self.store else {
             return Err(Stop::Error(
                 "exchanging worker counts: no round formed".into(),
@@ -197,7 +213,10 @@ impl Source for Etcd {
             .ok_or_else(|| {
                 Stop::Error("exchanging worker counts: a node published an unreadable entry".into())
             })?;
-        Ok(ranks::assign(&infos, round.group_rank))
+        Ok(Exchanged {
+            workers: ranks::assign(&infos, round.group_rank),
+            restarts: ranks::job_restarts(&infos),
+        })
     }
 
     /// Every monitor interval: `num_lost` (answered from a watch, free), with `waiting` also
@@ -279,16 +298,18 @@ impl Source for Etcd {
     }
 
     async fn charge_job(&self, round: &Round) -> Option<u32> {
+        self.count_once(&format!("{RESTARTS}/round/{}", round.number), 1)
+            .await
+    }
+
+    async fn refund_job(&self, charged: u64) -> Option<u32> {
+        self.count_once(&format!("{RESTARTS}/refund/{charged}"), -1)
+            .await
+    }
+
+    async fn job_restarts(&self) -> Option<u32> {
         let run = self.rdzv.run_store().await.ok()?;
-        // The first node to charge this round counts it; the others read the count.
-        let mark = format!("rdzv/agent/restarts/round/{}", round.number);
-        let me = self.rdzv.node_id().as_bytes();
-        let first = run.compare_set(&mark, b"", me).await.ok()?;
-        let spent = match first == me {
-            true => run.add("rdzv/agent/restarts", 1).await.ok()?,
-            false => run.add("rdzv/agent/restarts", 0).await.ok()?,
-        };
-        u32::try_from(spent).ok()
+        u32::try_from(run.add(RESTARTS, 0).await.ok()?).ok()
     }
 
     async fn drain_self(&self, why: &str) {

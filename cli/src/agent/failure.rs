@@ -43,12 +43,19 @@ pub struct Budget {
     pub max: u32,
 }
 
+/// A restart charged for a failed round: the round, and its members.
+pub struct Charged {
+    pub round: u64,
+    pub members: Arc<[String]>,
+}
+
 /// What the agent does with a worker failure.
 pub enum Verdict {
     /// A member of the round was lost: a membership change, no restart spent.
     Loss(String),
-    /// A restart was spent; refunded if the next round shows that a member of these was lost.
-    Charged(Option<Arc<[String]>>),
+    /// A restart was spent; refunded if the next round shows that a member of the round that
+    /// failed was lost.
+    Charged(Option<Charged>),
     /// No restart left and no loss to explain the failure: the job failed.
     Spent,
     Stop(Stop),
@@ -75,12 +82,16 @@ pub async fn verdict<S: Source>(
             source
                 .note("restarts", &format!("{spent} of {} spent", budget.max))
                 .await;
-            budget.used = budget.used.max(spent).min(budget.max);
+            // The job's count is the budget: refunds are made there too (`refund_if_lost`).
+            budget.used = spent.min(budget.max);
         }
         // With the job's budget spent (by other nodes' failures), this failure is decided as
         // any with no restart left.
         if spent.is_none_or(|spent| spent <= budget.max) {
-            return Verdict::Charged(members);
+            return Verdict::Charged(members.map(|members| Charged {
+                round: round.number,
+                members,
+            }));
         }
     }
     match source.wait_for_loss(round, why, signals).await {
@@ -91,15 +102,24 @@ pub async fn verdict<S: Source>(
 }
 
 /// Gives back the restart the last failure spent if the round just formed lacks a member of
-/// the round that failed (`before`): that member's loss broke the workers.
-pub async fn refund_if_lost<S: Source>(source: &S, budget: &mut Budget, before: &[String]) {
+/// the round that failed (`before`): that member's loss broke the workers. The job's count
+/// gives it back too, once for the round however many nodes do, so that a later charge does
+/// not take it again.
+pub async fn refund_if_lost<S: Source>(source: &S, budget: &mut Budget, before: &Charged) {
     let Some(now) = source.members().await else {
         return;
     };
     let now: HashSet<&str> = now.iter().map(String::as_str).collect();
-    let gone = before.iter().filter(|m| !now.contains(m.as_str())).count();
+    let gone = before
+        .members
+        .iter()
+        .filter(|m| !now.contains(m.as_str()))
+        .count();
     if gone > 0 && budget.used > 0 {
-        budget.used -= 1;
+        budget.used = match source.refund_job(before.round).await {
+            Some(spent) => spent.min(budget.max),
+            None => budget.used - 1,
+        };
         say(format_args!(
             "{gone} member(s) of the last round were lost: the failure is put down to that, restart refunded ({} of {} used)",
             budget.used, budget.max

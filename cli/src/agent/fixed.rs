@@ -4,9 +4,9 @@
 //! ends a round from outside, a failure is this node's alone, and nobody is waited for.
 
 use super::signals::Signals;
-use super::source::{Round, Source, Stop};
+use super::source::{Exchanged, Round, Source, Stop};
 use crate::exit::Exit;
-use crate::ranks::{self, NodeInfo, WorkerRanks};
+use crate::ranks::{self, NodeInfo};
 use crate::settings::rendezvous::StaticRound;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,14 +46,17 @@ impl Source for Fixed {
         round: &Round,
         me: NodeInfo,
         _signals: &mut Signals,
-    ) -> Result<Vec<WorkerRanks>, Stop> {
+    ) -> Result<Exchanged, Stop> {
         let nodes: Vec<NodeInfo> = (0..round.group_world_size)
             .map(|group_rank| NodeInfo {
                 group_rank,
                 ..me.clone()
             })
             .collect();
-        Ok(ranks::assign(&nodes, round.group_rank))
+        Ok(Exchanged {
+            workers: ranks::assign(&nodes, round.group_rank),
+            restarts: None,
+        })
     }
 
     async fn membership_change(&self, _waiting: bool) -> Stop {
@@ -91,6 +94,14 @@ impl Source for Fixed {
     }
 
     async fn charge_job(&self, _round: &Round) -> Option<u32> {
+        None
+    }
+
+    async fn refund_job(&self, _charged: u64) -> Option<u32> {
+        None
+    }
+
+    async fn job_restarts(&self) -> Option<u32> {
         None
     }
 

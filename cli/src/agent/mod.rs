@@ -68,9 +68,8 @@ use crate::workers::env::{coordinator_port, GroupSpec};
 use crate::workers::logs::LogPlan;
 use crate::workers::report::{self, Failure};
 use crate::workers::Group;
-use failure::{Budget, Verdict};
-use source::{Round, Source, Stop};
-use std::sync::Arc;
+use failure::{Budget, Charged, Verdict};
+use source::{Exchanged, Round, Source, Stop};
 
 /// How a running group ended.
 enum Outcome {
@@ -98,8 +97,8 @@ enum Event {
 struct Carried {
     /// The last group's failures, reported if the job ends before a group succeeds.
     failed: Option<Vec<Failure>>,
-    /// The members of the round whose failure spent the last restart.
-    charged: Option<Arc<[String]>>,
+    /// The round whose failure spent the last restart, and its members.
+    charged: Option<Charged>,
 }
 
 pub struct Agent {
@@ -226,11 +225,17 @@ impl Agent {
         if let Some(before) = carried.charged.take() {
             failure::refund_if_lost(source, &mut self.restarts, &before).await;
         }
-        let workers = match source
-            .exchange(&round, self.node_info(&round), signals)
-            .await
-        {
-            Ok(workers) => workers,
+        let mut me = self.node_info(&round);
+        // After this node's refund and before any node of the round can charge (none has
+        // started its workers): the least of what the nodes read is the job's count for all.
+        me.restarts = source.job_restarts().await;
+        let workers = match source.exchange(&round, me, signals).await {
+            Ok(Exchanged { workers, restarts }) => {
+                if let Some(spent) = restarts {
+                    self.restarts.used = spent.min(self.restarts.max);
+                }
+                workers
+            }
             Err(Stop::Changed(why)) => {
                 say(format_args!(
                     "{why} while exchanging worker counts: forming a new round"
@@ -272,6 +277,7 @@ impl Agent {
             Exit::Failure
         })?;
         let watched = watched::watch(&group);
+        self.no_progress.attempt_started();
         let outcome = self
             .monitor(source, &mut group, &watched, &round, signals)
             .await;
@@ -364,6 +370,7 @@ impl Agent {
             }
             hang::share_progress(store, round.group_rank, &progress).await;
         }
+        let evidence_started = tokio::time::Instant::now();
         let evidence = collect_evidence(workers, round).await;
         let hung_worker = workers
             .iter()
@@ -380,8 +387,11 @@ impl Agent {
             Some(store) => {
                 let nodes = round.group_world_size;
                 let all = hang::gather(store, nodes, hang::GATHER_BOUND).await;
-                // The other nodes collected theirs meanwhile, as bounded as this node's.
-                let theirs = hang::gather_evidence(store, nodes, hang::GATHER_BOUND).await;
+                // The other nodes collect theirs meanwhile, as bounded as this node's (a
+                // stopped worker's stacks take the whole bound).
+                let until = evidence_started + hang::EVIDENCE_BOUND + hang::GATHER_BOUND;
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                let theirs = hang::gather_evidence(store, nodes, left).await;
                 evidence_by_rank.extend(theirs);
                 all
             }
@@ -461,6 +471,7 @@ impl Agent {
                 round.group_rank,
                 round.master_port,
             ),
+            restarts: None,
         }
     }
 
@@ -530,7 +541,7 @@ impl Agent {
         let why = report::summary(&failures);
         if let Some(max) = self.cfg.monitor.max_no_progress_restarts {
             self.no_progress.attempt_ended(workers);
-            if self.no_progress.in_a_row > max {
+            if self.no_progress.spent(max) {
                 let stop = format!(
                     "no progress: {} (--max-no-progress-restarts {max})",
                     self.no_progress.describe()
@@ -556,6 +567,7 @@ impl Agent {
                     self.restarts.used, self.restarts.max, failures[0].global_rank
                 ));
                 carried.charged = members;
+                self.no_progress.restarted();
                 carried.failed = Some(failures);
                 return Ok(());
             }

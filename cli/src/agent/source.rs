@@ -15,6 +15,13 @@ use crate::ranks::{NodeInfo, WorkerRanks};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What the exchange gives: this node's workers' ranks, and the restarts the job had spent
+/// when the round formed (`ranks::job_restarts`), the same on every node of the round.
+pub struct Exchanged {
+    pub workers: Vec<WorkerRanks>,
+    pub restarts: Option<u32>,
+}
+
 /// A formed round, as the workers need it.
 pub struct Round {
     pub number: u64,
@@ -57,7 +64,7 @@ pub trait Source {
         round: &Round,
         me: NodeInfo,
         signals: &mut Signals,
-    ) -> Result<Vec<WorkerRanks>, Stop>;
+    ) -> Result<Exchanged, Stop>;
 
     /// Resolves when the round must be re-formed (members lost, or with `waiting` also nodes
     /// waiting to join), the run was closed or this node drained. Never resolves on a fixed
@@ -98,6 +105,13 @@ pub trait Source {
     /// nodes charge it (`round`: the round that failed); returns the restarts the job has
     /// spent. None on a fixed layout or when etcd cannot say.
     async fn charge_job(&self, round: &Round) -> Option<u32>;
+
+    /// Gives back the restart charged for round `charged` (a member's loss explained the
+    /// failure), once however many nodes give it back; returns the restarts the job has spent.
+    async fn refund_job(&self, charged: u64) -> Option<u32>;
+
+    /// The restarts the job has spent, as the run's store says (None on a fixed layout).
+    async fn job_restarts(&self) -> Option<u32>;
 
     /// Drains this node with `why` (a failed health check): the others re-form without it at
     /// once. Nothing to do on a fixed layout.
