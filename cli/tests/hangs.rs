@@ -750,7 +750,13 @@ fn node_id(l: &Launcher) -> String {
 fn slow_exit_is_no_hang(how: &str) {
     let s = Scratch::new();
     let mut l = s.run(
-        &["--standalone", "--hang-timeout", "1.5", "--max-restarts", "0"],
+        &[
+            "--standalone",
+            "--hang-timeout",
+            "1.5",
+            "--max-restarts",
+            "0",
+        ],
         "slow-exit",
         &[("EXIT_HOW", how), ("SLOW_S", "4")],
     );
@@ -805,9 +811,16 @@ int main(void) {
         .unwrap();
     assert!(built.success());
     let mut cmd = Command::new(RDZV);
-    cmd.args(["run", "--standalone", "--hang-timeout", "1.5", "--max-restarts", "0"])
-        .arg(&program)
-        .env("RDZV_LIB", library());
+    cmd.args([
+        "run",
+        "--standalone",
+        "--hang-timeout",
+        "1.5",
+        "--max-restarts",
+        "0",
+    ])
+    .arg(&program)
+    .env("RDZV_LIB", library());
     clean_env(&mut cmd);
     let mut l = Launcher::spawn_in_own_tmpdir(cmd);
     assert_eq!(code(l.exit(60)), 0, "{}", l.output());
@@ -820,7 +833,12 @@ fn under_auto_the_first_checkpoint_of_a_job_is_not_a_hang() {
     // ended before, so nothing was learned of it.
     for flags in [
         &["--hang-timeout", "auto"][..],
-        &["--hang-timeout", "2", "--section-timeout", "checkpoint=auto"][..],
+        &[
+            "--hang-timeout",
+            "2",
+            "--section-timeout",
+            "checkpoint=auto",
+        ][..],
     ] {
         let s = Scratch::new();
         let mut all = vec!["--standalone", "--max-restarts", "0"];
@@ -837,7 +855,13 @@ fn under_auto_the_first_checkpoint_of_a_job_is_not_a_hang() {
 fn damaged_page(what: &str) -> Launcher {
     let s = Scratch::new();
     let mut l = s.run(
-        &["--standalone", "--hang-timeout", "1.5", "--max-restarts", "0"],
+        &[
+            "--standalone",
+            "--hang-timeout",
+            "1.5",
+            "--max-restarts",
+            "0",
+        ],
         "damage",
         &[("DAMAGE", what)],
     );
@@ -859,7 +883,10 @@ fn a_worker_that_damages_its_page_is_reported_and_held_to_its_timeout() {
             hang.contains("(timeout 1.5 s, its progress page is damaged;"),
             "{what}: {hang}"
         );
-        assert!(number_after(&hang, "made no progress for ") >= 1.5, "{hang}");
+        assert!(
+            number_after(&hang, "made no progress for ") >= 1.5,
+            "{hang}"
+        );
     }
     // An unlinked page is still the worker's: it goes on being read, and the job succeeds.
     let mut l = damaged_page("unlink");
@@ -871,10 +898,7 @@ fn a_worker_that_damages_its_page_is_reported_and_held_to_its_timeout() {
 /// as a section or not. Returns every verdict line, the hang's note and the launchers.
 fn ring(how: &str, mark: &str) -> (Vec<String>, serde_json::Value, Vec<Launcher>) {
     let etcd = Etcd::start();
-    let url = etcd.url(
-        &format!("ring-{how}-{mark}"),
-        "min_nodes=2&max_nodes=2",
-    );
+    let url = etcd.url(&format!("ring-{how}-{mark}"), "min_nodes=2&max_nodes=2");
     let s = Scratch::new();
     let flags = [
         "--rdzv",
@@ -906,7 +930,11 @@ fn ring(how: &str, mark: &str) -> (Vec<String>, serde_json::Value, Vec<Launcher>
     }
     let verdicts: Vec<String> = nodes
         .iter()
-        .flat_map(|l| l.lines_with("hang: ").map(str::to_string).collect::<Vec<_>>())
+        .flat_map(|l| {
+            l.lines_with("hang: ")
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
         .filter(|l| l.contains("hang: suspect:") || l.contains("hang: waiting on it:"))
         .collect();
     assert!(
@@ -934,7 +962,10 @@ fn names_rank_3(how: &str, mark: &str) {
         .map(|v| v["rank"].as_u64().unwrap())
         .collect();
     assert_eq!(victims.len(), 3, "{note}");
-    assert!(!victims.contains(&3), "the suspect among its victims: {note}");
+    assert!(
+        !victims.contains(&3),
+        "the suspect among its victims: {note}"
+    );
     for v in verdicts.iter().filter(|v| v.contains("suspect:")) {
         assert!(v.contains("suspect: rank 3 (local rank 1 on "), "{v}");
     }
@@ -964,7 +995,10 @@ fn with_heartbeats_alone_the_verdict_names_the_hung_rank_or_says_it_is_uncertain
         if v["suspect"]["rank"] != 3 {
             // Every rank's last heartbeat was in the same step: only milliseconds part them,
             // and the verdict must say so, with the hung rank among those alike.
-            assert_eq!(v["uncertain"], true, "{how}: a wrong suspect, certain: {note}");
+            assert_eq!(
+                v["uncertain"], true,
+                "{how}: a wrong suspect, certain: {note}"
+            );
             let alike: Vec<u64> = v["because"]["alike"]
                 .as_array()
                 .unwrap()
@@ -995,7 +1029,11 @@ fn every_worker_of_a_round_gets_the_jobs_restart_count_and_directory() {
             .last()
             .unwrap_or_else(|| panic!("{}", l.output()))
             .to_string();
-        assert!(last.contains("count=1 dir=attempt_1"), "{last}\n{}", l.output());
+        assert!(
+            last.contains("count=1 dir=attempt_1"),
+            "{last}\n{}",
+            l.output()
+        );
     }
 }
 
@@ -1020,7 +1058,10 @@ fn a_restart_refunded_for_a_lost_peer_is_not_charged_again() {
     // Both workers started (their pid files), then B dies whole.
     let started = std::time::Instant::now();
     while std::fs::read_dir(s.path("shared")).unwrap().count() < 2 {
-        assert!(started.elapsed().as_secs() < 30, "the workers did not start");
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "the workers did not start"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     b.kill_node();
@@ -1028,5 +1069,9 @@ fn a_restart_refunded_for_a_lost_peer_is_not_charged_again() {
     a.line_with_or_panic("PEER GONE");
     a.line_with_or_panic("restart refunded");
     a.line_with_or_panic("REAL FAILURE");
-    assert!(a.said("restarting the worker group (restart 1 of 1)"), "{}", a.output());
+    assert!(
+        a.said("restarting the worker group (restart 1 of 1)"),
+        "{}",
+        a.output()
+    );
 }

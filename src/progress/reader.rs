@@ -117,7 +117,7 @@ impl Reader {
             agreed = now == before;
             // An odd sequence number: the open section is being written (or its writer
             // stopped in the middle): copy again.
-            if agreed && word(&now, layout::OPEN_SEQ_AT) % 2 == 0 {
+            if agreed && word(&now, layout::OPEN_SEQ_AT).is_multiple_of(2) {
                 let read = parse(&now, monotonic_ns());
                 if let Read::Page(s) = &read {
                     *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.clone());
@@ -186,9 +186,7 @@ fn parse(page: &Page, now: u64) -> Read {
         };
     }
     if magic != layout::MAGIC {
-        return Read::Damaged(format!(
-            "its magic number is {magic:#018x}, not RDZVPRG1's"
-        ));
+        return Read::Damaged(format!("its magic number is {magic:#018x}, not RDZVPRG1's"));
     }
     let version_pid = word(page, layout::VERSION_PID_AT);
     if version_pid as u32 != layout::VERSION {
@@ -237,7 +235,10 @@ fn parse(page: &Page, now: u64) -> Read {
             sections.push(SectionStats {
                 name: layout::name_of(&page[base..base + layout::SECTION_NAME_BYTES]),
                 count,
-                max: span("longest section", word(page, base + layout::SECTION_MAX_OFF))?,
+                max: span(
+                    "longest section",
+                    word(page, base + layout::SECTION_MAX_OFF),
+                )?,
                 // A running total may exceed the uptime only when a page is damaged; it is
                 // shown, never used for a timeout.
                 total: Duration::from_nanos(word(page, base + layout::SECTION_TOTAL_OFF)),
@@ -250,8 +251,7 @@ fn parse(page: &Page, now: u64) -> Read {
                 name: layout::name_of(
                     &page[layout::OPEN_NAME_AT..layout::OPEN_NAME_AT + layout::NAME_BYTES],
                 ),
-                open_for: at("open section's start", layout::OPEN_STARTED_AT)?
-                    .unwrap_or_default(),
+                open_for: at("open section's start", layout::OPEN_STARTED_AT)?.unwrap_or_default(),
                 depth: u32::try_from(depth).unwrap_or(u32::MAX),
             }),
         };

@@ -123,10 +123,18 @@ fn a_pause_is_shown_until_the_next_heartbeat_or_section() {
     pause_page(&page);
     assert!(reader.snapshot().unwrap().paused_for.is_some());
     beat(&page, None);
-    assert_eq!(reader.snapshot().unwrap().paused_for, None, "a heartbeat resumes");
+    assert_eq!(
+        reader.snapshot().unwrap().paused_for,
+        None,
+        "a heartbeat resumes"
+    );
     pause_page(&page);
     begin(&page, "final_save").unwrap();
-    assert_eq!(reader.snapshot().unwrap().paused_for, None, "a section resumes");
+    assert_eq!(
+        reader.snapshot().unwrap().paused_for,
+        None,
+        "a section resumes"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -167,10 +175,24 @@ fn a_truncated_or_unlinked_page_is_read_without_faulting_the_reader() {
 #[test]
 fn a_page_holding_what_no_worker_writes_is_damaged_with_the_reason() {
     let cases: [(&str, u64, Vec<u8>); 5] = [
-        ("random bytes", 0, (0..1216u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect()),
+        (
+            "random bytes",
+            0,
+            (0..1216u32)
+                .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+                .collect(),
+        ),
         ("0xFF from byte 8", 8, vec![0xFF; 1208]),
-        ("a far-future heartbeat", 24, u64::MAX.to_ne_bytes().to_vec()),
-        ("a far-future event", 48, (u64::MAX / 2).to_ne_bytes().to_vec()),
+        (
+            "a far-future heartbeat",
+            24,
+            u64::MAX.to_ne_bytes().to_vec(),
+        ),
+        (
+            "a far-future event",
+            48,
+            (u64::MAX / 2).to_ne_bytes().to_vec(),
+        ),
         ("a zeroed magic", 0, vec![0; 8]),
     ];
     for (what, offset, bytes) in cases {

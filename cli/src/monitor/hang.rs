@@ -441,10 +441,7 @@ pub async fn announce(
 /// Publishes this node's workers' progress (`Watched::progress`) under its node rank.
 pub async fn share_progress(store: &Store, group_rank: u32, mine: &[WorkerProgress]) {
     let key = format!("{PROGRESS}/{group_rank}");
-    if let Err(e) = store
-        .set(&key, &WorkerProgress::list_to_bytes(mine))
-        .await
-    {
+    if let Err(e) = store.set(&key, &WorkerProgress::list_to_bytes(mine)).await {
         say(format_args!(
             "could not share the workers' progress: {}",
             e.message()
@@ -494,7 +491,9 @@ pub async fn share_evidence(store: &Store, group_rank: u32, mine: &[(u32, Value)
         .map(|(rank, e)| (rank.to_string(), e.clone()))
         .collect();
     let key = format!("{EVIDENCE}/{group_rank}");
-    let _ = store.set(&key, Value::Object(map).to_string().as_bytes()).await;
+    let _ = store
+        .set(&key, Value::Object(map).to_string().as_bytes())
+        .await;
 }
 
 /// Every node's evidence (`share_evidence`), waiting up to `bound`; by rank.

@@ -181,9 +181,7 @@ pub fn verdict(all: &[WorkerProgress]) -> Option<Verdict> {
 
 /// The section most ranks wait in, how many do, and the rank outside it that stopped first:
 /// only when one section holds more ranks than any other and some rank is outside it.
-fn waited_in<'a>(
-    seen: &[&'a WorkerProgress],
-) -> Option<(String, usize, &'a WorkerProgress)> {
+fn waited_in<'a>(seen: &[&'a WorkerProgress]) -> Option<(String, usize, &'a WorkerProgress)> {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for w in seen {
         if let Some(s) = &w.section {
@@ -235,7 +233,10 @@ impl Verdict {
         )];
         let mut by_place: BTreeMap<String, Vec<(u32, Duration)>> = BTreeMap::new();
         for (w, after) in &self.victims {
-            by_place.entry(w.place()).or_default().push((w.rank, *after));
+            by_place
+                .entry(w.place())
+                .or_default()
+                .push((w.rank, *after));
         }
         for (place, ranks) in by_place {
             let latest = ranks.iter().map(|(_, a)| *a).max().unwrap_or_default();
@@ -308,7 +309,12 @@ mod tests {
     #[test]
     fn a_stopped_rank_is_the_suspect_whenever_it_stopped() {
         // Rank 3 was SIGSTOPped a millisecond after rank 0's last progress.
-        let all = [w(0, 1000, None, 'S'), w(1, 1002, None, 'S'), w(2, 1003, None, 'S'), w(3, 1001, None, 'T')];
+        let all = [
+            w(0, 1000, None, 'S'),
+            w(1, 1002, None, 'S'),
+            w(2, 1003, None, 'S'),
+            w(3, 1001, None, 'T'),
+        ];
         let v = verdict(&all).unwrap();
         assert_eq!((v.suspect.rank, &v.because), (3, &Because::Stopped));
         assert_eq!(v.victims.len(), 3);
@@ -330,24 +336,41 @@ mod tests {
         assert_eq!(v.suspect.rank, 3);
         assert_eq!(
             v.because,
-            Because::NotIn { section: "allreduce".into(), waiting: 3 }
+            Because::NotIn {
+                section: "allreduce".into(),
+                waiting: 3
+            }
         );
         let lines = v.lines();
-        assert!(lines[1].contains(r#"rank(s) 0-2 in section "allreduce""#), "{lines:?}");
+        assert!(
+            lines[1].contains(r#"rank(s) 0-2 in section "allreduce""#),
+            "{lines:?}"
+        );
         // Two ranks in two sections: no majority, the oldest progress decides.
-        let two = [w(0, 1000, Some("step"), 'S'), w(1, 1400, Some("allreduce"), 'S')];
+        let two = [
+            w(0, 1000, Some("step"), 'S'),
+            w(1, 1400, Some("allreduce"), 'S'),
+        ];
         let v = verdict(&two).unwrap();
         assert_eq!((v.suspect.rank, v.uncertain()), (0, false));
     }
 
     #[test]
     fn with_heartbeats_alone_ranks_that_stopped_together_make_it_uncertain() {
-        let all = [w(0, 1000, None, 'S'), w(1, 1030, None, 'S'), w(2, 1900, None, 'S')];
+        let all = [
+            w(0, 1000, None, 'S'),
+            w(1, 1030, None, 'S'),
+            w(2, 1900, None, 'S'),
+        ];
         let v = verdict(&all).unwrap();
         assert_eq!(v.suspect.rank, 0);
         assert_eq!(v.because, Because::Oldest { alike: vec![1] });
         assert!(v.uncertain());
-        assert!(v.lines()[0].contains("uncertain: rank(s) 1"), "{:?}", v.lines());
+        assert!(
+            v.lines()[0].contains("uncertain: rank(s) 1"),
+            "{:?}",
+            v.lines()
+        );
         assert_eq!(v.to_json()["uncertain"], true);
     }
 

@@ -1,10 +1,10 @@
 //! A group's workers as the monitors see them: each one's progress page, mapped read-only, and
 //! what it says in a form other nodes can read (wall-clock times, for comparing across nodes).
 
-use crate::workers::env::progress_files;
-use crate::workers::Group;
 use super::verdict::WorkerProgress;
 use crate::output::say;
+use crate::workers::env::progress_files;
+use crate::workers::Group;
 use rdzv::progress::{reader::Reader, Read, Snapshot};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

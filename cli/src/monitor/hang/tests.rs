@@ -157,7 +157,10 @@ fn a_paused_worker_is_not_watched_and_an_unlearned_section_is_no_hang_under_auto
     };
     let mut paused = page(Some(60.0), None);
     paused.paused_for = Some(secs(59.0));
-    assert_eq!(monitor(&given).limit(Some(&paused), secs(99.0), &Learned::default()), None);
+    assert_eq!(
+        monitor(&given).limit(Some(&paused), secs(99.0), &Learned::default()),
+        None
+    );
     // Under auto, a section that never ended has no timeout of its own, and the heartbeat's
     // learned one does not apply inside it: only an initial timeout does, when given.
     let learned = Learned {
@@ -169,7 +172,10 @@ fn a_paused_worker_is_not_watched_and_an_unlearned_section_is_no_hang_under_auto
         hang: Some(Timeout::Auto),
         ..MonitorConfig::default()
     };
-    assert_eq!(monitor(&auto).limit(Some(&first_save), secs(40.0), &learned), None);
+    assert_eq!(
+        monitor(&auto).limit(Some(&first_save), secs(40.0), &learned),
+        None
+    );
     let auto_initial = MonitorConfig {
         hang: Some(Timeout::Auto),
         initial: Some(secs(600.0)),
@@ -185,12 +191,17 @@ fn a_paused_worker_is_not_watched_and_an_unlearned_section_is_no_hang_under_auto
         sections: vec![("checkpoint".into(), Timeout::Auto)],
         ..MonitorConfig::default()
     };
-    assert_eq!(monitor(&section_auto).limit(Some(&first_save), secs(40.0), &learned), None);
+    assert_eq!(
+        monitor(&section_auto).limit(Some(&first_save), secs(40.0), &learned),
+        None
+    );
     // A learned value too large to multiply saturates instead of overflowing.
     let huge = Learned {
         beat: Some(Duration::MAX / 2),
         ..Learned::default()
     };
-    let (_, t, _) = monitor(&auto).limit(Some(&page(Some(1.0), None)), secs(2.0), &huge).unwrap();
+    let (_, t, _) = monitor(&auto)
+        .limit(Some(&page(Some(1.0), None)), secs(2.0), &huge)
+        .unwrap();
     assert_eq!(t, Duration::MAX);
 }
