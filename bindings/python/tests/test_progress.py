@@ -25,7 +25,7 @@ from rdzv.errors import RendezvousInvalidArgumentError
 from rdzv.fault_tolerance import RankMonitorClient, RankMonitorClientError
 
 MAGIC_AT, VERSION_PID_AT, BEATS_AT, LAST_BEAT_AT, STEP_AT = 0, 8, 16, 24, 32
-STACK_SIGNAL_AT, OPEN_DEPTH_AT, OPEN_NAME_AT = 56, 72, 88
+STACK_SIGNAL_AT, OPEN_DEPTH_AT, OPEN_NAME_AT, PAUSED_AT = 56, 72, 88, 136
 SECTIONS_AT, SECTION_BYTES, SECTION_COUNT_OFF = 192, 64, 40
 
 outside_rdzv_run = pytest.mark.skipif(
@@ -234,6 +234,32 @@ def test_heartbeats_steps_and_sections_reach_the_page(page: Page):
     assert page.name(OPEN_NAME_AT, 48) == "inner"
     assert page.sections() == {"step": 2, "ckpt": 1, "forward": 1, "boom": 1}
     assert page.word(STACK_SIGNAL_AT) == 0  # no RDZV_STACKS_FILE: no stack dumps
+
+
+def test_pause_lasts_until_the_next_heartbeat_and_the_exit_pauses_by_itself(page: Page):
+    out = run_child("""
+        import os, struct, rdzv
+        def paused():
+            with open(os.environ["RDZV_PROGRESS_FILE"], "rb") as f:
+                return struct.unpack_from("=Q", f.read(), 136)[0] != 0
+        rdzv.heartbeat()
+        assert not paused()
+        rdzv.progress.pause()
+        assert paused()
+        rdzv.heartbeat()
+        assert not paused(), "a heartbeat resumes"
+        # A forked child that exits leaves its parent watched.
+        pid = os.fork()
+        if pid == 0:
+            import sys
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        assert not paused(), "a child's exit paused its parent"
+        print("ok")
+    """, RDZV_PROGRESS_FILE=str(page.path))
+    assert out.strip() == "ok"
+    # The interpreter's exit paused it, after the last heartbeat.
+    assert page.word(PAUSED_AT) >= page.word(LAST_BEAT_AT) > 0
 
 
 def test_a_page_that_cannot_be_mapped_is_not_monitored(tmp_path: Path):
