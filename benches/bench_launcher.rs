@@ -380,6 +380,8 @@ enum Event {
     Formed(u32),
     /// The launcher found a hung worker (`hang::detected`).
     Hang,
+    /// `rdzv run`'s verdict named this rank the suspect; whether it said it is uncertain.
+    Suspect(u32, bool),
     /// A line that says something failed (`hang::failure`), as written.
     Failure(String),
 }
@@ -391,6 +393,9 @@ fn field(line: &str, key: &str) -> Option<i64> {
 }
 
 fn parse(line: &str) -> Option<Event> {
+    if let Some(suspect) = hang::suspect(line) {
+        return Some(suspect);
+    }
     if hang::detected(line) {
         return Some(Event::Hang);
     }
@@ -1177,6 +1182,7 @@ fn main() {
             hang::table(&sizes, &kinds, &unavailable, &|kind, n, r| {
                 target(kind, Case::Hang, n, r, n)
             });
+            hang::suspect_table(&sizes, &|kind, n, r| target(kind, Case::Hang, n, r, n));
         } else {
             println!("hang: not measured, its workers need PyTorch");
         }

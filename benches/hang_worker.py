@@ -21,11 +21,16 @@ one JSON object with its rank, world size and the wall-clock times of its start,
 torch` done, of the process group's init done and of the first step. Files are whole (written
 then renamed).
 
+HANG_WORKER_HOW says how it hangs: sleep (time.sleep, the default), c (in C holding the GIL:
+libc's usleep through ctypes.PyDLL), stop (SIGSTOP to itself). With HANG_WORKER_SECTIONS=1
+(and rdzv's progress), every all_reduce is the section "allreduce".
+
 A worker exits 0 once the file named by PEER_WORKER_DONE exists (checked each step, and every
 50 ms while hung), or after PEER_WORKER_LIFETIME seconds (default 300); the process group's
 timeout is that lifetime too, so peers blocked on the hung rank end with it.
 """
 
+import ctypes
 import json
 import os
 import time
@@ -40,6 +45,8 @@ hang_step = int(os.environ.get("HANG_WORKER_STEP", "20"))
 step_time = float(os.environ.get("HANG_WORKER_STEP_TIME", "0.05"))
 done = os.environ.get("PEER_WORKER_DONE")
 lifetime = float(os.environ.get("PEER_WORKER_LIFETIME", "300"))
+how = os.environ.get("HANG_WORKER_HOW", "sleep")
+sections = os.environ.get("HANG_WORKER_SECTIONS") == "1" and progress == "rdzv"
 ends = time.monotonic() + lifetime
 
 
@@ -67,6 +74,14 @@ if progress == "rdzv":
     import rdzv
 
     beat = rdzv.heartbeat
+    if sections:
+        _all_reduce = dist.all_reduce
+
+        def all_reduce(t):
+            with rdzv.section("allreduce"):
+                _all_reduce(t)
+
+        dist.all_reduce = all_reduce
 elif progress == "nvrx":
     from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
@@ -98,8 +113,17 @@ while not finished():
             pass  # hung once already: this attempt steps on
         else:
             write("hang", f"{time.time()!r} {os.getpid()}\n")
+            if how == "stop":
+                import signal
+
+                os.kill(os.getpid(), signal.SIGSTOP)  # only a SIGKILL ends it
+            in_c = ctypes.PyDLL(None).usleep if how == "c" else None
             while not finished():
-                time.sleep(0.05)  # hung: no heartbeat, no collective, only the end to notice
+                # hung: no heartbeat, no collective, only the end to notice
+                if in_c is not None:
+                    in_c(50000)
+                else:
+                    time.sleep(0.05)
             break
     step += 1
     time.sleep(step_time)

@@ -91,6 +91,14 @@ pub fn ft_launcher_joined(line: &str) -> Option<u32> {
     world.trim_end().trim_end_matches('.').parse().ok()
 }
 
+/// `rdzv run`'s verdict line (`hang: suspect: rank R (...`): the rank, and whether the
+/// verdict says it is uncertain.
+pub fn suspect(line: &str) -> Option<Event> {
+    let rest = line.split("hang: suspect: rank ").nth(1)?;
+    let rank = rest.split_whitespace().next()?.parse().ok()?;
+    Some(Event::Suspect(rank, line.contains("uncertain")))
+}
+
 /// A line that says something failed: the reason shown when a launcher cannot run the case.
 pub fn failure(line: &str) -> bool {
     line.contains("Error") || line.contains("error:") || line.contains("ERROR")
@@ -297,6 +305,12 @@ fn one_run(kind: Kind, target: &Target, n: usize) -> Result<HangRun, String> {
         let path = Path::new(&logs).join(format!("{}.hang", target.run));
         let _ = std::fs::write(path, times.join("\n") + "\n");
     }
+    end_run(kind, target, &mut launchers, dir);
+    result
+}
+
+/// Ends a run: the workers told, the run closed, the launchers and what they left killed.
+fn end_run(kind: Kind, target: &Target, launchers: &mut [super::Launcher], dir: &Path) {
     let _ = std::fs::write(&target.done, b"");
     if kind.is_rdzv() {
         let _ = Command::new(rdzv_binary())
@@ -311,7 +325,89 @@ fn one_run(kind: Kind, target: &Target, n: usize) -> Result<HangRun, String> {
     std::thread::sleep(Duration::from_millis(300));
     end_workers(dir);
     let _ = std::fs::remove_dir_all(dir);
-    result
+}
+
+/// How the hung rank hangs in the suspect table, and whether the workers mark the all_reduce
+/// as a section (`HANG_WORKER_HOW`, `HANG_WORKER_SECTIONS`: `benches/hang_worker.py`).
+const SUSPECT_CASES: [(&str, bool); 6] = [
+    ("sleep", true),
+    ("c", true),
+    ("stop", true),
+    ("sleep", false),
+    ("c", false),
+    ("stop", false),
+];
+/// Runs per case of the suspect table.
+const SUSPECT_RUNS: usize = 10;
+
+/// One run of the suspect table: `rdzv run`'s verdict (the rank it named, and whether it said
+/// it is uncertain), or None when it gave none within the limits.
+fn suspect_run(target: &Target, n: usize) -> Option<(u32, bool)> {
+    let dir = target.hang.as_ref().expect("a hang-case target");
+    std::fs::create_dir_all(dir).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let mut launchers = launch(Kind::Rdzv, target, n, &tx);
+    let deadline = Instant::now() + LAUNCH_LIMIT + LIMIT;
+    let mut verdict = None;
+    while verdict.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((_, _, Event::Suspect(rank, uncertain))) => verdict = Some((rank, uncertain)),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    end_run(Kind::Rdzv, target, &mut launchers, dir);
+    verdict
+}
+
+/// How often `rdzv run`'s verdict names the hung rank, per way of hanging, with the
+/// collective marked as a section and without.
+pub fn suspect_table(sizes: &[usize], make: &dyn Fn(Kind, usize, usize) -> Target) {
+    println!(
+        "suspect: the same job under rdzv run, the last rank hanging {SUSPECT_RUNS} times per          case: asleep (time.sleep), in C holding the GIL (ctypes.PyDLL sleep), stopped          (SIGSTOP); the all_reduce marked as the section \"allreduce\" or not; the verdict's          suspect: the hung rank (right), said to be uncertain, or another rank"
+    );
+    println!(
+        "{:>5}  {:<6} {:<9} {:>5}  {:>5}  {:>16}  {:>16}  {:>14}  {:>10}",
+        "nodes",
+        "hang",
+        "sections",
+        "runs",
+        "right",
+        "right, uncertain",
+        "wrong, uncertain",
+        "wrong, certain",
+        "no verdict"
+    );
+    for &n in sizes {
+        for (how, sections) in SUSPECT_CASES {
+            std::env::set_var("HANG_WORKER_HOW", how);
+            std::env::set_var("HANG_WORKER_SECTIONS", if sections { "1" } else { "0" });
+            let hung = (n - 1) as u32;
+            let mut counts = [0usize; 5];
+            for r in 0..SUSPECT_RUNS {
+                let slot = match suspect_run(&make(Kind::Rdzv, n, 1000 + r), n) {
+                    Some((rank, false)) if rank == hung => 0,
+                    Some((rank, true)) if rank == hung => 1,
+                    Some((_, true)) => 2,
+                    Some((_, false)) => 3,
+                    None => 4,
+                };
+                counts[slot] += 1;
+            }
+            println!(
+                "{n:>5}  {how:<6} {:<9} {SUSPECT_RUNS:>5}  {:>5}  {:>16}  {:>16}  {:>14}  {:>10}",
+                if sections { "allreduce" } else { "none" },
+                counts[0],
+                counts[1],
+                counts[2],
+                counts[3],
+                counts[4]
+            );
+        }
+    }
+    std::env::remove_var("HANG_WORKER_HOW");
+    std::env::remove_var("HANG_WORKER_SECTIONS");
 }
 
 /// The hang case for every launcher in `kinds` and node count in `sizes`; `unavailable`: the
