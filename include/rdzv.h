@@ -76,62 +76,9 @@
  */
 #define RDZV_ADDR_CAPACITY 256
 
-/**
- * Heartbeats whose intervals are not counted in the longest interval (`max_interval`): the
- * first steps of a job (compilation, warm-up, the first collectives) are slow and say
- * nothing about how long a step takes (NVRx skips its first iterations the same way).
- */
-#define WARMUP_BEATS 5
 
 
 
-
-
-#define VERSION 1
-
-#define MAGIC_AT 0
-
-#define VERSION_PID_AT 8
-
-#define BEATS_AT 16
-
-#define LAST_BEAT_AT 24
-
-#define STEP_AT 32
-
-#define MAX_INTERVAL_AT 40
-
-#define LAST_EVENT_AT 48
-
-#define STACK_SIGNAL_AT 56
-
-#define OPEN_SEQ_AT 64
-
-#define OPEN_DEPTH_AT 72
-
-#define OPEN_STARTED_AT 80
-
-#define OPEN_NAME_AT 88
-
-#define NAME_BYTES 48
-
-#define PAUSED_AT 136
-
-#define SECTIONS_AT 192
-
-#define SECTIONS 16
-
-#define SECTION_BYTES 64
-
-#define SECTION_NAME_BYTES 40
-
-#define SECTION_COUNT_OFF 40
-
-#define SECTION_MAX_OFF 48
-
-#define SECTION_TOTAL_OFF 56
-
-#define PAGE_BYTES (SECTIONS_AT + (SECTIONS * SECTION_BYTES))
 
 /**
  * Keys longer than this are refused: etcd keeps keys in memory and in every index.

@@ -205,7 +205,17 @@ impl Params {
             "local_addr" => {
                 if value.is_empty() || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
                     return Err(Error::invalid(format!(
-                        "option local_addr: expected a host name or IP address, got {value:?}"
+                        "option local_addr: expected a host name or IP address, got {}",
+                        shown(value)
+                    )));
+                }
+                // What a host name can be (and what MASTER_ADDR is read back as): refused, never
+                // cut.
+                if value.len() > MAX_ADDR_BYTES {
+                    return Err(Error::invalid(format!(
+                        "option local_addr: expected at most {MAX_ADDR_BYTES} bytes (a host name's limit), got {} bytes: {}",
+                        value.len(),
+                        shown(value)
                     )));
                 }
                 self.local_addr = Some(value.to_string());
@@ -224,7 +234,8 @@ impl Params {
                     "https" => true,
                     _ => {
                         return Err(Error::invalid(format!(
-                            "option protocol: expected \"http\" or \"https\", got {value:?}"
+                            "option protocol: expected \"http\" or \"https\", got {}",
+                            shown(value)
                         )))
                     }
                 }
@@ -249,9 +260,9 @@ impl Params {
     pub fn validate(&self) -> Result<()> {
         if !BACKEND_NAMES.contains(&self.backend.as_str()) {
             return Err(Error::invalid(format!(
-                "backend: expected one of {}, got {:?}",
+                "backend: expected one of {}, got {}",
                 BACKEND_NAMES.join(", "),
-                self.backend
+                shown(&self.backend)
             )));
         }
         if self.endpoints.is_empty() {
@@ -262,6 +273,18 @@ impl Params {
         }
         if self.run_id.len() > 512 {
             return Err(Error::invalid("run_id: expected at most 512 bytes"));
+        }
+        if self.run_id.contains('\0') {
+            return Err(Error::invalid(format!(
+                "run_id: expected no NUL byte (C reads the run id up to it), got {}",
+                shown(&self.run_id)
+            )));
+        }
+        if self.key_prefix.contains('\0') {
+            return Err(Error::invalid(format!(
+                "key_prefix: expected no NUL byte, got {}",
+                shown(&self.key_prefix)
+            )));
         }
         if self.min_nodes < 1 {
             return Err(Error::invalid(format!(
@@ -296,8 +319,8 @@ impl Params {
         }
         if !self.key_prefix.starts_with('/') {
             return Err(Error::invalid(format!(
-                "key_prefix: expected a path starting with '/', got {:?}",
-                self.key_prefix
+                "key_prefix: expected a path starting with '/', got {}",
+                shown(&self.key_prefix)
             )));
         }
         let tls_files = [
@@ -397,16 +420,31 @@ fn non_empty(name: &str, value: &str) -> Result<String> {
     Ok(value.to_string())
 }
 
+/// The longest `local_addr`: a DNS name's limit (RFC 1035), and what rank 0 can publish whole.
+pub(crate) const MAX_ADDR_BYTES: usize = 253;
+
+/// A value as an error message shows it: quoted, and cut after 80 characters (with its length),
+/// so that a megabyte of bad input does not make a megabyte of message.
+pub(crate) fn shown(value: &str) -> String {
+    const SHOWN: usize = 80;
+    match value.char_indices().nth(SHOWN) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
 /// Strict unsigned integer: digits only, no sign, no spaces.
 pub(crate) fn parse_count(name: &str, value: &str) -> Result<u32> {
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Error::invalid(format!(
-            "{name}: expected a whole number, got {value:?}"
+            "{name}: expected a whole number, got {}",
+            shown(value)
         )));
     }
     value.parse::<u32>().map_err(|_| {
         Error::invalid(format!(
-            "{name}: expected a whole number below 2^32, got {value:?}"
+            "{name}: expected a whole number below 2^32, got {}",
+            shown(value)
         ))
     })
 }
@@ -426,8 +464,9 @@ pub(crate) fn parse_seconds(name: &str, value: &str) -> Result<Duration> {
     match secs.and_then(|s| Duration::try_from_secs_f64(s).ok()) {
         Some(d) if d <= MAX_TIMEOUT => Ok(d),
         _ => Err(Error::invalid(format!(
-            "option {name}: expected a number of seconds between 0 and {} (e.g. 30 or 0.5), got {value:?}",
-            MAX_TIMEOUT.as_secs()
+            "option {name}: expected a number of seconds between 0 and {} (e.g. 30 or 0.5), got {}",
+            MAX_TIMEOUT.as_secs(),
+            shown(value)
         ))),
     }
 }
@@ -439,7 +478,8 @@ pub(crate) fn parse_endpoints(list: &str) -> Result<Vec<String>> {
         let raw = raw.trim();
         if raw.is_empty() {
             return Err(Error::invalid(format!(
-                "endpoint: expected host:port[,host:port...], got {list:?}"
+                "endpoint: expected host:port[,host:port...], got {}",
+                shown(list)
             )));
         }
         let rest = raw
@@ -453,7 +493,8 @@ pub(crate) fn parse_endpoints(list: &str) -> Result<Vec<String>> {
                 }
                 _ => {
                     return Err(Error::invalid(format!(
-                        "endpoint {raw:?}: expected [ipv6]:port"
+                        "endpoint {}: expected [ipv6]:port",
+                        shown(raw)
                     )))
                 }
             }
@@ -465,7 +506,8 @@ pub(crate) fn parse_endpoints(list: &str) -> Result<Vec<String>> {
         };
         if host.is_empty() || host.contains('/') || host.chars().any(char::is_whitespace) {
             return Err(Error::invalid(format!(
-                "endpoint {raw:?}: expected host:port"
+                "endpoint {}: expected host:port",
+                shown(raw)
             )));
         }
         let port = match port {
@@ -474,7 +516,9 @@ pub(crate) fn parse_endpoints(list: &str) -> Result<Vec<String>> {
                 Ok(n) if (1..=65535).contains(&n) && p.bytes().all(|b| b.is_ascii_digit()) => n,
                 _ => {
                     return Err(Error::invalid(format!(
-                        "endpoint {raw:?}: port must be a number from 1 to 65535, got {p:?}"
+                        "endpoint {}: port must be a number from 1 to 65535, got {}",
+                        shown(raw),
+                        shown(p)
                     )))
                 }
             },

@@ -177,3 +177,34 @@ fn max_nodes_follows_min_nodes_until_given() {
         invalid(Params::from_url("etcd://h:1/j?max_nodes=2&min_nodes=3")).contains("max_nodes")
     );
 }
+
+#[test]
+fn input_that_would_be_cut_or_misread_is_refused_by_name() {
+    // An address longer than a host name can be is refused, not cut.
+    let mut p = Params::from_url("etcd://h:1/j").unwrap();
+    let long = "a".repeat(MAX_ADDR_BYTES + 1);
+    let err = p.set("local_addr", &long).unwrap_err().to_string();
+    assert!(err.contains("local_addr: expected at most 253 bytes"), "{err}");
+    assert_eq!(p.local_addr(), None, "the refused value is not kept");
+    p.set("local_addr", &"a".repeat(MAX_ADDR_BYTES)).unwrap();
+    // A NUL in the run id or the key prefix (C would read them cut short).
+    assert!(invalid(Params::from_url("etcd://h:1/j%00x")).contains("run_id: expected no NUL"));
+    assert!(invalid(Params::from_url("etcd://h:1/j?key_prefix=/a%00b"))
+        .contains("key_prefix: expected no NUL"));
+    // A TLS scheme and protocol=http disagree; plain scheme and protocol=https is TLS.
+    assert!(invalid(Params::from_url("etcds://h:1/j?protocol=http")).contains("means TLS"));
+    assert!(Params::from_url("etcd://h:1/j?protocol=https").is_ok());
+}
+
+#[test]
+fn errors_show_a_bad_value_cut_short_with_its_length() {
+    let huge = "x".repeat(1 << 20);
+    let err = invalid(Params::from_url(&format!("etcd://h:1/j?min_nodes={huge}")));
+    assert!(err.len() < 300, "{} bytes", err.len());
+    assert!(err.contains("(1048576 bytes)"), "{err}");
+    // An empty entry at the end of a 70 000-entry list: the list is not repeated whole.
+    let endpoints = vec!["h:1"; 70_000].join(",") + ",";
+    let err = invalid(Params::new("etcd-v3", &endpoints, "j", 1, 1));
+    assert!(err.len() < 300, "{} bytes", err.len());
+    assert_eq!(shown("short"), "\"short\"");
+}

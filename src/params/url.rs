@@ -5,7 +5,7 @@
 //! the names `Params::set` accepts. Credentials are options, never part of the authority, so a
 //! URL can be logged after redacting its query.
 
-use super::{parse_endpoints, Params};
+use super::{parse_endpoints, shown, Params};
 use crate::error::{Error, Result};
 
 const PLAIN_SCHEMES: &[&str] = &["etcd", "etcd-v3"];
@@ -14,8 +14,8 @@ const TLS_SCHEMES: &[&str] = &["etcds", "etcd+https"];
 pub(super) fn parse(url: &str) -> Result<Params> {
     let (scheme, rest) = url.split_once("://").ok_or_else(|| {
         Error::invalid(format!(
-            "url: expected etcd://host:port/RUN_ID?options, got {:?}",
-            redact(url)
+            "url: expected etcd://host:port/RUN_ID?options, got {}",
+            shown(&redact(url))
         ))
     })?;
     let https = if PLAIN_SCHEMES.contains(&scheme) {
@@ -24,7 +24,8 @@ pub(super) fn parse(url: &str) -> Result<Params> {
         true
     } else {
         return Err(Error::invalid(format!(
-            "url: scheme must be one of etcd, etcd-v3, etcds, etcd+https; got {scheme:?}"
+            "url: scheme must be one of etcd, etcd-v3, etcds, etcd+https; got {}",
+            shown(scheme)
         )));
     };
     let (location, query) = match rest.split_once('?') {
@@ -48,12 +49,18 @@ pub(super) fn parse(url: &str) -> Result<Params> {
         for pair in query.split('&') {
             let (name, value) = pair.split_once('=').ok_or_else(|| {
                 Error::invalid(format!(
-                    "url: option {pair:?} has no value; expected name=value"
+                    "url: option {} has no value; expected name=value",
+                    shown(pair)
                 ))
             })?;
             let name = percent_decode("option name", name)?;
             let value = percent_decode(&name, value)?;
             params.apply(&name, &value)?;
+            if name == "protocol" && https && !params.security.https {
+                return Err(Error::invalid(format!(
+                    "url: scheme {scheme:?} means TLS, but the option protocol=http says plain HTTP; drop one of them"
+                )));
+            }
         }
     }
     params.validate()?;
@@ -73,7 +80,10 @@ pub(crate) fn percent_decode(what: &str, text: &str) -> Result<String> {
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
                     .ok_or_else(|| {
-                        Error::invalid(format!("url: {what}: bad percent escape in {text:?}"))
+                        Error::invalid(format!(
+                            "url: {what}: bad percent escape in {}",
+                            shown(text)
+                        ))
                     })?;
                 out.push(hex);
                 i += 3;

@@ -21,33 +21,33 @@
 //! 192  sections[16] x 64 bytes:   name[40], count u64, max_ns u64, total_ns u64
 //! ```
 
-pub const MAGIC: u64 = u64::from_le_bytes(*b"RDZVPRG1");
-pub const VERSION: u32 = 1;
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RDZVPRG1");
+pub(crate) const VERSION: u32 = 1;
 
-pub const MAGIC_AT: usize = 0;
-pub const VERSION_PID_AT: usize = 8;
-pub const BEATS_AT: usize = 16;
-pub const LAST_BEAT_AT: usize = 24;
-pub const STEP_AT: usize = 32;
-pub const MAX_INTERVAL_AT: usize = 40;
-pub const LAST_EVENT_AT: usize = 48;
-pub const STACK_SIGNAL_AT: usize = 56;
-pub const OPEN_SEQ_AT: usize = 64;
-pub const OPEN_DEPTH_AT: usize = 72;
-pub const OPEN_STARTED_AT: usize = 80;
-pub const OPEN_NAME_AT: usize = 88;
-pub const NAME_BYTES: usize = 48;
-pub const PAUSED_AT: usize = 136;
+pub(crate) const MAGIC_AT: usize = 0;
+pub(crate) const VERSION_PID_AT: usize = 8;
+pub(crate) const BEATS_AT: usize = 16;
+pub(crate) const LAST_BEAT_AT: usize = 24;
+pub(crate) const STEP_AT: usize = 32;
+pub(crate) const MAX_INTERVAL_AT: usize = 40;
+pub(crate) const LAST_EVENT_AT: usize = 48;
+pub(crate) const STACK_SIGNAL_AT: usize = 56;
+pub(crate) const OPEN_SEQ_AT: usize = 64;
+pub(crate) const OPEN_DEPTH_AT: usize = 72;
+pub(crate) const OPEN_STARTED_AT: usize = 80;
+pub(crate) const OPEN_NAME_AT: usize = 88;
+pub(crate) const NAME_BYTES: usize = 48;
+pub(crate) const PAUSED_AT: usize = 136;
 
-pub const SECTIONS_AT: usize = 192;
-pub const SECTIONS: usize = 16;
-pub const SECTION_BYTES: usize = 64;
-pub const SECTION_NAME_BYTES: usize = 40;
-pub const SECTION_COUNT_OFF: usize = 40;
-pub const SECTION_MAX_OFF: usize = 48;
-pub const SECTION_TOTAL_OFF: usize = 56;
+pub(crate) const SECTIONS_AT: usize = 192;
+pub(crate) const SECTIONS: usize = 16;
+pub(crate) const SECTION_BYTES: usize = 64;
+pub(crate) const SECTION_NAME_BYTES: usize = 40;
+pub(crate) const SECTION_COUNT_OFF: usize = 40;
+pub(crate) const SECTION_MAX_OFF: usize = 48;
+pub(crate) const SECTION_TOTAL_OFF: usize = 56;
 
-pub const PAGE_BYTES: usize = SECTIONS_AT + SECTIONS * SECTION_BYTES;
+pub(crate) const PAGE_BYTES: usize = SECTIONS_AT + SECTIONS * SECTION_BYTES;
 
 const _: () = assert!(OPEN_NAME_AT + NAME_BYTES <= PAUSED_AT);
 const _: () = assert!(PAUSED_AT + 8 <= SECTIONS_AT);
