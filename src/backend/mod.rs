@@ -592,6 +592,14 @@ pub fn to_error(endpoints: &str, what: &str, err: &etcd_client::Error) -> Error 
             Code::InvalidArgument if m.contains("too large") => {
                 return Error::invalid(format!("{what}: request too large for etcd ({m})"))
             }
+            // The answer is larger than the client decodes: rdzv writes nothing that large, so
+            // the run's keys hold data that something else wrote. Corrupt state, not a
+            // connection that retrying or reconnecting would mend.
+            Code::OutOfRange if m.contains("decoded message length too large") => {
+                return Error::state(format!(
+                    "{what}: etcd's answer is larger than rdzv reads ({m}): a key of the run holds data rdzv did not write"
+                ))
+            }
             // Not retried: nothing frees space but an operator, so every write fails at once
             // until the alarm is cleared.
             Code::ResourceExhausted if m.contains("database space exceeded") => {

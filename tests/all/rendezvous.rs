@@ -357,6 +357,22 @@ fn foreign_data_under_the_prefix_is_a_state_error() {
 }
 
 #[test]
+fn a_foreign_value_too_large_to_read_is_a_state_error() {
+    // Larger than the client decodes (4 MiB): something else wrote it, and no retry mends it.
+    let etcd = Etcd::start_with(&["--max-request-bytes", "8388608"]);
+    let url = etcd.url("foreign-large", "min_nodes=1&max_nodes=1");
+    let n = node(&url);
+    let (info, store) = n.next().unwrap();
+    let (rt, mut client) = etcd_client(&etcd);
+    let key = format!("{}r/{:020}/store/big", run_prefix(&url), info.round);
+    rt.block_on(client.put(key, vec![b'x'; 5 << 20], None))
+        .unwrap();
+    let err = store.add("big", 1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::State, "{err}");
+    assert!(err.message().contains("did not write"), "{err}");
+}
+
+#[test]
 fn the_last_node_out_of_a_closed_run_deletes_its_rounds() {
     let etcd = Etcd::start();
     let url = etcd.url("cleanup", "min_nodes=2&max_nodes=2");
