@@ -51,7 +51,11 @@ fn defined_names(header: &str) -> Vec<String> {
                 names.push(ident(line));
             }
         } else if line.starts_with("typedef ") {
-            let last = line.trim_end_matches(';').rsplit([' ', '*', ')']).next().unwrap_or("");
+            let last = line
+                .trim_end_matches(';')
+                .rsplit([' ', '*', ')'])
+                .next()
+                .unwrap_or("");
             // A function pointer type: `typedef void (*name)(...)`.
             let name = match line.find("(*") {
                 Some(at) => ident(&line[at + 2..]),
@@ -75,8 +79,17 @@ fn every_name_the_header_defines_is_rdzvs() {
     let header = include_str!("../include/rdzv.h");
     let names = defined_names(header);
     assert!(names.len() > 100, "too few names found: {names:?}");
-    for must in ["RDZV_VERSION", "rdzv_next", "rdzv_status_t", "RDZV_OK", "rdzv_heartbeat"] {
-        assert!(names.iter().any(|n| n == must), "{must} not found in {names:?}");
+    for must in [
+        "RDZV_VERSION",
+        "rdzv_next",
+        "rdzv_status_t",
+        "RDZV_OK",
+        "rdzv_heartbeat",
+    ] {
+        assert!(
+            names.iter().any(|n| n == must),
+            "{must} not found in {names:?}"
+        );
     }
     let foreign: Vec<&String> = names
         .iter()

@@ -365,7 +365,7 @@ fn suspect_run(target: &Target, n: usize) -> Option<(u32, bool)> {
 /// collective marked as a section and without.
 pub fn suspect_table(sizes: &[usize], make: &dyn Fn(Kind, usize, usize) -> Target) {
     println!(
-        "suspect: the same job under rdzv run, the last rank hanging {SUSPECT_RUNS} times per          case: asleep (time.sleep), in C holding the GIL (ctypes.PyDLL sleep), stopped          (SIGSTOP); the all_reduce marked as the section \"allreduce\" or not; the verdict's          suspect: the hung rank (right), said to be uncertain, or another rank"
+        "suspect: the same job under rdzv run, the last rank hanging {SUSPECT_RUNS} times per case: asleep (time.sleep), in C holding the GIL (ctypes.PyDLL sleep), stopped (SIGSTOP); the all_reduce marked as the section \"allreduce\" or not; the verdict's suspect: the hung rank (right), said to be uncertain, or another rank"
     );
     println!(
         "{:>5}  {:<6} {:<9} {:>5}  {:>5}  {:>16}  {:>16}  {:>14}  {:>10}",

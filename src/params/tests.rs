@@ -184,7 +184,10 @@ fn input_that_would_be_cut_or_misread_is_refused_by_name() {
     let mut p = Params::from_url("etcd://h:1/j").unwrap();
     let long = "a".repeat(MAX_ADDR_BYTES + 1);
     let err = p.set("local_addr", &long).unwrap_err().to_string();
-    assert!(err.contains("local_addr: expected at most 253 bytes"), "{err}");
+    assert!(
+        err.contains("local_addr: expected at most 253 bytes"),
+        "{err}"
+    );
     assert_eq!(p.local_addr(), None, "the refused value is not kept");
     p.set("local_addr", &"a".repeat(MAX_ADDR_BYTES)).unwrap();
     // A NUL in the run id or the key prefix (C would read them cut short).
