@@ -497,11 +497,13 @@ rdzv_status_t rdzv_admin_close_with_cancel(const rdzv_admin_t *admin,
 
 /**
  * Deletes every key of the run (rounds, stores, round counter, closed marker), so its id can
- * be used again at once. Refuses while any node of the run is alive, deleting nothing,
- * unless `force` (which leaves running nodes without their keys: they fail). The check and
- * the delete are one transaction. On success sets `*deleted` to the number of keys deleted
- * (0 when refused or when there was nothing) and `*alive` to the number of live nodes that
- * made it refuse (0 when it purged). Either output may be NULL.
+ * be used again at once. Refuses while the run is running, deleting nothing: while any node's
+ * `alive` key is there, or the run's lease is still refreshed (a running job whose `alive`
+ * keys something else deleted), unless `force` (which leaves running nodes without their
+ * keys: they fail). The check and the delete are one transaction. On success sets
+ * `*deleted` to the number of keys deleted (0 when refused or when there was nothing) and
+ * `*alive` to the number of live nodes that made it refuse, at least 1 when it refused (0
+ * when it purged). Either output may be NULL.
  */
 rdzv_status_t rdzv_admin_purge(const rdzv_admin_t *admin,
                                bool force,

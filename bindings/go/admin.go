@@ -101,7 +101,7 @@ func (s *RunStatus) Members() []Member {
 // PurgeResult is what Purge did: deleted keys, or refused because nodes were alive.
 type PurgeResult struct {
 	Deleted      int64  // keys deleted; 0 when refused or when there was nothing
-	RefusedAlive uint32 // live nodes that made it refuse; 0 when it purged
+	RefusedAlive uint32 // live nodes that made it refuse (at least 1 when refused); 0 when it purged
 }
 
 // Refused reports whether the purge deleted nothing because nodes of the run were alive.

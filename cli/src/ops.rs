@@ -103,9 +103,13 @@ pub async fn purge(a: PurgeArgs) -> Exit {
             result(format_args!("run {run:?} purged: {n} keys deleted"));
             Exit::Success
         }
-        Ok(Purge::Refused { alive }) => {
+        Ok(Purge::Refused { alive, lease_live }) => {
+            let why = match (alive, lease_live) {
+                (0, _) => "its lease is still refreshed by its nodes".to_string(),
+                (n, _) => format!("it has {n} live node(s)"),
+            };
             error(format_args!(
-                "run {run:?} has {alive} live node(s): not purging a running job (--force deletes anyway)"
+                "run {run:?} is running ({why}): not purging a running job (--force deletes anyway)"
             ));
             Exit::Failure
         }

@@ -124,8 +124,10 @@ pub struct Joiner {
 pub enum Purge {
     /// The run's keys were deleted (this many).
     Deleted(i64),
-    /// Nothing was deleted: this many nodes of the run are alive.
-    Refused { alive: usize },
+    /// Nothing was deleted: the run is running. `alive`: its nodes' `alive` keys;
+    /// `lease_live`: its lease is still refreshed (a running job keeps it, whatever else has
+    /// deleted its `alive` keys).
+    Refused { alive: usize, lease_live: bool },
 }
 
 impl RunStatus {
@@ -385,9 +387,10 @@ impl Admin {
     }
 
     /// Deletes every key of the run (rounds, stores, round counter, `closed` marker), so its id
-    /// can be used again at once. Refuses, deleting nothing, while any node of the run is
-    /// alive, unless `force` (which leaves running nodes without their keys: they fail).
-    /// The check and the delete are one transaction.
+    /// can be used again at once. Refuses, deleting nothing, while the run looks alive by
+    /// either of two kinds of key (a node's `alive` key, or the run's lease, which every live
+    /// node refreshes and whose key expires with it), unless `force` (which leaves running
+    /// nodes without their keys: they fail). The check and the delete are one transaction.
     pub async fn purge(&self, force: bool) -> Result<Purge> {
         let everything = TxnOp::delete(
             self.keys.namespace(),
@@ -398,19 +401,25 @@ impl Admin {
             false => vec![
                 Compare::create_revision(self.keys.alive_prefix(), CompareOp::Equal, 0)
                     .with_prefix(),
+                Compare::create_revision(self.keys.run_lease(), CompareOp::Equal, 0),
             ],
         };
-        let txn = Txn::new()
-            .when(guards)
-            .and_then([everything])
-            .or_else([TxnOp::get(
+        let txn = Txn::new().when(guards).and_then([everything]).or_else([
+            TxnOp::get(
                 self.keys.alive_prefix(),
                 Some(GetOptions::new().with_prefix().with_count_only()),
-            )]);
+            ),
+            TxnOp::get(
+                self.keys.run_lease(),
+                Some(GetOptions::new().with_count_only()),
+            ),
+        ]);
         let resp = self.etcd.txn(self.deadline(), "purge", txn).await?;
         if !resp.succeeded() {
-            let alive = ranges(&resp).first().map_or(0, |g| g.count()) as usize;
-            return Ok(Purge::Refused { alive });
+            let got = ranges(&resp);
+            let alive = got.first().map_or(0, |g| g.count()) as usize;
+            let lease_live = got.get(1).is_some_and(|g| g.count() > 0);
+            return Ok(Purge::Refused { alive, lease_live });
         }
         let deleted = resp
             .op_responses()

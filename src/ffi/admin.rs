@@ -324,11 +324,13 @@ pub extern "C" fn rdzv_admin_close_with_cancel(
 }
 
 /// Deletes every key of the run (rounds, stores, round counter, closed marker), so its id can
-/// be used again at once. Refuses while any node of the run is alive, deleting nothing,
-/// unless `force` (which leaves running nodes without their keys: they fail). The check and
-/// the delete are one transaction. On success sets `*deleted` to the number of keys deleted
-/// (0 when refused or when there was nothing) and `*alive` to the number of live nodes that
-/// made it refuse (0 when it purged). Either output may be NULL.
+/// be used again at once. Refuses while the run is running, deleting nothing: while any node's
+/// `alive` key is there, or the run's lease is still refreshed (a running job whose `alive`
+/// keys something else deleted), unless `force` (which leaves running nodes without their
+/// keys: they fail). The check and the delete are one transaction. On success sets
+/// `*deleted` to the number of keys deleted (0 when refused or when there was nothing) and
+/// `*alive` to the number of live nodes that made it refuse, at least 1 when it refused (0
+/// when it purged). Either output may be NULL.
 #[no_mangle]
 pub extern "C" fn rdzv_admin_purge(
     admin: *const rdzv_admin_t,
@@ -357,7 +359,11 @@ pub extern "C" fn rdzv_admin_purge_with_cancel(
         let handle = arg_ref(admin, "admin")?;
         let (n, refused) = match handle.0.purge_with(force, &arg_cancel(cancel))? {
             Purge::Deleted(n) => (n, 0),
-            Purge::Refused { alive } => (0, alive.min(u32::MAX as usize) as u32),
+            // Never 0 when refused (0 means purged): a run whose lease is live counts one.
+            Purge::Refused { alive, lease_live } => (
+                0,
+                alive.max(lease_live as usize).min(u32::MAX as usize) as u32,
+            ),
         };
         // SAFETY: each output is NULL or writable by contract.
         unsafe {

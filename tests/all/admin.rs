@@ -247,16 +247,44 @@ fn the_watch_shows_what_a_read_shows_through_a_runs_life() {
 }
 
 #[test]
+fn purge_refuses_a_running_job_whose_alive_keys_another_client_deleted() {
+    let etcd = Etcd::start();
+    let rt = runtime();
+    let url = etcd.url("purge-alive-gone", "min_nodes=1&max_nodes=1");
+    let a = admin(&rt, &url);
+    let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
+    let (_, store) = node.next().unwrap();
+    let (crt, mut client) = common::etcd_client(&etcd);
+    let run = common::node::run_of(&url);
+    let opts = etcd_client::DeleteOptions::new().with_prefix();
+    let gone = crt
+        .block_on(client.delete(format!("/rdzv/{run}/alive/"), Some(opts)))
+        .unwrap();
+    assert!(gone.deleted() >= 1);
+    // No alive key left, but the run's lease is refreshed: the job runs, nothing is deleted.
+    assert_eq!(
+        rt.block_on(a.purge(false)).unwrap(),
+        Purge::Refused {
+            alive: 0,
+            lease_live: true
+        }
+    );
+    store.set("still", b"here").unwrap();
+    assert_eq!(store.get("still", None).unwrap(), b"here");
+    node.shutdown().unwrap();
+}
+
+#[test]
 fn purge_refuses_while_a_node_is_alive_and_deletes_what_a_crash_left() {
     let etcd = Etcd::start();
     let rt = runtime();
     let url = etcd.url("purge", "");
     let a = admin(&rt, &url);
     let node = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
-    assert_eq!(
+    assert!(matches!(
         rt.block_on(a.purge(false)).unwrap(),
-        Purge::Refused { alive: 1 }
-    );
+        Purge::Refused { alive: 1, .. }
+    ));
     node.shutdown().unwrap();
 
     // What a run whose nodes all crashed leaves: a round counter nobody will delete.
