@@ -273,6 +273,39 @@ fn ids(q: &Quorum) -> Vec<String> {
 }
 
 #[test]
+fn an_empty_replica_id_is_refused_by_name() {
+    let etcd = Etcd::start();
+    let job = format!("lighthouse-empty-{}", std::process::id());
+    let mut a = Lighthouse::start(&etcd.endpoint(), &job);
+    a.wait_line(Duration::from_secs(10), "lighthouse: leading");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = client(&a.address).await;
+        let beat = c
+            .heartbeat(LighthouseHeartbeatRequest {
+                replica_id: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(beat.code(), tonic::Code::InvalidArgument, "{beat:?}");
+        assert!(beat.message().contains("replica_id"), "{beat:?}");
+        let mut ask = tonic::Request::new(LighthouseQuorumRequest {
+            requester: Some(QuorumMember {
+                step: 1,
+                world_size: 1,
+                ..Default::default()
+            }),
+        });
+        // Refused at once, not left to time out.
+        ask.set_timeout(Duration::from_secs(10));
+        let started = Instant::now();
+        let quorum = c.quorum(ask).await.unwrap_err();
+        assert_eq!(quorum.code(), tonic::Code::InvalidArgument, "{quorum:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{quorum:?}");
+    });
+}
+
+#[test]
 fn quorums_follow_torchfts_rules_and_survive_a_killed_leader() {
     let etcd = Etcd::start();
     let job = format!("lighthouse-{}", std::process::id());

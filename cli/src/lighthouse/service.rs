@@ -182,6 +182,11 @@ impl LighthouseService for Lighthouse {
             .requester
             .clone()
             .ok_or_else(|| Status::invalid_argument("missing requester"))?;
+        if member.replica_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "requester.replica_id: expected a replica group's id, got an empty one",
+            ));
+        }
         // Ends when the caller's deadline (grpc-timeout) does: tonic drops this future.
         loop {
             match self.route(was_forwarded)? {
@@ -227,6 +232,12 @@ impl LighthouseService for Lighthouse {
     ) -> Result<Response<LighthouseHeartbeatResponse>, Status> {
         let was_forwarded = forwarded(&request);
         let req = request.into_inner();
+        // An empty id names no replica group: a quorum could never be made with it.
+        if req.replica_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "replica_id: expected a replica group's id, got an empty one",
+            ));
+        }
         // Waits for a leader (this lighthouse just started, or a failover is under way) as
         // long as a heartbeat is worth anything; the next one comes within its period anyway.
         let give_up = tokio::time::Instant::now() + HEARTBEAT_PATIENCE;
