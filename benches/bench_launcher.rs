@@ -1179,9 +1179,12 @@ fn main() {
         }
         kinds.extend(torchruns.iter().filter(|k| **k == Kind::TorchrunC10d));
         if python.is_some() {
-            hang::table(&sizes, &kinds, &unavailable, &|kind, n, r| {
-                target(kind, Case::Hang, n, r, n)
-            });
+            // BENCH_HANG_SUSPECT_ONLY: the verdict's table alone (it takes its own 60 runs).
+            if std::env::var_os("BENCH_HANG_SUSPECT_ONLY").is_none() {
+                hang::table(&sizes, &kinds, &unavailable, &|kind, n, r| {
+                    target(kind, Case::Hang, n, r, n)
+                });
+            }
             hang::suspect_table(&sizes, &|kind, n, r| target(kind, Case::Hang, n, r, n));
         } else {
             println!("hang: not measured, its workers need PyTorch");

@@ -341,20 +341,33 @@ const SUSPECT_CASES: [(&str, bool); 6] = [
 const SUSPECT_RUNS: usize = 10;
 
 /// One run of the suspect table: `rdzv run`'s verdict (the rank it named, and whether it said
-/// it is uncertain), or None when it gave none within the limits.
-fn suspect_run(target: &Target, n: usize) -> Option<(u32, bool)> {
+/// it is uncertain), or why there was none (the launchers' last failure, or the time limit).
+fn suspect_run(target: &Target, n: usize) -> Result<(u32, bool), String> {
     let dir = target.hang.as_ref().expect("a hang-case target");
     std::fs::create_dir_all(dir).unwrap();
     let (tx, rx) = mpsc::channel();
     let mut launchers = launch(Kind::Rdzv, target, n, &tx);
     let deadline = Instant::now() + LAUNCH_LIMIT + LIMIT;
-    let mut verdict = None;
-    while verdict.is_none() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((_, _, Event::Suspect(rank, uncertain))) => verdict = Some((rank, uncertain)),
+    let mut verdict = Err(format!(
+        "no verdict within {} s",
+        (LAUNCH_LIMIT + LIMIT).as_secs()
+    ));
+    while Instant::now() < deadline {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok((_, _, Event::Suspect(rank, uncertain))) => {
+                verdict = Ok((rank, uncertain));
+                break;
+            }
+            Ok((_, _, Event::Failure(line))) => verdict = Err(line),
             Ok(_) => {}
-            Err(_) => break,
+            Err(_) => {
+                let exited = launchers
+                    .iter_mut()
+                    .all(|l| l.child.try_wait().ok().flatten().is_some());
+                if exited {
+                    break;
+                }
+            }
         }
     }
     end_run(Kind::Rdzv, target, &mut launchers, dir);
@@ -387,11 +400,14 @@ pub fn suspect_table(sizes: &[usize], make: &dyn Fn(Kind, usize, usize) -> Targe
             let mut counts = [0usize; 5];
             for r in 0..SUSPECT_RUNS {
                 let slot = match suspect_run(&make(Kind::Rdzv, n, 1000 + r), n) {
-                    Some((rank, false)) if rank == hung => 0,
-                    Some((rank, true)) if rank == hung => 1,
-                    Some((_, true)) => 2,
-                    Some((_, false)) => 3,
-                    None => 4,
+                    Ok((rank, false)) if rank == hung => 0,
+                    Ok((rank, true)) if rank == hung => 1,
+                    Ok((_, true)) => 2,
+                    Ok((_, false)) => 3,
+                    Err(why) => {
+                        println!("       {how}, sections {sections}, run {r}: {why}");
+                        4
+                    }
                 };
                 counts[slot] += 1;
             }

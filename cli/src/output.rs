@@ -81,12 +81,31 @@ pub struct Destination {
     pub duplicate: Option<Duplicate>,
 }
 
+/// A long line is written in pieces of this size (under the stream's lock, so it stays whole):
+/// each piece counts as progress (`pump`), however slowly the console reads.
+const PIECE: usize = 64 * 1024;
+
+/// Writes `bytes` to `out` piece by piece, counting each piece in `progress`.
+fn write_counted(
+    out: &mut impl Write,
+    bytes: &[u8],
+    progress: &std::sync::atomic::AtomicU64,
+) -> std::io::Result<()> {
+    for piece in bytes.chunks(PIECE) {
+        out.write_all(piece)?;
+        progress.fetch_add(piece.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(())
+}
+
 /// Copies `stream` line by line to its destination until the worker closes it. Runs on a
 /// thread of its own; returns when the stream ends (the worker and everything it started
-/// have exited or closed it).
+/// have exited or closed it). `progress` grows with every piece read or written, so that
+/// whoever waits for the pump can tell a slow one from a stuck one.
 pub fn pump(
     stream: impl std::io::Read + Send + 'static,
     mut to: Destination,
+    progress: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(stream);
@@ -97,11 +116,12 @@ pub fn pump(
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             }
+            progress.fetch_add(line.len() as u64, std::sync::atomic::Ordering::Relaxed);
             if !line.ends_with(b"\n") {
                 line.push(b'\n');
             }
             if let Some(file) = to.file.as_mut() {
-                let _ = file.write_all(&line);
+                let _ = write_counted(file, &line, &progress);
             }
             if let Some(dup) = &to.duplicate {
                 let text = String::from_utf8_lossy(&line);
@@ -118,8 +138,12 @@ pub fn pump(
                 out.extend_from_slice(prefix.as_bytes());
                 out.extend_from_slice(&line);
                 let _ = match console {
-                    Console::Stdout => std::io::stdout().lock().write_all(&out),
-                    Console::Stderr => std::io::stderr().lock().write_all(&out),
+                    Console::Stdout => {
+                        write_counted(&mut std::io::stdout().lock(), &out, &progress)
+                    }
+                    Console::Stderr => {
+                        write_counted(&mut std::io::stderr().lock(), &out, &progress)
+                    }
                 };
             }
         }

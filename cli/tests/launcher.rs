@@ -948,6 +948,59 @@ fn status_shows_members_and_a_crashed_run_goes_with_its_leases() {
 }
 
 #[test]
+fn a_long_line_reaches_a_console_that_reads_it_slowly_whole() {
+    // A 10 MB line without a newline, teed, to a console that takes seconds to read it: the
+    // launcher used to wait 2 s for its workers' output and exit mid-write (the line was in
+    // stdout.log, but cut short on the console).
+    let s = Scratch::new();
+    let logs = s.path("logs");
+    let mut cmd = Command::new(RDZV);
+    cmd.args(["run", "--standalone", "--tee", "3", "--log-dir"])
+        .arg(&logs)
+        .args([
+            "python3",
+            "-c",
+            "import sys; sys.stdout.write('x' * 10_000_000)",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("PET_") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    // 64 KiB every 40 ms: about 6 s for the line.
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut xs, mut buf) = (0usize, vec![0u8; 64 * 1024]);
+        loop {
+            match out.read(&mut buf) {
+                Ok(0) | Err(_) => return xs,
+                Ok(n) => xs += buf[..n].iter().filter(|&&b| b == b'x').count(),
+            }
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the launcher did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code(status), 0);
+    assert_eq!(
+        reader.join().unwrap(),
+        10_000_000,
+        "the console lost part of the line"
+    );
+}
+
+#[test]
 fn tee_and_the_local_ranks_filter_choose_what_the_console_shows() {
     let s = Scratch::new();
     let logs = s.path("logs");

@@ -52,8 +52,15 @@ pub struct Group {
     exits: mpsc::UnboundedReceiver<(usize, ExitStatus)>,
     pumps_done: mpsc::UnboundedReceiver<()>,
     pumps: usize,
+    /// Bytes the pumps have read or written so far (`output::pump`).
+    pumped: std::sync::Arc<std::sync::atomic::AtomicU64>,
     stop_sent: bool,
 }
+
+/// After the workers exited, their output is waited for while it keeps moving, and for at most
+/// this long once it stops: a process that escaped the workers' groups may hold a pipe open
+/// forever, but a long line on a slow console is still being written.
+const PUMP_IDLE: Duration = Duration::from_secs(2);
 
 impl Group {
     /// Starts one worker per entry of `ranks`. On an error the workers already started are
@@ -70,6 +77,7 @@ impl Group {
             exits,
             pumps_done,
             pumps: 0,
+            pumped: Default::default(),
             stop_sent: false,
         };
         let attempt = AttemptLogs::open(logs, spec.restart_count)?;
@@ -90,7 +98,7 @@ impl Group {
                     ));
                 }
             };
-            group.pumps += process::pump_streams(&mut child, routes, &pump_tx);
+            group.pumps += process::pump_streams(&mut child, routes, &pump_tx, &group.pumped);
             let pid = child.id();
             process::wait_in_thread(child, index, &exit_tx);
             group.workers.push(Worker {
@@ -198,18 +206,26 @@ impl Group {
     }
 
     /// After the workers exited: kills whatever they left in their process groups and waits
-    /// (briefly) for their output to be written.
+    /// for their output to be written, as long as it moves (`PUMP_IDLE`). A fixed bound cut
+    /// a 10 MB line short on a console that read it slowly: the launcher exited mid-write.
     pub async fn finish(&mut self) {
+        use std::sync::atomic::Ordering::Relaxed;
         self.kill_all();
-        let pumps = self.pumps;
-        let drained = async {
-            for _ in 0..pumps {
-                if self.pumps_done.recv().await.is_none() {
-                    return;
+        let mut left = self.pumps;
+        let mut seen = self.pumped.load(Relaxed);
+        while left > 0 {
+            match tokio::time::timeout(PUMP_IDLE, self.pumps_done.recv()).await {
+                Ok(Some(())) => left -= 1,
+                Ok(None) => break,
+                Err(_) => {
+                    let now = self.pumped.load(Relaxed);
+                    if now == seen {
+                        break;
+                    }
+                    seen = now;
                 }
             }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
+        }
         self.pumps = 0;
     }
 

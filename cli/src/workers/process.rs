@@ -147,6 +147,7 @@ pub fn pump_streams(
     child: &mut Child,
     routes: Vec<Route>,
     done: &mpsc::UnboundedSender<()>,
+    progress: &std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> usize {
     let streams = [
         child
@@ -165,7 +166,7 @@ pub fn pump_streams(
         };
         let done = done.clone();
         pumps += 1;
-        let pump = output::pump(stream, to);
+        let pump = output::pump(stream, to, progress.clone());
         std::thread::spawn(move || {
             let _ = pump.join();
             let _ = done.send(());
