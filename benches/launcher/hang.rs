@@ -393,13 +393,15 @@ pub fn suspect_table(sizes: &[usize], make: &dyn Fn(Kind, usize, usize) -> Targe
         "no verdict"
     );
     for &n in sizes {
-        for (how, sections) in SUSPECT_CASES {
+        for (case, (how, sections)) in SUSPECT_CASES.into_iter().enumerate() {
             std::env::set_var("HANG_WORKER_HOW", how);
             std::env::set_var("HANG_WORKER_SECTIONS", if sections { "1" } else { "0" });
             let hung = (n - 1) as u32;
             let mut counts = [0usize; 5];
             for r in 0..SUSPECT_RUNS {
-                let slot = match suspect_run(&make(Kind::Rdzv, n, 1000 + r), n) {
+                // A run id of its own per run (a closed run stays closed).
+                let run = 1000 + case * SUSPECT_RUNS + r;
+                let slot = match suspect_run(&make(Kind::Rdzv, n, run), n) {
                     Ok((rank, false)) if rank == hung => 0,
                     Ok((rank, true)) if rank == hung => 1,
                     Ok((_, true)) => 2,

@@ -38,6 +38,12 @@ impl Program {
             script = Some(PathBuf::from(program));
         }
         command.push(program.clone());
+        // `train.py -- --help`: torchrun (argparse) takes the `--` for the end of its own
+        // options and gives the script `--help` alone.
+        let args = match args.split_first() {
+            Some((dashes, rest)) if dashes == "--" => rest,
+            _ => args,
+        };
         command.extend(args.iter().cloned());
         Ok(Program { command, script })
     }
@@ -132,6 +138,24 @@ mod tests {
 
     /// A Python script runs under python3 whatever its name; an executable ELF binary or `#!`
     /// script, or a command on PATH, runs as it is.
+    #[test]
+    fn a_double_dash_after_the_program_is_torchruns_end_of_options() {
+        let args = |argv: &[&str]| {
+            let mut all = vec!["rdzv", "run", "--no-python"];
+            all.extend_from_slice(argv);
+            match crate::args::try_parse_from(all).unwrap().command {
+                crate::args::Command::Run(run) => Program::from_args(&run).unwrap().command,
+                _ => unreachable!("a run"),
+            }
+        };
+        assert_eq!(args(&["prog", "--", "--help"]), ["prog", "--help"]);
+        assert_eq!(
+            args(&["prog", "--help", "--", "x"]),
+            ["prog", "--help", "--", "x"]
+        );
+        assert_eq!(args(&["prog", "--", "--", "x"]), ["prog", "--", "x"]);
+    }
+
     #[test]
     fn which_programs_run_under_python() {
         use std::os::unix::fs::PermissionsExt;
