@@ -1290,7 +1290,7 @@ fn accepted_only_flags_start_the_job_and_say_why_they_do_nothing() {
         "--standalone",
         "--start-method=fork",
         "--start_method=forkserver",
-        "--logs_specs=custom",
+        "--logs_specs=default",
         "--event-log-handler=console",
         "--no-python",
         "--run-path",
@@ -1299,11 +1299,21 @@ fn accepted_only_flags_start_the_job_and_say_why_they_do_nothing() {
     l.exits_with(0, 30);
     // --run-path wins over --no-python: the script ran under python3.
     assert!(l.lines_with("PY 0").any(|x| x == "PY 0"), "{}", l.output());
-    for note in ["--logs-specs=custom", "--event-log-handler=console"] {
-        assert!(l.said(note), "no note on {note}: {}", l.output());
-    }
+    assert!(
+        l.said("--event-log-handler=console"),
+        "no note on --event-log-handler: {}",
+        l.output()
+    );
     let mut bad = s.standalone(&["--start-method=thread"], "ok");
     bad.exits_with(2, 10);
+    // An unknown LogsSpecs plugin fails as torchrun fails, naming the flag.
+    let mut unknown = s.standalone(&["--logs-specs=custom"], "ok");
+    unknown.exits_with(2, 10);
+    assert!(
+        unknown.said("--logs-specs: no LogsSpecs plugin \"custom\""),
+        "{}",
+        unknown.output()
+    );
 }
 
 /// `--numa-binding` on a made-up machine (`RDZV_SYSFS_ROOT`): two NUMA nodes, one of this

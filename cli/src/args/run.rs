@@ -205,8 +205,8 @@ pub struct RunArgs {
         value_parser = values::numa_binding()
     )]
     pub numa_binding: Option<Policy>,
-    /// torchrun's LogsSpecs plugin name: accepted; rdzv has no plugins and keeps torchrun's
-    /// default layout (a note says so).
+    /// torchrun's LogsSpecs plugin name: `default` (torchrun's default layout, which rdzv
+    /// keeps); any other name fails, as torchrun fails on an entry point it cannot find.
     #[arg(long, alias = "logs_specs", value_name = "NAME")]
     pub logs_specs: Option<String>,
     /// torchrun's event handler name: accepted; rdzv's events are its `[rdzv]` lines (a note

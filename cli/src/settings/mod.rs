@@ -80,10 +80,15 @@ impl RunConfig {
         };
         let program = Program::from_args(&a)?;
         let (rendezvous, c10d) = rendezvous::from_args(&a, &mut notes)?;
-        if let Some(name) = &a.logs_specs {
-            notes.push(format!(
-                "--logs-specs={name}: rdzv has no LogsSpecs plugins; using torchrun's default layout"
-            ));
+        // torchrun looks the name up among its `torchrun.logs_specs` entry points and fails on
+        // one it does not find; rdzv has the default layout alone, so only its name starts.
+        match a.logs_specs.as_deref() {
+            None | Some("default") => {}
+            Some(name) => {
+                return Err(usage(format!(
+                    "--logs-specs: no LogsSpecs plugin {name:?}: rdzv has torchrun's default layout alone (--logs-specs=default)"
+                )))
+            }
         }
         if a.event_log_handler != "null" {
             notes.push(format!(
