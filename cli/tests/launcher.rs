@@ -39,6 +39,7 @@ case "$1" in
     wait
     exit 0 ;;
   fail) exit "$2" ;;
+  signal) kill -"$2" $$ ;;
   fail-once)
     [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exit 1
     exit 0 ;;
@@ -1503,8 +1504,14 @@ fn the_failure_report_names_the_root_cause_and_copies_its_error_file() {
         ],
         "{out}"
     );
+    // torchrun's host is socket.getfqdn().
+    let fqdn = Command::new("python3")
+        .args(["-c", "import socket; print(socket.getfqdn())"])
+        .output()
+        .unwrap();
+    let fqdn = String::from_utf8(fqdn.stdout).unwrap();
     let host = l.line_with("  host      : ");
-    assert!(!host.trim_end().ends_with(':'), "{host}");
+    assert_eq!(host, format!("  host      : {}", fqdn.trim()));
     let time = l.line_with("  time      : ");
     assert!(time.contains('_') && time.contains('-'), "{time}");
     let copied: serde_json::Value =
@@ -1523,6 +1530,22 @@ fn the_failure_report_names_the_root_cause_and_copies_its_error_file() {
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&own).unwrap()).unwrap();
     assert_eq!(written["message"]["errorCode"], 3, "{written}");
+    // torchrun's exitcode line: the signal's name after the pid, a space before it either way.
+    assert!(
+        l.lines_with("  exitcode  : 3 (pid: ")
+            .any(|x| x.ends_with(") ")),
+        "{}",
+        l.output()
+    );
+    let mut l = rdzv(&["run", "--standalone", &w, "signal", "SEGV"]);
+    l.exits_with(1, 60);
+    let line = l.line_with("  exitcode  : -11 (pid: ");
+    assert!(line.ends_with(")  (SIGSEGV)"), "{line:?}");
+    assert!(
+        l.said("  traceback : Signal 11 (SIGSEGV) received by PID"),
+        "{}",
+        l.output()
+    );
 }
 
 #[test]

@@ -23,6 +23,45 @@ pub fn hostname() -> String {
     }
 }
 
+/// The host's name as Python's `socket.getfqdn()` gives it, for torchrun's failure report:
+/// the name its address resolves back to (the host name if it does not resolve).
+pub fn fqdn() -> String {
+    let host = hostname();
+    let Ok(name) = std::ffi::CString::new(host.clone()) else {
+        return host;
+    };
+    // SAFETY: getaddrinfo is given a NUL-terminated name and zeroed hints, and its result is
+    // freed with freeaddrinfo; getnameinfo writes at most the buffer's length.
+    unsafe {
+        let mut hints: libc::addrinfo = std::mem::zeroed();
+        hints.ai_family = libc::AF_UNSPEC;
+        hints.ai_socktype = libc::SOCK_STREAM;
+        let mut found: *mut libc::addrinfo = std::ptr::null_mut();
+        if libc::getaddrinfo(name.as_ptr(), std::ptr::null(), &hints, &mut found) != 0
+            || found.is_null()
+        {
+            return host;
+        }
+        let mut buf = [0 as libc::c_char; 1025];
+        let rc = libc::getnameinfo(
+            (*found).ai_addr,
+            (*found).ai_addrlen,
+            buf.as_mut_ptr(),
+            buf.len() as libc::socklen_t,
+            std::ptr::null_mut(),
+            0,
+            libc::NI_NAMEREQD,
+        );
+        libc::freeaddrinfo(found);
+        match rc {
+            0 => std::ffi::CStr::from_ptr(buf.as_ptr())
+                .to_string_lossy()
+                .into_owned(),
+            _ => host,
+        }
+    }
+}
+
 /// A random number for ids and directory names.
 pub fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};

@@ -117,7 +117,8 @@ pub fn report(program: &str, failures: &[Failure]) -> bool {
             root.global_rank
         )),
     }
-    let host = hostname();
+    // torchrun prints socket.getfqdn() there.
+    let host = crate::host::fqdn();
     let rule = "=".repeat(60);
     let thin = "-".repeat(60);
     // torchrun's ChildFailedError block, line for line and unprefixed, as parsers read it.
@@ -174,7 +175,16 @@ fn describe(index: usize, f: &Failure, host: &str) {
         Ended::Code(c) => c,
         Ended::Signal(s) => -s,
     };
-    plain(format_args!("  exitcode  : {code} (pid: {})", f.pid));
+    // torchrun's template: `${exitcode} (pid: ${pid}) ${signal_name}`, the name (` (SIGSEGV)`)
+    // only for a signal; the space before it either way.
+    let signal = match f.ended {
+        Ended::Signal(s) => format!(" ({})", signal_name(s)),
+        Ended::Code(_) => String::new(),
+    };
+    plain(format_args!(
+        "  exitcode  : {code} (pid: {}) {signal}",
+        f.pid
+    ));
     match &f.error_file {
         Some((path, _)) => plain(format_args!("  error_file: {}", path.display())),
         None => plain("  error_file: <N/A>"),
