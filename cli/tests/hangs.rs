@@ -512,6 +512,8 @@ fn across_two_nodes_the_rank_that_stopped_first_is_the_suspect_and_the_others_wa
                 .collect::<Vec<_>>()
         })
         .collect();
+    // The detecting node says who waits (an empty list would pass any `all`).
+    assert!(!waiting.is_empty(), "no victims line");
     assert!(
         waiting
             .iter()
@@ -527,8 +529,14 @@ fn across_two_nodes_the_rank_that_stopped_first_is_the_suspect_and_the_others_wa
             l.output()
         );
     }
-    // Every node's evidence outlives the next attempt, which reuses the workers' directories.
+    // Every node's evidence outlives the next attempt, which reuses the workers' directories:
+    // each node names its workers' stacks (a loop over no line would pass).
     for l in &nodes {
+        assert!(
+            l.lines_with("evidence: stacks ").count() >= 1,
+            "no evidence line:\n{}",
+            l.output()
+        );
         for line in l.lines_with("evidence: stacks ") {
             let path = line
                 .split("stacks ")
