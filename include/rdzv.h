@@ -645,14 +645,17 @@ void rdzv_set_log_handler(rdzv_log_handler_t handler, void *user_data);
 
 /**
  * Parses `etcd://HOST:PORT[,HOST:PORT...]/RUN_ID?name=value&...` into new parameters.
- * Schemes: `etcd`/`etcd-v3` (plain), `etcds`/`etcd+https` (TLS). Options as for
- * `rdzv_params_set`. On success `*out` owns new parameters (free with `rdzv_params_free`).
+ * Schemes: `etcd`/`etcd-v3` (plain), `etcds`/`etcd+https` (TLS). A HOST without a port means
+ * etcd's port, 2379 (as in `rdzv_params_new`). Options as for `rdzv_params_set`. On success `*out` owns new parameters (free with `rdzv_params_free`).
  */
-rdzv_status_t rdzv_params_from_url(const char *url, rdzv_params_t **out, rdzv_error_t **error);
+rdzv_status_t rdzv_params_from_url(const char *url,
+                                   rdzv_params_t **out,
+                                   rdzv_error_t **error);
 
 /**
  * New parameters from explicit values, as torch's `RendezvousParameters`. `backend` is
- * `"etcd-v3"` (or `"etcd"`); `endpoints` is `HOST:PORT[,HOST:PORT...]`; `run_id` non-empty;
+ * `"etcd-v3"` (or `"etcd"`); `endpoints` is `HOST[:PORT][,HOST[:PORT]...]` (no port: etcd's
+ * 2379, as in `rdzv_params_from_url`); `run_id` non-empty;
  * `1 <= min_nodes <= max_nodes`. On success `*out` owns new parameters.
  */
 rdzv_status_t rdzv_params_new(const char *backend,

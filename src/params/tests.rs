@@ -211,3 +211,15 @@ fn errors_show_a_bad_value_cut_short_with_its_length() {
     assert!(err.len() < 300, "{} bytes", err.len());
     assert_eq!(shown("short"), "\"short\"");
 }
+
+#[test]
+fn an_endpoint_without_a_port_means_etcds_2379_in_both_forms() {
+    let url = Params::from_url("etcd://h/j").unwrap();
+    let new = Params::new("etcd-v3", "h", "j", 1, 1).unwrap();
+    assert_eq!(url.endpoints, ["h:2379"]);
+    assert_eq!(new.endpoints, url.endpoints);
+    // An empty port is refused in both, by the same words.
+    let a = invalid(Params::from_url("etcd://h:/j"));
+    let b = invalid(Params::new("etcd-v3", "h:", "j", 1, 1));
+    assert_eq!(a, b);
+}
