@@ -32,12 +32,20 @@ _LEVELS = {1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEB
 _FIELD = re.compile(r'(?:^| )([a-z_][a-z0-9_]*)=("(?:[^"\\]|\\.)*"|[^ ]*)')
 
 
+# Fields that name something: kept as text even when they look like a number (a node id is
+# 16 hex digits, which are all decimal ones now and then).
+_NAMES = {"node", "run", "member", "by", "leader"}
+
+
 def fields(line: str) -> dict[str, object]:
-    """The ``name=value`` fields of a record's line, integers as ``int``."""
+    """The ``name=value`` fields of a record's line, integers as ``int`` (ids stay text)."""
     out: dict[str, object] = {}
     for name, value in _FIELD.findall(line):
         if value.startswith('"') and value.endswith('"') and len(value) >= 2:
             value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        if name in _NAMES or name.endswith("_id"):
+            out[name] = value
+            continue
         try:
             out[name] = int(value)
         except ValueError:

@@ -156,3 +156,12 @@ def test_a_handler_may_call_rdzv_and_close_a_handle(etcd, run_id):
     # The close made inside the handler released the node: its alive key is gone at once,
     # not when its lease expires.
     assert etcd.keys(f"/rdzv/{run_id}/alive/{got['closed'][0]}") == []
+
+
+def test_ids_that_look_like_numbers_stay_text():
+    # A node id is 16 hex digits: now and then all of them are decimal ones.
+    from rdzv._log import fields
+
+    got = fields('round complete node=2982607029823126 run=42 keys=4 run_lease_id=7 msg="a b"')
+    assert got == {"node": "2982607029823126", "run": "42", "keys": 4, "run_lease_id": "7",
+                   "msg": "a b"}
