@@ -53,7 +53,7 @@ pub use signals::Signals;
 use crate::exit::{signal_name, Exit};
 use crate::host::cpus::Cpus;
 use crate::host::hostname;
-use crate::monitor::evidence::{self, Evidence};
+use crate::monitor::evidence;
 use crate::monitor::hang::{self, HangMonitor, HangNotice, Hung, Learned};
 use crate::monitor::health::{self, Unhealthy};
 use crate::monitor::pace::Meter;
@@ -371,7 +371,7 @@ impl Agent {
             hang::share_progress(store, round.group_rank, &progress).await;
         }
         let evidence_started = tokio::time::Instant::now();
-        let evidence = collect_evidence(workers, round).await;
+        let evidence = evidence::collect_all(workers, round.number).await;
         let hung_worker = workers
             .iter()
             .position(|w| w.global_rank == hung.global_rank);
@@ -379,10 +379,10 @@ impl Agent {
             .and_then(|i| evidence[i].stacks.as_ref())
             .and_then(|p| std::fs::read_to_string(p).ok());
         if let Some(i) = hung_worker {
-            write_hang_error_file(&workers[i].error_file, &hung, stacks.as_deref());
+            hang::write_error_file(&workers[i].error_file, &hung, stacks.as_deref());
         }
         self.stop_group(group, libc::SIGKILL, signals).await?;
-        let mut evidence_by_rank = evidence_entries(workers, &evidence, &host);
+        let mut evidence_by_rank = evidence::by_rank(workers, &evidence, &host);
         let all = match store {
             Some(store) => {
                 let nodes = round.group_world_size;
@@ -404,7 +404,7 @@ impl Agent {
             }
         }
         for (w, e) in workers.iter().zip(&evidence) {
-            say_evidence(w, e);
+            evidence::say(w, e);
         }
         // For `rdzv status`: which rank hung, where, for how long, and where every node's
         // evidence is.
@@ -446,12 +446,12 @@ impl Agent {
             // lost, and this node, off to the next round, would not be there to say no.
             failure::answer(store, round.group_rank).await;
         }
-        let evidence = collect_evidence(workers, round).await;
+        let evidence = evidence::collect_all(workers, round.number).await;
         for (w, e) in workers.iter().zip(&evidence) {
-            say_evidence(w, e);
+            evidence::say(w, e);
         }
         if let Some(store) = store {
-            let mine: Vec<_> = evidence_entries(workers, &evidence, &host)
+            let mine: Vec<_> = evidence::by_rank(workers, &evidence, &host)
                 .into_iter()
                 .filter_map(|(rank, e)| Some((rank.parse().ok()?, e)))
                 .collect();
@@ -740,76 +740,6 @@ async fn watch<S: Source>(
 /// What each worker's page says, for the other nodes and the verdict (`Watched::progress`).
 fn progress_of(workers: &[Watched], host: &str) -> Vec<WorkerProgress> {
     workers.iter().map(|w| w.progress(host)).collect()
-}
-
-/// Where each worker's evidence went, by rank, as the hang's note names it.
-fn evidence_entries(
-    workers: &[Watched],
-    evidence: &[Evidence],
-    host: &str,
-) -> serde_json::Map<String, serde_json::Value> {
-    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
-    workers
-        .iter()
-        .zip(evidence)
-        .map(|(w, e)| {
-            let entry = serde_json::json!({
-                "host": host,
-                "stacks": path(&e.stacks),
-                "kernel": path(&e.kernel),
-                "flight_recorder": path(&e.flight_recorder),
-            });
-            (w.global_rank.to_string(), entry)
-        })
-        .collect()
-}
-
-/// Every worker's evidence, collected at once, each bounded (`hang::EVIDENCE_BOUND`).
-async fn collect_evidence(workers: &[Watched], round: &Round) -> Vec<Evidence> {
-    // Concurrently: one after the other would multiply the bound.
-    crate::monitor::join_all(
-        workers
-            .iter()
-            .map(|w| evidence::collect(w, round.number, hang::EVIDENCE_BOUND)),
-    )
-    .await
-}
-
-/// One line per worker saying where its evidence is.
-fn say_evidence(w: &Watched, e: &Evidence) {
-    let mut parts = Vec::new();
-    if let Some(p) = &e.stacks {
-        parts.push(format!("stacks {}", p.display()));
-    }
-    if let Some(p) = &e.flight_recorder {
-        parts.push(format!("flight recorder {}", p.display()));
-    }
-    if let Some(p) = &e.kernel {
-        parts.push(format!("threads {}", p.display()));
-    }
-    if !parts.is_empty() {
-        say(format_args!(
-            "rank {} evidence: {}",
-            w.global_rank,
-            parts.join(", ")
-        ));
-    }
-}
-
-/// The hung worker's error file, as torchelastic writes one (the report and the launcher's
-/// own TORCHELASTIC_ERROR_FILE take it from there): the hang, and its stacks if it gave them.
-fn write_hang_error_file(path: &std::path::Path, hung: &Hung, stacks: Option<&str>) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let body = serde_json::json!({"message": {
-        "message": format!("hang: {}", hung.describe()),
-        "extraInfo": {
-            "py_callstack": stacks.unwrap_or("(no stacks: the worker registered no stack signal and py-spy is not installed)"),
-            "timestamp": now.to_string(),
-        },
-    }});
-    let _ = std::fs::write(path, body.to_string());
 }
 
 /// A run id as a directory name.

@@ -148,6 +148,58 @@ pub fn kernel_view(pid: u32) -> String {
     text
 }
 
+/// Where each worker's evidence went, by rank, as the hang's note names it.
+pub fn by_rank(
+    workers: &[Watched],
+    evidence: &[Evidence],
+    host: &str,
+) -> serde_json::Map<String, serde_json::Value> {
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    workers
+        .iter()
+        .zip(evidence)
+        .map(|(w, e)| {
+            let entry = serde_json::json!({
+                "host": host,
+                "stacks": path(&e.stacks),
+                "kernel": path(&e.kernel),
+                "flight_recorder": path(&e.flight_recorder),
+            });
+            (w.global_rank.to_string(), entry)
+        })
+        .collect()
+}
+
+/// How long evidence may take per worker before the workers are stopped.
+pub const EVIDENCE_BOUND: Duration = Duration::from_secs(2);
+
+/// Every worker's evidence, collected at once, each bounded (`EVIDENCE_BOUND`).
+pub async fn collect_all(workers: &[Watched], round: u64) -> Vec<Evidence> {
+    // Concurrently: one after the other would multiply the bound.
+    super::join_all(workers.iter().map(|w| collect(w, round, EVIDENCE_BOUND))).await
+}
+
+/// One line per worker saying where its evidence is.
+pub fn say(w: &Watched, e: &Evidence) {
+    let mut parts = Vec::new();
+    if let Some(p) = &e.stacks {
+        parts.push(format!("stacks {}", p.display()));
+    }
+    if let Some(p) = &e.flight_recorder {
+        parts.push(format!("flight recorder {}", p.display()));
+    }
+    if let Some(p) = &e.kernel {
+        parts.push(format!("threads {}", p.display()));
+    }
+    if !parts.is_empty() {
+        crate::output::say(format_args!(
+            "rank {} evidence: {}",
+            w.global_rank,
+            parts.join(", ")
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
