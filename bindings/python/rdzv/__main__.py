@@ -7,7 +7,8 @@ The command is looked for, in order:
    installation put its scripts (a virtual environment's ``bin``, ``~/.local/bin``, a prefix);
 2. in the repository's build directories when the package lives in a checkout (an editable or
    ``PYTHONPATH`` use, where the Rust build is cargo's): ``target/release``, then
-   ``target/debug``, as the library is found;
+   ``target/debug``, as the library is found. With neither, and ``cargo`` on ``PATH``, it is
+   built there first (``cargo build --release --bin rdzv``, saying so on stderr);
 3. in this interpreter's scripts directory (``sysconfig.get_path("scripts")``);
 4. on ``PATH``.
 """
@@ -48,11 +49,34 @@ def _installed_with_package(here: Path) -> list[Path]:
     return []
 
 
-def _in_checkout(here: Path) -> list[Path]:
+def _checkout(here: Path) -> Path | None:
     for parent in here.parents:
         if (parent / "Cargo.toml").is_file():
-            return [parent / "target" / profile / COMMAND for profile in ("release", "debug")]
-    return []
+            return parent
+    return None
+
+
+def _in_checkout(here: Path) -> list[Path]:
+    root = _checkout(here)
+    if root is None:
+        return []
+    return [root / "target" / profile / COMMAND for profile in ("release", "debug")]
+
+
+def _build(root: Path, cargo: str) -> Path:
+    """Builds the checkout's command, as its README says to; raises ``FileNotFoundError`` with
+    cargo's status when that fails."""
+    print(f"python -m rdzv: no rdzv command is built in {root}: building it "
+          "(cargo build --release --bin rdzv)", file=sys.stderr, flush=True)
+    import subprocess
+
+    status = subprocess.call([cargo, "build", "--release", "--bin", COMMAND,
+                              "--manifest-path", str(root / "Cargo.toml")], stdout=sys.stderr)
+    built = root / "target" / "release" / COMMAND
+    if status != 0 or not _runnable(built):
+        raise FileNotFoundError(f"building the {COMMAND} command in {root} failed (cargo "
+                                f"exited {status}); its output is above")
+    return built
 
 
 def candidate_paths() -> list[Path]:
@@ -68,15 +92,22 @@ def candidate_paths() -> list[Path]:
 
 def find_command() -> Path:
     """The ``rdzv`` executable; raises ``FileNotFoundError`` saying where it looked."""
+    here = Path(__file__).resolve().parent
     tried = candidate_paths()
     for path in tried:
         if _runnable(path):
             return path
+        root = _checkout(here)
+        cargo = shutil.which("cargo")
+        # After the checkout's builds, before what is installed elsewhere: the checkout's own.
+        if root is not None and cargo and path == root / "target" / "debug" / COMMAND:
+            return _build(root, cargo)
     raise FileNotFoundError(
         f"the {COMMAND} command was not found (looked in: "
         f"{', '.join(str(p) for p in tried)}, and on PATH). It is built and installed with the "
         "package by `pip install` (not with RDZV_PYTHON_ONLY=1, which builds no Rust); in a "
-        "checkout, `cargo build --bin rdzv` puts it where this looks."
+        "checkout, `cargo build --bin rdzv` puts it where this looks (and this builds it "
+        "when cargo is on PATH)."
     )
 
 

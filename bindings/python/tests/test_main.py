@@ -97,3 +97,44 @@ def _skip_if_scripts_dir_has_rdzv() -> None:
     scripts = Path(sysconfig.get_path("scripts")) / "rdzv"
     if scripts.is_file():
         pytest.skip(f"{scripts} exists: this interpreter's scripts directory would be used")
+
+
+# A stand-in for cargo: says how it was called, and builds a stand-in command where cargo
+# would (beside the manifest it was given, its 6th argument). PATH holds only it, hence the
+# tools' full paths.
+FAKE_CARGO = """#!/bin/sh
+echo "cargo $*" >&2
+root="${{6%/*}}"
+{mkdir} -p "$root/target/release"
+printf '#!/bin/sh\\necho built\\nprintf "arg=%%s\\\\n" "$@"\\nexit 7\\n' > "$root/target/release/rdzv"
+{chmod} +x "$root/target/release/rdzv"
+"""
+
+
+def test_a_checkout_without_a_build_builds_the_command_with_cargo_then_runs_it(tmp_path,
+                                                                             empty_path):
+    root = _checkout(tmp_path / "repo", {})
+    cargo = empty_path / "cargo"
+    cargo.write_text(FAKE_CARGO.format(mkdir=shutil.which("mkdir"), chmod=shutil.which("chmod")))
+    cargo.chmod(0o755)
+    r = _run(root, "run", "x", path=empty_path)
+    assert r.returncode == 7, r.stderr
+    assert r.stdout.splitlines() == ["built", "arg=run", "arg=x"]
+    assert "building it (cargo build --release --bin rdzv)" in r.stderr
+    manifest = root / "Cargo.toml"
+    assert f"cargo build --release --bin rdzv --manifest-path {manifest}" in r.stderr
+    # Built once: the next run finds it and says nothing of cargo.
+    again = _run(root, "status", path=empty_path)
+    assert again.returncode == 7 and "cargo" not in again.stderr, again.stderr
+
+
+def test_a_failed_build_is_a_clear_error(tmp_path, empty_path):
+    root = _checkout(tmp_path / "repo", {})
+    cargo = empty_path / "cargo"
+    cargo.write_text("#!/bin/sh\necho 'error: could not compile' >&2\nexit 101\n")
+    cargo.chmod(0o755)
+    r = _run(root, "run", path=empty_path)
+    assert r.returncode == 1
+    assert "error: could not compile" in r.stderr
+    assert "building the rdzv command in" in r.stderr and "cargo exited 101" in r.stderr
+    assert "Traceback" not in r.stderr
