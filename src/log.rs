@@ -6,7 +6,7 @@
 //! installed when they first call rdzv, and only if the process has no global subscriber yet:
 //! it keeps the records `RDZV_LOG` asks for (filter syntax of `tracing-subscriber`:
 //! `RDZV_LOG=debug`, `RDZV_LOG=rdzv::rendezvous=trace`; warnings by default, see
-//! `filter_from_env`) and hands each to the handler the host set with `set_handler`, or
+//! `filter`) and hands each to the handler the host set with `set_handler`, or
 //! writes it as one line to stderr.
 //!
 //! Invariants:
@@ -94,9 +94,20 @@ pub fn set_handler(handler: Option<Handler>) {
 /// Installs rdzv's subscriber for C ABI users, once per process, unless the process already
 /// has a global subscriber (a Rust host's own).
 pub fn install_default() {
+    install(None);
+}
+
+/// As `install_default`, with the filter `spec` (`RDZV_LOG`'s syntax) instead of the
+/// variable's: for a host that takes the level from a setting of its own (the `rdzv`
+/// command reads torch's `LOGLEVEL` when `RDZV_LOG` is not set).
+pub fn install_with(spec: &str) {
+    install(Some(spec));
+}
+
+fn install(spec: Option<&str>) {
     INSTALL.call_once(|| {
         let subscriber = tracing_subscriber::registry()
-            .with(filter_from_env())
+            .with(filter(spec))
             .with(HostLayer);
         // Fails only when a global subscriber exists already: then records go there.
         let _ = tracing::subscriber::set_global_default(subscriber);
@@ -108,8 +119,11 @@ pub fn install_default() {
 /// module the variable does not name (`RDZV_LOG=rdzv::store=debug` adds to warnings). A level
 /// below warnings (`error`, `off`) lowers everything. A variable that does not parse is
 /// reported once and ignored.
-fn filter_from_env() -> EnvFilter {
-    let spec = std::env::var(ENV_VAR).unwrap_or_default();
+fn filter(given: Option<&str>) -> EnvFilter {
+    let spec = match given {
+        Some(spec) => spec.to_string(),
+        None => std::env::var(ENV_VAR).unwrap_or_default(),
+    };
     EnvFilter::builder()
         .parse(directives(&spec))
         .unwrap_or_else(|err| {
@@ -121,7 +135,7 @@ fn filter_from_env() -> EnvFilter {
         })
 }
 
-/// `RDZV_LOG`'s value as `EnvFilter` directives (see `filter_from_env`).
+/// `RDZV_LOG`'s value as `EnvFilter` directives (see `filter`).
 fn directives(spec: &str) -> String {
     let mut floor = LevelFilter::WARN;
     let mut directives = Vec::new();

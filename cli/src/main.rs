@@ -87,6 +87,15 @@ fn run(args: Box<args::run::RunArgs>) -> Exit {
     for note in &cfg.notes {
         output::say(note);
     }
+    if output::verbose(output::Verbosity::Info) {
+        for line in cfg.standalone_banner().into_iter().flatten() {
+            output::say(line);
+        }
+        output::say("starting the elastic agent with launch configs:");
+        for line in cfg.launch_lines() {
+            output::say(line);
+        }
+    }
     // Started here, on the main thread: its PR_SET_PDEATHSIG follows this thread. Stopped when
     // this function returns, after the agent is through.
     let serve = |c: &settings::rendezvous::C10d| c10d::serve_if_here(&c.endpoint, c.is_host);

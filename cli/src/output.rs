@@ -11,6 +11,7 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 /// The launcher's own line: what it is doing, for the person watching the job.
 pub fn say(message: impl std::fmt::Display) {
@@ -39,10 +40,73 @@ pub fn result(line: impl std::fmt::Display) {
     let _ = out.flush();
 }
 
+/// How much the launcher says beyond its event lines: `RDZV_LOG`'s level for rdzv (its bare
+/// level: `RDZV_LOG=debug`), else torch's `LOGLEVEL` (`DEBUG`, `INFO`, `WARNING`, `ERROR`,
+/// `CRITICAL`), as torchrun's agent reads it. At info, the launch's settings before it
+/// starts; at debug, also each step of the agent (`debug`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verbosity {
+    Quiet,
+    Info,
+    Debug,
+}
+
+static VERBOSITY: AtomicU8 = AtomicU8::new(0);
+
+/// The level `RDZV_LOG` (else `LOGLEVEL`) asks for, and the library filter that goes with it.
+fn level_from_env() -> (Verbosity, Option<String>) {
+    let bare_level = |spec: &str| {
+        spec.split(',')
+            .map(|d| d.trim().to_ascii_lowercase())
+            .filter_map(|d| match d.as_str() {
+                "trace" | "debug" => Some(Verbosity::Debug),
+                "info" => Some(Verbosity::Info),
+                "warn" | "error" | "off" => Some(Verbosity::Quiet),
+                _ => None,
+            })
+            .max()
+    };
+    if let Some(spec) = std::env::var(rdzv::log::ENV_VAR)
+        .ok()
+        .filter(|s| !s.is_empty())
+    {
+        // The library reads the variable itself.
+        return (bare_level(&spec).unwrap_or(Verbosity::Quiet), None);
+    }
+    let torch = std::env::var("LOGLEVEL")
+        .unwrap_or_default()
+        .to_ascii_uppercase();
+    let (verbosity, library) = match torch.as_str() {
+        "DEBUG" => (Verbosity::Debug, "debug"),
+        "INFO" => (Verbosity::Info, "info"),
+        "ERROR" | "CRITICAL" | "FATAL" => (Verbosity::Quiet, "error"),
+        _ => return (Verbosity::Quiet, None),
+    };
+    (verbosity, Some(library.to_string()))
+}
+
+/// Whether the launcher says this much.
+pub fn verbose(at: Verbosity) -> bool {
+    VERBOSITY.load(Relaxed) >= at as u8
+}
+
+/// A step of the agent, said at debug (`RDZV_LOG=debug` or `LOGLEVEL=DEBUG`).
+pub fn debug(message: impl std::fmt::Display) {
+    if verbose(Verbosity::Debug) {
+        say(format_args!("debug: {message}"));
+    }
+}
+
 /// Routes the library's log records into the launcher's lines (warnings by default;
-/// `RDZV_LOG=info` and finer ask for more).
+/// `RDZV_LOG=info` and finer ask for more, and so does torch's `LOGLEVEL` when `RDZV_LOG` is
+/// not set), and sets the launcher's own verbosity from the same variables.
 pub fn route_library_logs() {
-    rdzv::log::install_default();
+    let (verbosity, library) = level_from_env();
+    VERBOSITY.store(verbosity as u8, Relaxed);
+    match library {
+        Some(spec) => rdzv::log::install_with(&spec),
+        None => rdzv::log::install_default(),
+    }
     rdzv::log::set_handler(Some(std::sync::Arc::new(
         |record: &rdzv::log::Record<'_>| {
             say(format_args!(

@@ -125,12 +125,13 @@ fn rdzv(args: &[&str]) -> Launcher {
 }
 
 /// Starts `rdzv ARGS` with `env` and a TMPDIR of its own; the caller's torchrun settings
-/// (PET_*) do not leak into the test, only those in `env` are set.
+/// (PET_*, LOGLEVEL, RDZV_LOG) do not leak into the test, only those in `env` are set.
 fn rdzv_env(args: &[&str], env: &[(&str, &str)]) -> Launcher {
     let mut cmd = Command::new(RDZV);
     cmd.args(args).envs(env.iter().copied());
     for (k, _) in std::env::vars() {
-        if k.starts_with("PET_") && !env.iter().any(|(e, _)| *e == k) {
+        let torchrun_setting = k.starts_with("PET_") || k == "LOGLEVEL" || k == "RDZV_LOG";
+        if torchrun_setting && !env.iter().any(|(e, _)| *e == k) {
             cmd.env_remove(k);
         }
     }
@@ -1314,6 +1315,70 @@ fn accepted_only_flags_start_the_job_and_say_why_they_do_nothing() {
         unknown.said("--logs-specs: no LogsSpecs plugin \"custom\""),
         "{}",
         unknown.output()
+    );
+}
+
+/// torch's LOGLEVEL, as torchrun's agent reads it: at DEBUG the agent's steps and torchrun's
+/// "Rendezvous info" banner for a standalone job; at INFO the banner and settings, no steps;
+/// by default neither. RDZV_LOG's bare level does the same, and on etcd also asks the
+/// library for its records.
+#[test]
+fn loglevel_and_rdzv_log_show_the_agents_steps_and_torchruns_banner() {
+    let s = Scratch::new();
+    let w = s.worker();
+    let standalone = |env: &[(&str, &str)]| {
+        let mut l = rdzv_env(
+            &["run", "--standalone", "--nproc-per-node=2", &w, "ok"],
+            env,
+        );
+        l.exits_with(0, 30);
+        l
+    };
+    let quiet = standalone(&[]);
+    assert!(
+        !quiet.said("Rendezvous info:") && !quiet.said("debug:"),
+        "{}",
+        quiet.output()
+    );
+    for env in [("LOGLEVEL", "DEBUG"), ("RDZV_LOG", "debug")] {
+        let debug = standalone(&[env]);
+        let banner = debug.line_with("--rdzv-backend=static --rdzv-endpoint=localhost:0");
+        assert!(
+            banner.contains("--rdzv-id=standalone-"),
+            "{env:?}: {banner}"
+        );
+        assert!(
+            debug.said("Rendezvous info:"),
+            "{env:?}: {}",
+            debug.output()
+        );
+        assert!(
+            debug.said("  nproc_per_node   : 2"),
+            "{env:?}: {}",
+            debug.output()
+        );
+        for rank in 0..2 {
+            let started = format!("debug: started worker rank {rank} (local rank {rank}): pid ");
+            assert!(debug.said(&started), "{env:?}: {}", debug.output());
+        }
+        assert!(debug.said("debug: round 0: the group ended: every worker succeeded"));
+    }
+    let info = standalone(&[("LOGLEVEL", "INFO")]);
+    assert!(info.said("Rendezvous info:"), "{}", info.output());
+    assert!(!info.said("debug:"), "{}", info.output());
+    // On etcd: the library's own records come too (the rendezvous's retries and waits).
+    let etcd = Etcd::start();
+    let url = etcd.url("loglevel", FAST);
+    let mut l = rdzv_env(&["run", "--rdzv", &url, &w, "ok"], &[("LOGLEVEL", "DEBUG")]);
+    l.exits_with(0, 60);
+    assert!(
+        l.said("debug rdzv::"),
+        "no library debug record: {}",
+        l.output()
+    );
+    assert!(
+        !l.said("Rendezvous info:"),
+        "a named rendezvous has no banner"
     );
 }
 

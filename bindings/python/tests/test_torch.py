@@ -268,3 +268,38 @@ def test_a_drained_node_gets_a_system_exit_of_status_0(etcd, run_id):
         assert "maintenance" in str(info.value.error)
     finally:
         handler.close()
+
+
+# rdzv.launch with torch's own LaunchConfig and ChildFailedError (test_launch.py: without torch)
+
+
+def _launched_rank_and_world():
+    import os
+
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def _launched_rank_1_raises():
+    import os
+
+    if os.environ["RANK"] == "1":
+        raise KeyError("no such shard")
+    return "ok"
+
+
+def test_rdzv_launch_takes_torchs_launch_config_and_raises_torchs_child_failed_error():
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from rdzv.launch import elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", max_restarts=0)
+    assert elastic_launch(config, _launched_rank_and_world)() == {0: (0, 2), 1: (1, 2)}
+    with pytest.raises(ChildFailedError) as caught:
+        elastic_launch(config, _launched_rank_1_raises)()
+    failure = caught.value.failures[1]
+    assert isinstance(failure, ProcessFailure)
+    assert failure.exitcode == 1
+    # torch's ProcessFailure keeps the error file's message object as it is.
+    assert failure.message["message"] == "KeyError: 'no such shard'", failure.message
+    assert "_launched_rank_1_raises FAILED" in str(caught.value)

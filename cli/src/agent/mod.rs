@@ -32,7 +32,7 @@
 //! Submodules, each using only those listed before it: `signals`, `source` (the trait, rounds,
 //! stops), `connect` (waiting for etcd at start), `failure` (what a failure costs, the
 //! launchers' failure protocol), `barrier` (the exit barrier), `etcd` and `fixed` (the two
-//! sources).
+//! sources), `outcome` (`--outcome-file`).
 
 mod signals;
 
@@ -47,6 +47,8 @@ mod barrier;
 mod etcd;
 
 mod fixed;
+
+mod outcome;
 
 pub use signals::Signals;
 
@@ -84,6 +86,19 @@ enum Outcome {
     Unhealthy(Unhealthy),
 }
 
+impl Outcome {
+    fn name(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "every worker succeeded",
+            Outcome::Failed => "a worker failed",
+            Outcome::Stop(_) => "stopped from outside the group",
+            Outcome::Hung(_) => "a worker of this node hung",
+            Outcome::PeerHung(_) => "another node found a hang",
+            Outcome::Unhealthy(_) => "this node's health check failed",
+        }
+    }
+}
+
 /// What the monitors beside a running group found first (`watch`).
 enum Event {
     Stop(Stop),
@@ -110,6 +125,8 @@ pub struct Agent {
     restarts: Budget,
     /// The failure report named an error file (in the log directory, which is then kept).
     reported_error_file: bool,
+    /// What `--outcome-file` will say.
+    outcome: outcome::Outcome,
     /// `--numa-binding`: the CPUs of each local rank (empty: no binding).
     cpu_binding: Vec<Cpus>,
     /// What `--hang-timeout auto` learned in earlier attempts (smoothed).
@@ -153,6 +170,7 @@ impl Agent {
             temporary_logs,
             extra_env,
             reported_error_file: false,
+            outcome: outcome::Outcome::default(),
             cpu_binding,
             learned: Learned::default(),
             no_progress: NoProgress::default(),
@@ -182,7 +200,22 @@ impl Agent {
         if self.temporary_logs && !self.reported_error_file {
             let _ = std::fs::remove_dir_all(&self.logs.run_dir);
         }
-        exit
+        match &self.cfg.outcome_file {
+            Some(path) => match self.outcome.write(path, exit, self.restarts.used) {
+                Ok(()) => exit,
+                Err(e) => {
+                    output::error(e);
+                    Exit::Failure
+                }
+            },
+            None => exit,
+        }
+    }
+
+    /// Prints the failure report (torchrun's block) and keeps it for `--outcome-file`.
+    fn report(&mut self, failures: &[Failure]) {
+        self.reported_error_file = report::report(self.cfg.program.name(), failures);
+        self.outcome.failed(failures);
     }
 
     /// Goes round the state diagram until the launcher leaves.
@@ -213,11 +246,15 @@ impl Agent {
                     )
                     .await;
                 if let Some(failures) = carried.failed.as_deref() {
-                    self.reported_error_file = report::report(self.cfg.program.name(), failures);
+                    self.report(failures);
                 }
                 return Err(Exit::Failure);
             }
         }
+        output::debug(format_args!(
+            "rendezvous: asking for the next round ({} of {} restarts used)",
+            self.restarts.used, self.restarts.max
+        ));
         let round = match source.next_round(signals).await {
             Ok(round) => round,
             Err(stop) => return Err(self.stopped(stop, carried.failed.as_deref())),
@@ -225,6 +262,10 @@ impl Agent {
         if let Some(before) = carried.charged.take() {
             failure::refund_if_lost(source, &mut self.restarts, &before).await;
         }
+        output::debug(format_args!(
+            "rendezvous: round {} with {} node(s); exchanging worker counts",
+            round.number, round.group_world_size
+        ));
         let mut me = self.node_info(&round);
         // After this node's refund and before any node of the round can charge (none has
         // started its workers): the least of what the nodes read is the job's count for all.
@@ -277,11 +318,20 @@ impl Agent {
             Exit::Failure
         })?;
         let watched = watched::watch(&group);
+        self.outcome.ranks = workers
+            .iter()
+            .map(|w| (w.local_rank, w.global_rank))
+            .collect();
         self.no_progress.attempt_started();
         let outcome = self
             .monitor(source, &mut group, &watched, &round, signals)
             .await;
         self.learn(source, &round, &watched).await;
+        output::debug(format_args!(
+            "round {}: the group ended: {}",
+            round.number,
+            outcome.name()
+        ));
         match outcome {
             Outcome::Succeeded => {
                 group.finish().await;
@@ -548,7 +598,7 @@ impl Agent {
                 );
                 output::error(format_args!("{stop}: the job failed"));
                 source.fail_job(&format!("{why}; {stop}")).await;
-                self.reported_error_file = report::report(self.cfg.program.name(), &failures);
+                self.report(&failures);
                 return Err(Exit::Failure);
             }
         }
@@ -586,7 +636,7 @@ impl Agent {
             }
         ));
         source.fail_job(&why).await;
-        self.reported_error_file = report::report(self.cfg.program.name(), &failures);
+        self.report(&failures);
         Err(Exit::Failure)
     }
 
@@ -663,7 +713,7 @@ impl Agent {
             Stop::Closed(None) => match failed {
                 Some(failures) => {
                     say("the run was closed before the workers could be restarted");
-                    self.reported_error_file = report::report(self.cfg.program.name(), failures);
+                    self.report(failures);
                     Exit::Failure
                 }
                 None => {
@@ -675,7 +725,7 @@ impl Agent {
             // every node, healthy ones included.
             Stop::Closed(Some(why)) | Stop::JobFailed(why) => {
                 if let Some(failures) = failed {
-                    self.reported_error_file = report::report(self.cfg.program.name(), failures);
+                    self.report(failures);
                 }
                 output::error(format_args!("the job failed on another node: {why}"));
                 Exit::Failure

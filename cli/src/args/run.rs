@@ -279,6 +279,12 @@ pub struct RunArgs {
     /// at once; without it they notice when this node's lease expires (lease_ttl).
     #[arg(long, env = "RDZV_NO_WATCHDOG", value_parser = FalseyValueParser::new())]
     pub no_watchdog: bool,
+    /// When the command ends, write how it ended to FILE as one JSON object: its exit status,
+    /// the restarts spent, this node's last ranks, and each failure the report names (rank,
+    /// pid, exit code or signal, error file). For a program that launches rdzv (`rdzv.launch`
+    /// in Python) or a scheduler; written whole (renamed into place).
+    #[arg(long, value_name = "FILE")]
+    pub outcome_file: Option<PathBuf>,
     #[command(flatten)]
     pub monitor: MonitorFlags,
     /// The program to start and its arguments. Everything from PROGRAM on is the program's,

@@ -54,6 +54,7 @@ pub async fn check(hc: &HealthCheck) -> Result<(), Unhealthy> {
         }
     };
     if status.success() {
+        crate::output::debug(format_args!("health check {:?} passed", hc.command));
         return Ok(());
     }
     let how = match (

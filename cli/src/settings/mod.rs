@@ -6,13 +6,16 @@
 //!
 //! Submodules, each using only those listed before it: `rendezvous` (where the rendezvous
 //! happens, torch's `--rdzv-conf` keys), `program` (what each worker runs, which programs run
-//! under Python), `monitor` (hangs, progress and health).
+//! under Python), `monitor` (hangs, progress and health), `shown` (the settings as the launcher
+//! tells them at info).
 
 pub mod rendezvous;
 
 pub mod program;
 
 pub mod monitor;
+
+mod shown;
 
 use crate::args::run::RunArgs;
 use crate::args::values::{self, Framework, NprocPerNode, StreamSpec};
@@ -59,6 +62,8 @@ pub struct RunConfig {
     pub watchdog: bool,
     /// Hangs, progress and health (`--hang-timeout`, `--health-check`, ...).
     pub monitor: MonitorConfig,
+    /// `--outcome-file`: where the agent writes how the command ended.
+    pub outcome_file: Option<PathBuf>,
     /// Lines to tell the user before starting (notes on accepted aliases, defaults taken).
     pub notes: Vec<String>,
 }
@@ -105,8 +110,10 @@ impl RunConfig {
         }
         let run_id = match &rendezvous {
             Rendezvous::Etcd(p) => p.run_id().to_string(),
-            // torchrun's standalone mode makes up a run id too.
-            Rendezvous::Static(s) if s.standalone => {
+            // torchrun's standalone mode makes up a run id too (unless one is given).
+            Rendezvous::Static(s)
+                if s.standalone && (a.standalone || a.rdzv_flags.rdzv_id == "none") =>
+            {
                 format!("standalone-{:016x}", crate::host::random_u64())
             }
             Rendezvous::Static(_) => a.rdzv_flags.rdzv_id.clone(),
@@ -121,6 +128,7 @@ impl RunConfig {
             framework: a.framework,
             program,
             log_dir: a.log_dir,
+            outcome_file: a.outcome_file,
             redirects: a.redirects,
             tee: a.tee,
             local_ranks_filter: a.local_ranks_filter.map(|f| f.0).filter(|f| !f.is_empty()),
@@ -265,6 +273,33 @@ mod tests {
         assert_eq!(by_endpoint.master_port, Some(99));
         assert!(cfg(&["--nnodes=1:2", "--node-rank=0"]).is_err());
         assert!(cfg(&["--nnodes=2", "--node-rank=2"]).is_err());
+    }
+
+    /// torch's c10d on port 0 is one node here (its --standalone); never for more nodes.
+    #[test]
+    fn c10d_on_port_0_is_one_node_on_this_machine() {
+        let one = cfg(&[
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=localhost:0",
+            "--rdzv-id=j",
+        ]);
+        let one = one.unwrap();
+        assert!(matches!(&one.rendezvous, Rendezvous::Static(s) if s.standalone));
+        assert_eq!(one.run_id, "j", "a given run id is kept");
+        assert!(one.c10d.is_none(), "no etcd is served");
+        let two = cfg(&[
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=localhost:0",
+            "--nnodes=1:2",
+        ]);
+        let e = two.err().unwrap().0;
+        assert!(e.contains("--rdzv-endpoint=localhost:0: port 0"), "{e}");
+        let alone = cfg(&["--standalone", "--rdzv-id=j"]).unwrap();
+        assert!(
+            alone.run_id.starts_with("standalone-"),
+            "as torchrun: {}",
+            alone.run_id
+        );
     }
 
     /// torch's c10d keys pass, and lease_ttl follows them unless given.

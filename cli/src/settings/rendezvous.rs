@@ -89,6 +89,20 @@ pub fn from_args(
                 a.nnodes.given
             )))
         }
+        (None, Some(endpoint), false)
+            if a.rdzv_backend == Backend::C10d && endpoint.ends_with(":0") =>
+        {
+            // torch's c10d on port 0 (what its --standalone is made of, and a programmatic
+            // launch's usual single-node form): a store on a port of this machine picked at
+            // start, which no other node could find.
+            if max_nodes > 1 {
+                return Err(usage(format!(
+                    "--rdzv-endpoint={endpoint}: port 0 is picked when the job starts, so other                      nodes cannot find it; give a port for --nnodes={} (or run one node)",
+                    a.nnodes.given
+                )));
+            }
+            StaticRound::standalone()
+        }
         (url, endpoint, false) => return on_etcd(a, url.as_deref(), endpoint, notes),
     };
     Ok((Rendezvous::Static(fixed), None))

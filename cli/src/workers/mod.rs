@@ -100,6 +100,12 @@ impl Group {
             };
             group.pumps += process::pump_streams(&mut child, routes, &pump_tx, &group.pumped);
             let pid = child.id();
+            output::debug(format_args!(
+                "started worker rank {} (local rank {}): pid {pid}, error file {}",
+                r.global_rank,
+                r.local_rank,
+                error_file.display()
+            ));
             process::wait_in_thread(child, index, &exit_tx);
             group.workers.push(Worker {
                 ranks: r.clone(),
@@ -176,6 +182,12 @@ impl Group {
         self.stop_sent = true;
         let mut interrupted = None;
         if self.running() > 0 {
+            output::debug(format_args!(
+                "sending {} to {} running worker(s); SIGKILL after {:.1} s",
+                signal_name(signal),
+                self.running(),
+                grace.as_secs_f64()
+            ));
             self.signal_running(signal);
             let wait_all = async { while self.next_exit().await.is_some() {} };
             let in_time = tokio::select! {
