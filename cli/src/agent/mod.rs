@@ -139,7 +139,7 @@ impl Agent {
     pub fn new(cfg: RunConfig, cpu_binding: Vec<Cpus>) -> std::io::Result<Agent> {
         let tag = format!(
             "{}_{:08x}",
-            sanitize(&cfg.run_id),
+            crate::workers::logs::dir_name(&cfg.run_id),
             crate::host::random_u64() as u32
         );
         let (run_dir, temporary_logs) = match &cfg.log_dir {
@@ -790,17 +790,4 @@ async fn watch<S: Source>(
 /// What each worker's page says, for the other nodes and the verdict (`Watched::progress`).
 fn progress_of(workers: &[Watched], host: &str) -> Vec<WorkerProgress> {
     workers.iter().map(|w| w.progress(host)).collect()
-}
-
-/// A run id as a directory name.
-fn sanitize(run_id: &str) -> String {
-    run_id
-        .chars()
-        .map(
-            |c| match c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                true => c,
-                false => '_',
-            },
-        )
-        .collect()
 }

@@ -164,3 +164,16 @@ fn route(
         duplicate: duplicate.filter(|_| teed),
     }))
 }
+
+/// A run id as a directory name.
+pub fn dir_name(run_id: &str) -> String {
+    run_id
+        .chars()
+        .map(
+            |c| match c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                true => c,
+                false => '_',
+            },
+        )
+        .collect()
+}
