@@ -15,6 +15,9 @@ mod proto {
 #[path = "support/lighthouse.rs"]
 mod harness;
 
+#[path = "lighthouse/failover.rs"]
+mod failover;
+
 use common::Etcd;
 use harness::{client, ids, step, Lighthouse, Replica, HEARTBEAT_TIMEOUT_MS, RDZV};
 use proto::{LighthouseHeartbeatRequest, LighthouseQuorumRequest, QuorumMember};

@@ -191,7 +191,16 @@ async fn campaign(
 ) {
     loop {
         let leader = match election.campaign(&me).await {
-            Ok(leadership) => Leader::take_over(leadership, rules, me.clone()).await,
+            Ok(leadership) => {
+                // Elected: calls that reach this process now wait for it to lead (a follower
+                // that saw the election first forwards to it already).
+                routing.send_modify(|r| r.taking_over = true);
+                let taken = Leader::take_over(leadership, rules, me.clone()).await;
+                if taken.is_err() {
+                    routing.send_modify(|r| r.taking_over = false);
+                }
+                taken
+            }
             Err(e) => Err(e),
         };
         let leader = match leader {
@@ -206,7 +215,10 @@ async fn campaign(
             }
         };
         say(format_args!("lighthouse: leading ({me})"));
-        routing.send_modify(|r| r.leading = Some(leader.clone()));
+        routing.send_modify(|r| {
+            r.leading = Some(leader.clone());
+            r.taking_over = false;
+        });
         let ticking = {
             let leader = leader.clone();
             tokio::spawn(async move {

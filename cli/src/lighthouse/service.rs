@@ -2,6 +2,12 @@
 //! from its state (`leader.rs`); any other lighthouse forwards the call to the leader whose
 //! address etcd publishes, and when the leader goes away mid-call (killed, deposed), asks the
 //! next one, so a manager's long poll survives a failover without seeing it.
+//!
+//! A call waits on one view of the routing for its whole life: every change after its last look
+//! (a leader gone, a new one elected, this process leading) wakes it at once. A call must reach
+//! the next leader as soon as the others do: the groups already stepping form fast quorums
+//! that never wait for a newcomer, so a request held back for 100 ms missed five to ten of
+//! them, and was left out for good once they stopped stepping.
 
 use super::leader::{Deposed, Leader};
 use super::proto::lighthouse_service_client::LighthouseServiceClient;
@@ -25,6 +31,10 @@ const FORWARDED: &str = "x-rdzv-forwarded";
 /// A retry against a leader that does not answer waits at most this for news of a new one.
 const RETRY: Duration = Duration::from_millis(100);
 
+/// The first wait after a lighthouse that this one takes for the leader says it does not lead
+/// (the two see the election at different moments); doubled up to `RETRY` on each refusal.
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
+
 /// A leader address evicted is not evicted again for this long (at least etcd's shortest
 /// lease: a new leader has been elected by then, at another address or the same one).
 const EVICT_AGAIN: Duration = Duration::from_secs(2);
@@ -37,6 +47,9 @@ const HEARTBEAT_PATIENCE: Duration = Duration::from_secs(2);
 pub struct Routing {
     pub leading: Option<Arc<Leader>>,
     pub observed: Option<String>,
+    /// Elected, and reading the record before it leads: calls wait for it, forwarded ones too
+    /// (the lighthouse that forwarded one saw the election before this one could serve).
+    pub taking_over: bool,
 }
 
 #[derive(Clone)]
@@ -54,7 +67,9 @@ pub struct Lighthouse {
 enum Route {
     Local(Arc<Leader>),
     Remote(LighthouseServiceClient<Channel>, String),
-    Nowhere,
+    /// No leader to ask yet (an election under way, or this process taking over): wait for
+    /// the routing to change.
+    Wait,
 }
 
 impl Lighthouse {
@@ -68,19 +83,23 @@ impl Lighthouse {
         }
     }
 
-    /// A call to the leader at `addr` failed with `status`. When its address refuses
-    /// connections, its process is gone: its lease is revoked so that a new leader is elected
-    /// now rather than when etcd expires the lease (a silent leader, whose host or network is
-    /// gone, still waits for that).
-    async fn leader_failed(&self, addr: &str, status: &Status) {
+    /// A call to the leader at `addr` failed with `status`; returns how long to wait for the
+    /// routing to change before asking again. When its address refuses connections, its
+    /// process is gone: its lease is revoked so that a new leader is elected now rather than
+    /// when etcd expires the lease (a silent leader, whose host or network is gone, still waits
+    /// for that), and the deletion wakes the wait. A lighthouse that answers but does not lead
+    /// sees the election before or after this one: asked again soon, then less often (`pause`).
+    async fn leader_failed(&self, addr: &str, status: &Status, pause: &mut Duration) -> Duration {
         if !refused(status) {
-            return;
+            let wait = *pause;
+            *pause = (*pause * 2).min(RETRY);
+            return wait;
         }
         {
             let mut evicted = self.evicted.lock().unwrap_or_else(|e| e.into_inner());
             let now = tokio::time::Instant::now();
             if matches!(&*evicted, Some((a, at)) if a == addr && now < *at + EVICT_AGAIN) {
-                return;
+                return RETRY;
             }
             *evicted = Some((addr.to_string(), now));
         }
@@ -90,19 +109,24 @@ impl Lighthouse {
                  its lease revoked, electing another"
             ));
         }
+        RETRY
     }
 
-    fn route(&self, forwarded: bool) -> Result<Route, Status> {
-        let routing = self.routing.borrow().clone();
-        if let Some(leader) = routing.leading.filter(|l| !l.is_deposed()) {
-            return Ok(Route::Local(leader));
+    fn route(&self, routing: &Routing, forwarded: bool) -> Result<Route, Status> {
+        if let Some(leader) = routing.leading.as_ref().filter(|l| !l.is_deposed()) {
+            return Ok(Route::Local(leader.clone()));
+        }
+        // Elected, or named as the leader in etcd (taking over, or just deposed and resigning):
+        // this process is the one to wait for.
+        if routing.taking_over || routing.observed.as_deref() == Some(self.me.as_str()) {
+            return Ok(Route::Wait);
         }
         if forwarded {
-            return Err(Status::unavailable("this lighthouse does not lead"));
+            return Err(Status::unavailable(NOT_LEADING));
         }
-        match routing.observed {
-            Some(addr) if addr != self.me => Ok(Route::Remote(self.client(&addr)?, addr)),
-            _ => Ok(Route::Nowhere),
+        match &routing.observed {
+            Some(addr) => Ok(Route::Remote(self.client(addr)?, addr.clone())),
+            None => Ok(Route::Wait),
         }
     }
 
@@ -125,16 +149,29 @@ impl Lighthouse {
         Ok(client)
     }
 
-    /// Waits until the routing changes, or `RETRY` passes (a leader that refused may still be
-    /// the one etcd names until its lease expires). A change between the caller's look at the
-    /// route and this call costs at most `RETRY`.
-    async fn next_route(&self) {
-        let mut routing = self.routing.clone();
-        // A clone has seen what the original saw (nothing since this service was made): mark
-        // the present seen, or every wait after the first change would return at once.
-        routing.borrow_and_update();
-        let _ = tokio::time::timeout(RETRY, routing.changed()).await;
+    /// One call's view of the routing: what it sees now is marked seen, so the waits below
+    /// return on the next change (a clone has seen only what the original saw: nothing since
+    /// this service was made).
+    fn routes(&self) -> watch::Receiver<Routing> {
+        let mut routes = self.routing.clone();
+        routes.borrow_and_update();
+        routes
     }
+}
+
+/// What a lighthouse that does not lead answers a forwarded call.
+pub const NOT_LEADING: &str = "this lighthouse does not lead";
+
+/// Returns the routing to look at: the present one marked seen, so that a change after this
+/// look wakes `wait_change`.
+fn look(routes: &mut watch::Receiver<Routing>) -> Routing {
+    routes.borrow_and_update().clone()
+}
+
+/// Waits until the routing changes after the last `look`, or `at_most` passes (a leader that
+/// refused may still be the one etcd names until its lease expires).
+async fn wait_change(routes: &mut watch::Receiver<Routing>, at_most: Duration) {
+    let _ = tokio::time::timeout(at_most, routes.changed()).await;
 }
 
 fn forwarded<T>(r: &Request<T>) -> bool {
@@ -188,8 +225,11 @@ impl LighthouseService for Lighthouse {
             ));
         }
         // Ends when the caller's deadline (grpc-timeout) does: tonic drops this future.
+        let mut routes = self.routes();
+        let mut pause = FIRST_PAUSE;
         loop {
-            match self.route(was_forwarded)? {
+            let routing = look(&mut routes);
+            match self.route(&routing, was_forwarded)? {
                 Route::Local(leader) => match leader.quorum(member.clone()).await {
                     Ok(quorum) => {
                         return Ok(Response::new(LighthouseQuorumResponse {
@@ -199,29 +239,27 @@ impl LighthouseService for Lighthouse {
                     Err(Deposed) if was_forwarded => {
                         return Err(Status::unavailable("this lighthouse stopped leading"))
                     }
-                    // Until the campaign clears the route, this process still looks like the
-                    // leader: wait for that rather than spin.
-                    Err(Deposed) => self.next_route().await,
+                    // Deposed, this process is not asked again (`route`); the campaign's
+                    // change of the routing wakes the wait.
+                    Err(Deposed) => {}
                 },
                 Route::Remote(mut client, addr) => {
                     // A leader that changes under the call (the old one paused or cut off,
                     // its lease expired) leaves the call hanging: ask the new one instead. A
                     // repeated ask is harmless (the same member asks again).
-                    let mut moved = self.routing.clone();
-                    moved.borrow_and_update();
                     tokio::select! {
                         answer = client.quorum(marked(req.clone())) => match answer {
                             Ok(resp) => return Ok(resp),
                             Err(s) if transient(&s) => {
-                                self.leader_failed(&addr, &s).await;
-                                self.next_route().await
+                                let wait = self.leader_failed(&addr, &s, &mut pause).await;
+                                wait_change(&mut routes, wait).await;
                             }
                             Err(s) => return Err(s),
                         },
-                        _ = moved.changed() => {}
+                        _ = routes.changed() => {}
                     }
                 }
-                Route::Nowhere => self.next_route().await,
+                Route::Wait => wait_change(&mut routes, RETRY).await,
             }
         }
     }
@@ -241,8 +279,11 @@ impl LighthouseService for Lighthouse {
         // Waits for a leader (this lighthouse just started, or a failover is under way) as
         // long as a heartbeat is worth anything; the next one comes within its period anyway.
         let give_up = tokio::time::Instant::now() + HEARTBEAT_PATIENCE;
+        let mut routes = self.routes();
+        let mut pause = FIRST_PAUSE;
         loop {
-            let failed = match self.route(was_forwarded)? {
+            let routing = look(&mut routes);
+            let (failed, wait) = match self.route(&routing, was_forwarded)? {
                 Route::Local(leader) => {
                     leader.heartbeat(&req.replica_id).await;
                     return Ok(Response::new(LighthouseHeartbeatResponse {}));
@@ -250,18 +291,19 @@ impl LighthouseService for Lighthouse {
                 Route::Remote(mut client, addr) => {
                     match client.heartbeat(marked(req.clone())).await {
                         Err(s) if transient(&s) => {
-                            self.leader_failed(&addr, &s).await;
-                            s
+                            let wait = self.leader_failed(&addr, &s, &mut pause).await;
+                            (s, wait)
                         }
                         other => return other,
                     }
                 }
-                Route::Nowhere => Status::unavailable("no lighthouse leads yet"),
+                Route::Wait => (Status::unavailable("no lighthouse leads yet"), RETRY),
             };
-            if tokio::time::Instant::now() >= give_up {
+            let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
                 return Err(failed);
             }
-            self.next_route().await;
+            wait_change(&mut routes, wait.min(left)).await;
         }
     }
 }
