@@ -145,7 +145,7 @@ bindings() {
   # the load of many jobs, keys left behind, a database that grows. Its speed goals are asked
   # for only on a quiet machine (docs/RELIABILITY.md), not beside the other lanes.
   suite "soak: 8 jobs of 4 nodes with churn on one etcd for 60 s: no failed call, no key left, database bounded" \
-    env RDZV_PREBUILT=1 scripts/soak.sh --duration 60s --runs 8 --nodes 4 -- --solo 15s --alternate 15s
+    env RDZV_PREBUILT=1 scripts/soak.sh --duration 60s --retention 10s --runs 8 --nodes 4 -- --solo 15s --alternate 15s
 }
 # What users copy and install, in a lane of its own (the longest chain of the bindings').
 installs() {
