@@ -173,6 +173,7 @@ fn the_last_node_out_deletes_the_run_store() {
 fn a_run_store_of_a_run_that_is_gone_refuses_to_write() {
     let etcd = Etcd::start();
     let url = etcd.url("run-store-gone", "min_nodes=1");
+    let log = crate::records::records();
     let member = node(&url);
     let run = member.run_store().unwrap();
     run.set("before", b"1").unwrap();
@@ -185,16 +186,12 @@ fn a_run_store_of_a_run_that_is_gone_refuses_to_write() {
         .block_on(Admin::connect(Params::from_url(&url).unwrap()))
         .unwrap();
     // A wait in progress when the run goes ends, instead of waiting for its timeout.
-    let (tx, rx) = mpsc::channel();
+    let since = log.mark();
     let waiter = {
         let run = member.run_store().unwrap();
-        std::thread::spawn(move || {
-            tx.send(()).unwrap();
-            run.get("never-set", Some(Duration::from_secs(120)))
-        })
+        std::thread::spawn(move || run.get("never-set", Some(Duration::from_secs(120))))
     };
-    rx.recv().unwrap();
-    std::thread::sleep(Duration::from_millis(300)); // the wait is watching
+    log.await_line(since, &run_of(&url), "missing=never-set");
     let started = Instant::now();
     assert!(matches!(
         rt.block_on(operator.purge(true)).unwrap(),
@@ -230,23 +227,26 @@ fn a_run_store_of_a_run_that_is_gone_refuses_to_write() {
 fn run_store_waits_end_as_round_store_waits_do() {
     let etcd = Etcd::start();
     let url = etcd.url("run-store-waits", "min_nodes=1");
+    let (log, run) = (crate::records::records(), run_of(&url));
     let (a, b) = (node(&url), node(&url));
     let (sa, sb) = (a.run_store().unwrap(), Arc::new(b.run_store().unwrap()));
+    // A wait on `key`, returned once its watch is set (its record says so): what ends it then
+    // ends a wait in progress, not a call that had not started.
     let blocked = |key: &'static str| {
         let (tx, rx) = mpsc::channel();
         let store = sb.clone();
+        let since = log.mark();
         std::thread::spawn(move || tx.send(store.get(key, Some(Duration::from_secs(120)))));
+        log.await_line(since, &run, &format!("missing={key}"));
         rx
     };
 
     let set_later = blocked("late");
-    std::thread::sleep(Duration::from_millis(200));
     sa.set("late", b"here").unwrap();
     let got = set_later.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(got.unwrap(), b"here");
 
     let cancelled = blocked("never-set");
-    std::thread::sleep(Duration::from_millis(200));
     sb.cancel();
     let err = cancelled
         .recv_timeout(Duration::from_secs(10))
@@ -261,10 +261,11 @@ fn run_store_waits_end_as_round_store_waits_do() {
     let shut = {
         let (tx, rx) = mpsc::channel();
         let store = sc.clone();
+        let since = log.mark();
         std::thread::spawn(move || tx.send(store.get("never-set", None)));
+        log.await_line(since, &run, "missing=never-set");
         rx
     };
-    std::thread::sleep(Duration::from_millis(200));
     c.shutdown().unwrap();
     let err = shut
         .recv_timeout(Duration::from_secs(10))
@@ -279,7 +280,6 @@ fn run_store_waits_end_as_round_store_waits_do() {
     );
 
     let closed = blocked("never-set");
-    std::thread::sleep(Duration::from_millis(200));
     a.set_closed().unwrap();
     let err = closed
         .recv_timeout(Duration::from_secs(10))
