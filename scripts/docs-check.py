@@ -7,7 +7,11 @@ test (a Rust test path `area::name` or a name of four or more words joined by un
 each one, when the repository has no such test function.
 
 And the parity table of docs/LAUNCHER.md ("the test in the last column checks what it does"):
-each row's test must use the row's flag, in one of its spellings, or its PET_ variable."""
+each row's test must use the row's flag, in one of its spellings, or its PET_ variable.
+
+And the module maps (the path to each room, written down): every module a crate root declares
+is named in its comment (src/lib.rs, cli/src/main.rs), every folder and file of `src/` in
+DESIGN's table, every folder and file of `cli/src/` in LAUNCHER's "How it is built"."""
 
 import itertools
 import pathlib
@@ -117,6 +121,88 @@ def parity_problems():
                    f"(nor {pet}): it cannot check what the row says")
 
 
+def declared_modules(path):
+    """The modules a crate root declares (`mod x;`, `pub mod x;`; not inline `mod x {`)."""
+    return re.findall(r"^(?:pub(?:\([a-z]+\))? )?mod ([a-z_][a-z0-9_]*);", path.read_text(), re.M)
+
+
+def doc_comment(path):
+    """The crate root's `//!` comment."""
+    return "\n".join(l[3:] for l in path.read_text().splitlines() if l.startswith("//!"))
+
+
+def source_files(folder):
+    """(folder relative to the crate's src, file names) for each folder of a crate's sources:
+    the modules a map must name, tests and `mod.rs` aside."""
+    for d in sorted(p for p in [folder, *folder.rglob("*")] if p.is_dir()):
+        names = sorted(f.name for f in d.glob("*.rs") if f.name not in {"mod.rs", "tests.rs"})
+        if names or d == folder:
+            yield d.relative_to(folder), names
+
+
+def section(text, heading):
+    """The Markdown section under `heading`, to the next heading of its level or above."""
+    lines = text.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.strip() == heading)
+    level = len(heading) - len(heading.lstrip("#"))
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i].startswith("#") and len(lines[i]) - len(lines[i].lstrip("#")) <= level),
+               len(lines))
+    return "\n".join(lines[start:end])
+
+
+def map_problems():
+    """Modules missing from the maps that say where things are: each crate root's comment (the
+    modules it declares), DESIGN's table (every folder and file of the library's `src/`) and
+    LAUNCHER's "How it is built" (every folder and file of the launcher's `cli/src/`)."""
+    for root, what in ((ROOT / "src" / "lib.rs", "src/lib.rs's layers"),
+                       (ROOT / "cli" / "src" / "main.rs", "cli/src/main.rs's module list")):
+        doc = doc_comment(root)
+        for m in declared_modules(root):
+            if f"`{m}`" not in doc:
+                yield f"{root.relative_to(ROOT)}: module `{m}` is missing from {what}"
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    rows = {}
+    for line in design.splitlines():
+        if line.startswith("| `src/"):
+            cells = line.split("|")
+            for name in re.findall(r"`src/([^`]+)`", cells[1]):
+                rows[name.rstrip("/")] = line
+    for folder, names in source_files(ROOT / "src"):
+        if str(folder) == ".":
+            for n in names:
+                if n != "lib.rs" and n not in rows:
+                    yield f"docs/DESIGN.md: `src/{n}` has no row in the module map"
+            continue
+        row = rows.get(str(folder.parts[0]))
+        if row is None:
+            yield f"docs/DESIGN.md: `src/{folder}` has no row in the module map"
+            continue
+        for n in names:
+            if f"`{n}`" not in row:
+                yield f"docs/DESIGN.md: `src/{folder}/{n}` is not named in the row of `src/{folder.parts[0]}`"
+    built = section((ROOT / "docs" / "LAUNCHER.md").read_text(), "## How it is built")
+    for folder, names in source_files(ROOT / "cli" / "src"):
+        if str(folder) == ".":
+            for n in names:
+                if n != "main.rs" and f"`{n}`" not in built:
+                    yield f"docs/LAUNCHER.md (How it is built): `{n}` is not named"
+            continue
+        # The folder's bullet: from "- `folder/`" to the next bullet.
+        m = re.search(r"^- `" + re.escape(str(folder)) + r"/`.*?(?=^- `|\Z)", built, re.M | re.S)
+        if m is None:
+            nested = f"`{folder.name}/`" in built
+            if not nested:
+                yield f"docs/LAUNCHER.md (How it is built): folder `{folder}/` is not named"
+                continue
+            bullet = built
+        else:
+            bullet = m.group(0)
+        for n in names:
+            if f"`{n}`" not in bullet:
+                yield f"docs/LAUNCHER.md (How it is built): `{folder}/{n}` is not named in the bullet of `{folder}/`"
+
+
 def main(argv):
     files = [pathlib.Path(a) for a in argv] or (
         [ROOT / "README.md"]
@@ -146,12 +232,14 @@ def main(argv):
                     where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
                     missing.append(f"{where}:{lineno}: no {kind} test `{token}`")
     parity = [] if argv else list(parity_problems())
-    for m in missing + parity:
+    maps = [] if argv else list(map_problems())
+    for m in missing + parity + maps:
         print(m, file=sys.stderr)
     print(f"docs name {checked} tests; {len(missing)} not found")
     if not argv:
         print(f"LAUNCHER.md's parity table: {len(parity)} row(s) whose test does not use its flag")
-    return 1 if missing or parity else 0
+        print(f"module maps: {len(maps)} module(s) missing")
+    return 1 if missing or parity or maps else 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 //! rdzv: torchelastic-style rendezvous for elastic training on the etcd v3 API, with a C ABI.
 //!
-//! Layers, bottom up: `params` (what to join), `backend` (etcd connection, retries, key
-//! layout, leases), `rendezvous` (the round protocol), `store` (the per-round key-value
-//! store), `blocking` (one runtime, `block_on` per call) and `ffi` (the C ABI, glue only).
-//! Beside them, `admin` reads, watches, closes and purges a run for operators without
-//! joining it. `cancel` is the token a caller hands to any call that asks etcd, to end it. The
-//! `rdzv` command (cli/) is built on the public API alone.
+//! Layers, bottom up: `error` and `util` (the error and its kinds; node ids, ports, jitter),
+//! `params` (what to join), `backend` (etcd connection, retries, key layout, leases),
+//! `rendezvous` (the round protocol), `store` (the per-round key-value store), `blocking`
+//! (one runtime, `block_on` per call) and `ffi` (the C ABI, glue only). Beside them, `admin`
+//! reads, watches, closes and purges a run for operators without joining it; `election`
+//! elects a leader through an etcd lease (`rdzv lighthouse`); `progress` is the page a worker
+//! writes its heartbeats to and its launcher reads; `log` decides where the `tracing` records
+//! go. `cancel` is the token a caller hands to any call that asks etcd, to end it. The `rdzv`
+//! command (cli/) is built on the public API alone.
 //!
 //! A node joins a round with [`Rendezvous::next`] and gets its rank, the world size, rank 0's
 //! address and the round's [`Store`]; every node of the job runs the same code:

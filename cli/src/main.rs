@@ -10,6 +10,7 @@
 //! - `settings`: `rdzv run`'s flags combined and checked into a `RunConfig`;
 //! - `ranks`: worker ranks from a round;
 //! - `workers`: one node's worker processes;
+//! - `monitor`: what no exit reports beside a running group (hangs, progress, health);
 //! - `c10d`: the embedded etcd of `--rdzv-backend=c10d`;
 //! - `watchdog`: the helper that releases the node if the launcher is killed;
 //! - `agent`: the elastic agent's state machine;
