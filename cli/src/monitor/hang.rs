@@ -44,7 +44,6 @@ use std::time::Duration;
 pub const SAFETY: u32 = 5;
 /// A learned timeout is never shorter: a step of 10 ms does not make a 50 ms pause a hang.
 pub const AUTO_FLOOR: Duration = Duration::from_secs(5);
-pub use super::evidence::EVIDENCE_BOUND;
 /// How long the detecting launcher waits for the other nodes' progress.
 pub const GATHER_BOUND: Duration = Duration::from_secs(1);
 
@@ -513,17 +512,10 @@ pub async fn gather_evidence(
 /// The hung worker's error file, as torchelastic writes one (the report and the launcher's
 /// own TORCHELASTIC_ERROR_FILE take it from there): the hang, and its stacks if it gave them.
 pub fn write_error_file(path: &std::path::Path, hung: &Hung, stacks: Option<&str>) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let body = serde_json::json!({"message": {
-        "message": format!("hang: {}", hung.describe()),
-        "extraInfo": {
-            "py_callstack": stacks.unwrap_or("(no stacks: the worker registered no stack signal and py-spy is not installed)"),
-            "timestamp": now.to_string(),
-        },
-    }});
-    let _ = std::fs::write(path, body.to_string());
+    let stacks = stacks.unwrap_or(
+        "(no stacks: the worker registered no stack signal and py-spy is not installed)",
+    );
+    let _ = crate::workers::error_file::write(path, &format!("hang: {}", hung.describe()), stacks);
 }
 
 #[cfg(test)]

@@ -12,13 +12,16 @@
 //!
 //! Submodules, each using only those listed before it: `logs` (the log layout, where each
 //! stream goes), `env` (the worker's environment), `process` (starting, waiting for and
-//! signalling a worker), `report` (the failure report and error files).
+//! signalling a worker), `error_file` (torchelastic's error file: read, written, copied),
+//! `report` (the failure report).
 
 pub mod logs;
 
 pub mod env;
 
 pub mod process;
+
+pub mod error_file;
 
 pub mod report;
 
@@ -28,7 +31,7 @@ use crate::ranks::WorkerRanks;
 use env::GroupSpec;
 use logs::{AttemptLogs, LogPlan};
 use process::{signal_group, Ended};
-use report::{read_error_file, Failure};
+use report::Failure;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::{Duration, SystemTime};
@@ -152,7 +155,7 @@ impl Group {
                 if ended.success() && !stopped {
                     return None;
                 }
-                let error = read_error_file(&w.error_file);
+                let error = error_file::read(&w.error_file);
                 Some(Failure {
                     global_rank: w.ranks.global_rank,
                     local_rank: w.ranks.local_rank,

@@ -1,14 +1,15 @@
 //! The report of a failed group, as torchrun's `ChildFailedError` lays it out, and what it
 //! is made of: each failure with its time and error file (torchelastic's `error.json`, written
-//! by the worker), and the copy of the root cause's error file into the launcher's own
-//! `TORCHELASTIC_ERROR_FILE` when a scheduler set one.
+//! by the worker: `error_file`), and the copy of the root cause's error file into the
+//! launcher's own `TORCHELASTIC_ERROR_FILE` when a scheduler set one.
 
+use super::error_file;
 use super::process::Ended;
 use crate::exit::signal_name;
 use crate::host::hostname;
 use crate::output::{plain, say};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::path::PathBuf;
+use std::time::SystemTime;
 
 /// A worker's failure, as reported when the restart budget is spent; also the workers the
 /// launcher stopped because of it (`stopped`).
@@ -39,57 +40,6 @@ pub fn summary(failures: &[Failure]) -> String {
         ),
         None => format!("a worker on {} failed", hostname()),
     }
-}
-
-/// What a torchelastic error file says.
-pub struct ErrorFile {
-    pub message: String,
-    pub at: Option<SystemTime>,
-    pub traceback: Option<String>,
-}
-
-/// The message, timestamp and traceback in a torchelastic error file, if the worker wrote one:
-/// `{"message": {"message": "...", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}`
-/// or the flat form `{"message": "...", "timestamp": N}`.
-pub fn read_error_file(path: &Path) -> Option<ErrorFile> {
-    let bytes = std::fs::read(path).ok()?;
-    let v: serde_json::Value = match serde_json::from_slice(&bytes) {
-        Ok(v) => v,
-        Err(_) => {
-            return Some(ErrorFile {
-                message: String::from_utf8_lossy(&bytes).trim().to_string(),
-                at: None,
-                traceback: None,
-            })
-        }
-    };
-    let (message, timestamp, traceback) = match v.get("message") {
-        Some(serde_json::Value::Object(m)) => {
-            let extra = m.get("extraInfo");
-            (
-                m.get("message")
-                    .and_then(|s| s.as_str())
-                    .map(str::to_string),
-                extra.and_then(|e| e.get("timestamp")).cloned(),
-                extra
-                    .and_then(|e| e.get("py_callstack"))
-                    .and_then(|t| t.as_str())
-                    .map(str::to_string),
-            )
-        }
-        Some(serde_json::Value::String(s)) => (Some(s.clone()), v.get("timestamp").cloned(), None),
-        _ => (None, None, None),
-    };
-    let seconds = timestamp.and_then(|t| match t {
-        serde_json::Value::String(s) => s.parse::<u64>().ok(),
-        serde_json::Value::Number(n) => n.as_u64(),
-        _ => None,
-    });
-    Some(ErrorFile {
-        message: message.unwrap_or_else(|| v.to_string()),
-        at: seconds.map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s)),
-        traceback,
-    })
 }
 
 /// The report of a failed job, as torchrun's `ChildFailedError` lays it out: the root cause
@@ -151,7 +101,16 @@ pub fn report(program: &str, failures: &[Failure]) -> bool {
     }
     if let Some(own) = std::env::var_os("TORCHELASTIC_ERROR_FILE").filter(|v| !v.is_empty()) {
         let own = PathBuf::from(own);
-        match copy_error_file(root, &own) {
+        let code = match root.ended {
+            Ended::Code(c) => c,
+            Ended::Signal(s) => -s,
+        };
+        let why = format!(
+            "ChildFailedError: rank {} (local rank {}, pid {}) ended with {}",
+            root.global_rank, root.local_rank, root.pid, root.ended
+        );
+        let from = root.error_file.as_ref().map(|(path, _)| path.as_path());
+        match error_file::copy_with_code(from, &own, code, &why, root.at) {
             Ok(()) => say(format_args!(
                 "root cause's error copied to {}",
                 own.display()
@@ -206,46 +165,6 @@ fn describe(index: usize, f: &Failure, host: &str) {
     }
 }
 
-/// torchrun's copy of the root cause's error file into its own: the worker's file with its
-/// exit code added (`errorCode`), or, when it wrote none, an error of the launcher's own.
-fn copy_error_file(root: &Failure, own: &Path) -> std::io::Result<()> {
-    let code = match root.ended {
-        Ended::Code(c) => c,
-        Ended::Signal(s) => -s,
-    };
-    let written = root
-        .error_file
-        .as_ref()
-        .and_then(|(path, _)| std::fs::read(path).ok())
-        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok());
-    let json = match written {
-        Some(mut v) => {
-            if let Some(m) = v.get_mut("message").and_then(|m| m.as_object_mut()) {
-                m.entry("errorCode").or_insert(serde_json::json!(code));
-            }
-            v
-        }
-        None => {
-            let seconds = root
-                .at
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            serde_json::json!({"message": {
-                "message": format!(
-                    "ChildFailedError: rank {} (local rank {}, pid {}) ended with {}",
-                    root.global_rank, root.local_rank, root.pid, root.ended
-                ),
-                "errorCode": code,
-                "extraInfo": {"py_callstack": "", "timestamp": seconds.to_string()},
-            }})
-        }
-    };
-    if let Some(dir) = own.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(own, json.to_string())
-}
-
 /// `YYYY-MM-DD_HH:MM:SS` in UTC, torchrun's format for failure times.
 fn utc(t: SystemTime) -> String {
     let secs = t
@@ -273,6 +192,7 @@ fn utc(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn failure_times_read_as_torchrun_prints_them() {
