@@ -22,12 +22,12 @@
 //! spent budget (or an operator's `rdzv close`) does.
 //!
 //! While a group runs (`monitor`), three things can end it: a worker's exit (seen at once),
-//! a handled signal, and whatever `watch` resolves first: today the membership check and the
-//! peer-failure check of the source. Hang and health monitoring plugs in there as one more
-//! future resolving to a `Stop` (a heartbeat the workers write, per-rank timeouts,
-//! health-check commands); what it needs of the group (pids, ranks, directories) it takes
-//! when the group starts, and the evidence it collects goes in its `Stop`, which `stop_for`
-//! turns into stopping the workers and `stopped` into the exit status, as for any other stop.
+//! a handled signal, and whatever `watch` resolves first: the membership check and the
+//! peer-failure check of the source, and the monitors of `crate::monitor` (this node's hang
+//! monitor, another node's hang announcement, the health check, the pace meter). Each
+//! resolves to an `Event`; a stop goes through `stop_for` and `stopped` as any other, a hang
+//! through `monitor::respond` (the hang protocol, evidence, verdict) and then costs what a
+//! failure costs, a failed health check drains this node.
 //!
 //! Submodules, each using only those listed before it: `signals`, `source` (the trait, rounds,
 //! stops), `connect` (waiting for etcd at start), `failure` (what a failure costs, the
@@ -55,12 +55,11 @@ pub use signals::Signals;
 use crate::exit::{signal_name, Exit};
 use crate::host::cpus::Cpus;
 use crate::host::hostname;
-use crate::monitor::evidence;
 use crate::monitor::hang::{self, HangMonitor, HangNotice, Hung, Learned};
 use crate::monitor::health::{self, Unhealthy};
 use crate::monitor::pace::Meter;
 use crate::monitor::progress::NoProgress;
-use crate::monitor::verdict::{self, WorkerProgress};
+use crate::monitor::respond::{self, Found, Place};
 use crate::monitor::workers::{self as watched, Watched};
 use crate::output::{self, say};
 use crate::ranks::NodeInfo;
@@ -393,12 +392,10 @@ impl Agent {
         }
     }
 
-    /// A worker of this node hung: tells the other launchers (who answer with their workers'
-    /// progress), collects the evidence, writes the hung worker's error file (so the failure
-    /// report and TORCHELASTIC_ERROR_FILE say what happened), kills the group, and names the
-    /// suspect and its victims across nodes. The failure then costs what a failure costs.
-    /// `Ok(false)`: another node found the hang first (a victim timed out here too): this
-    /// node answered it as a peer does and re-forms without spending a restart.
+    /// A worker of this node hung: the finding side of the hang protocol (`monitor::respond`),
+    /// with this group killed once the evidence is taken; the failure then costs what a
+    /// failure costs. `Ok(false)`: another node found the hang first (a victim timed out here
+    /// too): this node answered it as a peer does and re-forms without spending a restart.
     async fn after_hang<S: Source>(
         &mut self,
         source: &S,
@@ -409,71 +406,24 @@ impl Agent {
         signals: &mut Signals,
     ) -> Result<bool, Exit> {
         let host = hostname();
-        output::error(format_args!("hang: {}", hung.describe()));
-        let store = source.shared(round);
-        let progress = progress_of(workers, &host);
-        if let Some(store) = store {
-            if let Some(first) = hang::announce(store, round.group_rank, &host, &hung).await {
+        let place = place(source, round, &host);
+        let kill = self.stop_group(group, libc::SIGKILL, signals);
+        match respond::found(&place, workers, &hung, kill).await? {
+            Found::First(note) => {
+                source.note("hang", &note.to_json()).await;
+                Ok(true)
+            }
+            Found::Second(first) => {
                 self.after_peer_hang(source, group, workers, round, first, signals)
                     .await?;
-                return Ok(false);
-            }
-            hang::share_progress(store, round.group_rank, &progress).await;
-        }
-        let evidence_started = tokio::time::Instant::now();
-        let evidence = evidence::collect_all(workers, round.number).await;
-        let hung_worker = workers
-            .iter()
-            .position(|w| w.global_rank == hung.global_rank);
-        let stacks = hung_worker
-            .and_then(|i| evidence[i].stacks.as_ref())
-            .and_then(|p| std::fs::read_to_string(p).ok());
-        if let Some(i) = hung_worker {
-            hang::write_error_file(&workers[i].error_file, &hung, stacks.as_deref());
-        }
-        self.stop_group(group, libc::SIGKILL, signals).await?;
-        let mut evidence_by_rank = evidence::by_rank(workers, &evidence, &host);
-        let all = match store {
-            Some(store) => {
-                let nodes = round.group_world_size;
-                let all = hang::gather(store, nodes, hang::GATHER_BOUND).await;
-                // The other nodes collect theirs meanwhile, as bounded as this node's (a
-                // stopped worker's stacks take the whole bound).
-                let until = evidence_started + hang::EVIDENCE_BOUND + hang::GATHER_BOUND;
-                let left = until.saturating_duration_since(tokio::time::Instant::now());
-                let theirs = hang::gather_evidence(store, nodes, left).await;
-                evidence_by_rank.extend(theirs);
-                all
-            }
-            None => progress,
-        };
-        let verdict = verdict::verdict(&all);
-        if let Some(verdict) = &verdict {
-            for line in verdict.lines() {
-                say(format_args!("hang: {line}"));
+                Ok(false)
             }
         }
-        for (w, e) in workers.iter().zip(&evidence) {
-            evidence::say(w, e);
-        }
-        // For `rdzv status`: which rank hung, where, for how long, and where every node's
-        // evidence is.
-        let mut note = serde_json::json!({
-            "round": round.number,
-            "found_by": host,
-            "hung": hung.describe(),
-            "evidence": evidence_by_rank,
-        });
-        if let Some(verdict) = &verdict {
-            note["verdict"] = verdict.to_json();
-        }
-        source.note("hang", &note.to_string()).await;
-        Ok(true)
     }
 
-    /// Another node found a hung worker: answers with this node's workers' progress, collects
-    /// their evidence (victims show where they wait), stops them and forms a new round (no
-    /// restart spent here: the detecting node spends it).
+    /// Another node found a hung worker: answers the launchers' failure protocol and the hang
+    /// protocol (`monitor::respond`), stops the workers and forms a new round (no restart
+    /// spent here: the detecting node spends it).
     async fn after_peer_hang<S: Source>(
         &mut self,
         source: &S,
@@ -483,31 +433,15 @@ impl Agent {
         what: HangNotice,
         signals: &mut Signals,
     ) -> Result<(), Exit> {
-        say(format_args!(
-            "hang on node {} ({}): {}; stopping the workers to form a new round",
-            what.node, what.host, what.what
-        ));
         let host = hostname();
-        let store = source.shared(round);
-        if let Some(store) = store {
-            let progress = progress_of(workers, &host);
-            hang::share_progress(store, round.group_rank, &progress).await;
+        let place = place(source, round, &host);
+        if let Some(store) = place.store {
             // The detecting node may have no restart left: it then asks whether a member was
             // lost, and this node, off to the next round, would not be there to say no.
             failure::answer(store, round.group_rank).await;
         }
-        let evidence = evidence::collect_all(workers, round.number).await;
-        for (w, e) in workers.iter().zip(&evidence) {
-            evidence::say(w, e);
-        }
-        if let Some(store) = store {
-            let mine: Vec<_> = evidence::by_rank(workers, &evidence, &host)
-                .into_iter()
-                .filter_map(|(rank, e)| Some((rank.parse().ok()?, e)))
-                .collect();
-            hang::share_evidence(store, round.group_rank, &mine).await;
-        }
-        self.stop_group(group, libc::SIGKILL, signals).await
+        let kill = self.stop_group(group, libc::SIGKILL, signals);
+        respond::answer(&place, workers, &what, kill).await
     }
 
     /// This node's entry in the exchange.
@@ -787,7 +721,13 @@ async fn watch<S: Source>(
     }
 }
 
-/// What each worker's page says, for the other nodes and the verdict (`Watched::progress`).
-fn progress_of(workers: &[Watched], host: &str) -> Vec<WorkerProgress> {
-    workers.iter().map(|w| w.progress(host)).collect()
+/// Where this node stands in the round, for the hang protocol.
+fn place<'a, S: Source>(source: &'a S, round: &Round, host: &'a str) -> Place<'a> {
+    Place {
+        store: source.shared(round),
+        round: round.number,
+        group_rank: round.group_rank,
+        nodes: round.group_world_size,
+        host,
+    }
 }

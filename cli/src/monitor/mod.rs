@@ -1,14 +1,16 @@
 //! What no exit reports: hung workers, restarts that make no progress, sick nodes.
 //!
 //! Workers report progress through rdzv's progress API (heartbeats and named sections on a page
-//! the launcher maps, `rdzv::progress`); the agent runs these monitors beside its group and
-//! turns what they find into a stop, as it does a worker's exit (`agent/mod.rs`).
+//! the launcher reads, `rdzv::progress`); the agent runs these monitors beside its group and
+//! turns what they find into a stop, as it does a worker's exit (`agent/mod.rs`), and hands a
+//! hang to `respond`.
 //!
 //! Submodules, each using only those listed before it: `verdict` (what a worker's progress
 //! looks like to other nodes, and suspect versus victims across nodes), `workers` (the group's
 //! pages as the monitors read them), `evidence` (a hung worker's stacks and the kernel's view
 //! of every worker), `hang` (timeouts given or learned, job-wide; detecting a hang; the
-//! launchers' hang protocol), `progress` (the no-progress restart count), `pace` (each node's
+//! launchers' hang protocol), `respond` (what a node does once a hang is found, on
+//! either side of that protocol), `progress` (the no-progress restart count), `pace` (each node's
 //! pace, and which nodes straggle), `health` (the node's health command).
 
 pub mod verdict;
@@ -18,6 +20,8 @@ pub mod workers;
 pub mod evidence;
 
 pub mod hang;
+
+pub mod respond;
 
 pub mod progress;
 
