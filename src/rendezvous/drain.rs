@@ -6,10 +6,14 @@
 //! - leaders neither seal it into a round nor wait for it (it is treated as gone), and a seal
 //!   is guarded by "no drain newer than the leader's view";
 //! - its own `next` ends with a graceful exit, and it can no longer join.
+//!
+//! `mark` writes it, for the node itself (`Rendezvous::drain`, below) and for operators
+//! (`Admin::drain`).
 
+use super::Rendezvous;
 use crate::backend::keys::Keys;
 use crate::backend::Etcd;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, TxnOp};
 use tokio::time::Instant;
 
@@ -73,5 +77,59 @@ pub(crate) async fn mark(
     match written {
         true => Ok(()),
         false => Err(not_alive()),
+    }
+}
+
+impl Rendezvous {
+    /// Marks this node as leaving (a planned departure, such as a preemption notice): the
+    /// other members count it in `num_lost` at once and re-form without it, and this node's
+    /// `next` ends with a graceful exit from now on. Lasts as long as the node's lease.
+    pub async fn drain(&self, reason: &str) -> Result<()> {
+        self.check_not_shut_down()?;
+        let lease = self.ensure_lease(self.quick_deadline()).await?;
+        mark(
+            &self.etcd,
+            &self.keys,
+            &self.node,
+            reason,
+            Some(lease),
+            self.quick_deadline(),
+        )
+        .await?;
+        tracing::info!(run = %self.params.run_id(), node = %self.node, reason, "drained this node");
+        Ok(())
+    }
+
+    /// True once this node was drained (by `drain`, an operator or a scheduler). One etcd read.
+    pub async fn is_draining(&self) -> Result<bool> {
+        self.check_not_shut_down()?;
+        let resp = self
+            .etcd
+            .get(
+                self.quick_deadline(),
+                "is_draining",
+                self.keys.drain(&self.node),
+                GetOptions::new().with_count_only(),
+            )
+            .await?;
+        Ok(resp.count() > 0)
+    }
+
+    /// The error a drained node's `next` ends with: a graceful exit, since its departure was
+    /// planned (its agent stops its workers and leaves without failing the job).
+    pub(crate) fn drained_err(&self, reason: &str) -> Error {
+        let why = match reason.trim() {
+            "" => String::new(),
+            r => format!(": {r}"),
+        };
+        Error::new(
+            ErrorKind::GracefulExit,
+            format!(
+                "node {} was drained{why} (a planned departure): it leaves run {:?}, whose other \
+                 nodes form the next round without it",
+                self.node,
+                self.params.run_id()
+            ),
+        )
     }
 }

@@ -10,13 +10,34 @@
 //! members) and `current = r + 1` in one transaction guarded by "final absent".
 //! So a round of N nodes costs N join writes plus one seal, and a sealed membership never
 //! changes. `docs/DESIGN.md` has the state machine and the argument for its correctness.
+//!
+//! This file holds the handle and the join (`next`, the join transaction, the write gate, the
+//! stores a node takes). Submodules, each using only those listed before it (and the handle):
+//! `records` (what is written in etcd), `wake` (waking the open round's joiners), `ticket`
+//! (release tickets), `lost` (counting lost members by one watch), `leases` (the node's and
+//! the run's leases), `membership` (`members`, `num_waiting`, `num_lost`), `close` (closing
+//! and failing the run), `drain` (planned departures), `round` (waiting, leading, sealing),
+//! `leaving` (withdrawing a join, shutting down, the last node's cleanup).
+
+pub(crate) mod records;
+
+pub(crate) mod wake;
+
+mod ticket;
+
+mod lost;
+
+mod leases;
+
+mod membership;
+
+mod close;
 
 pub(crate) mod drain;
-mod lost;
-pub(crate) mod records;
+
 mod round;
-mod ticket;
-pub(crate) mod wake;
+
+mod leaving;
 
 pub use ticket::ReleaseTicket;
 
@@ -28,11 +49,8 @@ use crate::cancel::{cancelled_by_token, CancelToken, HandleCall, HandleCancel};
 use crate::error::{Error, ErrorKind, Result};
 use crate::params::Params;
 use crate::store::Store;
-use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnResponse};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -78,10 +96,6 @@ pub struct Rendezvous {
     /// one more revision of etcd's history (`scripts/bench.sh --history`).
     add_receipts: crate::store::Receipts,
 }
-
-/// How long withdrawing a join request may take once `next` has failed. It must run even
-/// after `join_timeout`, so `next` can return up to this much later than its deadline.
-const WITHDRAW_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct NodeState {
@@ -401,45 +415,6 @@ impl Rendezvous {
             .find_map(|(node, rank)| (node == self.node).then_some(rank)))
     }
 
-    /// The members of this node's last round in rank order (the same list for every member).
-    /// Read once, on first use, from the round's lanes: O(round size), which `next` never
-    /// pays, since a member receives only its own lane. A round of one lane (`max_nodes` at
-    /// most 64) has its list in `final` already, so this reads nothing.
-    pub async fn members(&self) -> Result<Arc<[String]>> {
-        self.check_not_shut_down()?;
-        let sealed = {
-            let state = self.state();
-            let Some((sealed, _)) = state.last.as_ref() else {
-                return Err(Error::invalid(
-                    "members: this node has not completed a round yet",
-                ));
-            };
-            if let Some((round, members)) =
-                state.members.as_ref().filter(|(r, _)| *r == sealed.round)
-            {
-                debug_assert_eq!(*round, sealed.round);
-                return Ok(members.clone());
-            }
-            if let Some(members) = &sealed.members {
-                return Ok(members.clone());
-            }
-            sealed.clone()
-        };
-        let resp = self
-            .etcd
-            .get(
-                self.quick_deadline(),
-                "read members",
-                self.keys.lanes_prefix(sealed.round),
-                GetOptions::new().with_prefix(),
-            )
-            .await?;
-        let chunks = resp.kvs().iter().map(|kv| (kv.key(), kv.value()));
-        let members = records::members_from_chunks(&sealed, chunks)?;
-        self.state().members = Some((sealed.round, members.clone()));
-        Ok(members)
-    }
-
     /// The run's store: the store of a round (`set`, `get`, `add`, `compare_set`, `wait`, ...,
     /// with the same semantics and limits) that lives as long as the run instead of two
     /// rounds, for what a job keeps across rounds: a restart budget (`add` is atomic across
@@ -656,351 +631,6 @@ impl Rendezvous {
             .map_err(|e| Error::internal(format!("{what}: the write task failed: {e}")))?
     }
 
-    /// Grants a lease and writes the `alive` key when this node has none or lost it, and
-    /// joins the run's lease (reading it, or creating it when no node holds one) when this
-    /// node does not refresh it yet or it expired. Returns this node's own lease.
-    ///
-    /// The `alive` key is written in the transaction that reads the run's lease: the last node
-    /// out deletes the run's lease key only when no `alive` key exists, so a node that read the
-    /// id is always seen by that cleanup (`delete_finished_run`).
-    async fn ensure_lease(&self, deadline: Instant) -> Result<i64> {
-        // Held throughout: one node's leases are replaced by one call at a time.
-        let mut slot = self.lease.lock().await;
-        let own = slot.as_ref().filter(|l| !l.is_lost()).map(|l| l.id);
-        let run_ok = self.run_lease_id().is_ok();
-        if let (Some(id), true) = (own, run_ok) {
-            return Ok(id);
-        }
-        let mut ops = Vec::new();
-        let (id, lost) = match own {
-            Some(id) => (id, None),
-            None => {
-                // A lost lease is gone from etcd already: nothing to revoke (and no time to
-                // spend on it inside next's deadline). Dropping it stops its refresh task.
-                let lost = slot.take().map(|old| old.id);
-                let lease = Lease::grant(&self.etcd, self.params.lease_ttl(), deadline).await?;
-                let id = lease.id;
-                *self.refreshed.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease.refreshed());
-                *slot = Some(lease);
-                let alive = self.keys.alive(&self.node);
-                let bound = PutOptions::new().with_lease(id);
-                ops.push(TxnOp::put(alive, self.addr.clone(), Some(bound)));
-                (id, Some(lost))
-            }
-        };
-        if !run_ok {
-            ops.push(TxnOp::get(self.keys.run_lease(), None));
-        }
-        let resp = self
-            .etcd
-            .txn(deadline, "register alive", Txn::new().and_then(ops))
-            .await?;
-        match lost {
-            Some(Some(old)) => {
-                tracing::info!(run = %self.params.run_id(), node = %self.node, lease = id,
-                lost_lease = old, "lease re-acquired: registered alive under a new lease")
-            }
-            Some(None) => {
-                tracing::debug!(run = %self.params.run_id(), node = %self.node, lease = id,
-                "registered alive under a lease")
-            }
-            None => {}
-        }
-        if lost.is_some() {
-            // A new lease means the old join key is gone with the old lease.
-            self.state().joined = None;
-        }
-        if !run_ok {
-            let held = ranges(&resp).pop().and_then(|g| g.kvs().first().cloned());
-            let run_id = match held {
-                Some(kv) => records::parse_lease_id(kv.key(), kv.value())?,
-                None => self.create_run_lease(deadline).await?,
-            };
-            tracing::debug!(run = %self.params.run_id(), node = %self.node, run_lease = run_id,
-                "refreshing the run's lease");
-            let adopted = Lease::adopt(&self.etcd, run_id, self.params.lease_ttl());
-            *self.run_lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(adopted);
-        }
-        Ok(id)
-    }
-
-    /// Grants the run's lease and publishes its id, unless another node published one first
-    /// (then that one is the run's, and this grant is revoked). Returns the run's lease id.
-    async fn create_run_lease(&self, deadline: Instant) -> Result<i64> {
-        let granted = Lease::grant_id(&self.etcd, self.params.lease_ttl(), deadline).await?;
-        let key = self.keys.run_lease();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                granted.to_string(),
-                Some(PutOptions::new().with_lease(granted)),
-            )])
-            .or_else([TxnOp::get(key, None)]);
-        let resp = self
-            .etcd
-            .txn(deadline, "create the run's lease", txn)
-            .await?;
-        let published = match ranges(&resp).first().and_then(|g| g.kvs().first()) {
-            Some(kv) => Some(records::parse_lease_id(kv.key(), kv.value())?),
-            None => None,
-        };
-        // Our own grant already published: an attempt of this transaction landed but its
-        // answer was lost (a leader change, a timed-out attempt) and it was sent again.
-        // Revoking it would delete the run's lease and every round bound to it.
-        if resp.succeeded() || published == Some(granted) {
-            tracing::info!(run = %self.params.run_id(), node = %self.node, run_lease = granted,
-                "created the run's lease");
-            return Ok(granted);
-        }
-        let etcd = self.etcd.clone();
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let _ = crate::backend::lease::revoke(&etcd, granted, deadline).await;
-        });
-        match published {
-            Some(id) => Ok(id),
-            // Published and expired in between: ours is being revoked; the caller starts over.
-            None => Err(Error::new(
-                ErrorKind::LeaseLost,
-                "the run's lease expired while this node was joining it",
-            )),
-        }
-    }
-
-    /// After a failed `next`: waits for a round write still in flight, then takes back this
-    /// node's join request (and the round's leadership, if it held it) unless the round was
-    /// sealed first. Returns the sealed round and this node's rank if it is a member, since it
-    /// must then run in that round. If etcd cannot confirm the withdrawal, the node lets its
-    /// lease lapse, so that within `lease_ttl` no round counts on it.
-    async fn withdraw(&self, why: &Error) -> Option<(FinalRecord, u32)> {
-        self.give_up.send_replace(true);
-        let gate = self.writes.lock().await;
-        self.give_up.send_replace(false);
-        let (round, last) = {
-            let state = self.state();
-            (state.joined?, state.last.as_ref().map(|(f, _)| f.round))
-        };
-        // The key of a round this node already returned from is not a join request of this
-        // call (a member keeps it until it joins again): nothing to withdraw.
-        if last.is_some_and(|last| round <= last) {
-            return None;
-        }
-        let join = self.keys.join(round, &self.node);
-        let leader = self.keys.leader(round);
-        let sealed = self.keys.final_(round);
-        // With the run's shared keys: it goes with the round, or with the run.
-        let gone = self
-            .run_lease_id()
-            .map(|id| PutOptions::new().with_lease(id));
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(sealed.clone(), CompareOp::Equal, 0),
-                Compare::version(join.clone(), CompareOp::Greater, 0),
-            ])
-            .and_then([
-                TxnOp::delete(join.clone(), None),
-                // Fails a seal computed before this withdrawal was seen (round.rs, seal).
-                TxnOp::put(self.keys.gone(round, &self.node), "1", gone.clone().ok()),
-                // Last: etcd 3.4 drops the responses of operations after a nested transaction.
-                TxnOp::txn(
-                    Txn::new()
-                        .when([Compare::value(
-                            leader.clone(),
-                            CompareOp::Equal,
-                            self.node.clone(),
-                        )])
-                        .and_then(round::unclaim_ops(self, round)),
-                ),
-            ])
-            .or_else([
-                TxnOp::get(sealed, None),
-                TxnOp::get(join, Some(GetOptions::new().with_count_only())),
-            ]);
-        let deadline = Instant::now() + WITHDRAW_GRACE;
-        let outcome = match gone {
-            Ok(_) => self.etcd.txn(deadline, "withdraw", txn).await,
-            Err(e) => Err(e),
-        };
-        drop(gate);
-        let resp = match outcome {
-            Ok(resp) => resp,
-            Err(e) => {
-                tracing::warn!(run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
-                    error = %e, "could not withdraw the join request: letting the lease lapse so no round waits on this node");
-                if let Some(lease) = self.lease.lock().await.take() {
-                    drop(lease); // stops the refresh: etcd expires it within lease_ttl
-                }
-                self.state().joined = None;
-                return None;
-            }
-        };
-        if resp.succeeded() {
-            tracing::info!(run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
-                sealed_first = false, "withdrew the join request");
-            self.state().joined = None;
-            return None;
-        }
-        let got = ranges(&resp);
-        if got.get(1).is_some_and(|g| g.count() == 0) {
-            self.state().joined = None;
-        }
-        let kv = got.first()?.kvs().first()?;
-        let sealed = FinalRecord::parse(kv.key(), kv.value()).ok()?;
-        let rank = self.rank_in(&sealed).await.ok()?;
-        tracing::info!(run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
-            sealed_first = true, member = rank.is_some(), "could not withdraw: the round was sealed first");
-        Some((sealed, rank?))
-    }
-
-    /// After etcd refused a lease: marks whichever of this node's leases etcd no longer knows
-    /// as gone, so the next `ensure_lease` replaces it (the node's own lease, if that cannot
-    /// be told).
-    async fn forget_lease(&self) {
-        let deadline = self.quick_deadline();
-        let own = self.lease.lock().await.as_ref().map(|l| l.id);
-        let run = self.run_lease_id().ok();
-        for (id, is_own) in [(own, true), (run, false)] {
-            let Some(id) = id else { continue };
-            let ttl = self
-                .etcd
-                .call(deadline, "lease time to live", move |mut c| async move {
-                    c.lease_time_to_live(id, None).await
-                })
-                .await;
-            let gone = match ttl {
-                Ok(resp) => resp.ttl() <= 0,
-                Err(e) => e.kind() == ErrorKind::LeaseLost || is_own,
-            };
-            if !gone {
-                continue;
-            }
-            if is_own {
-                if let Some(lease) = self.lease.lock().await.as_ref() {
-                    lease.mark_lost();
-                }
-            } else if let Some(lease) = self.run_lease().as_ref() {
-                lease.mark_lost();
-            }
-        }
-    }
-
-    /// What another process needs to end this node's membership at once if this process
-    /// dies without shutting down (SIGKILL, the OOM killer): this node's id and its current
-    /// lease, for `Admin::release`. `None` after `shutdown`, or while the node holds no live
-    /// lease. The lease changes when etcd dropped the old one (the node was cut off longer
-    /// than `lease_ttl`; `next` then takes a new one), so a holder should ask again after
-    /// each `next`; an outdated ticket releases nothing.
-    pub async fn release_ticket(&self) -> Option<ReleaseTicket> {
-        if self.is_shut_down() {
-            return None;
-        }
-        let lease = self
-            .lease
-            .lock()
-            .await
-            .as_ref()
-            .filter(|l| !l.is_lost())?
-            .id;
-        Some(ReleaseTicket {
-            node: self.node.clone(),
-            lease,
-        })
-    }
-
-    /// The id of this node's current lease (0 if it has none).
-    pub(crate) async fn lease_id(&self) -> i64 {
-        self.lease.lock().await.as_ref().map_or(0, |l| l.id)
-    }
-
-    /// The id of the run's lease, to which this node binds the run's shared keys. A node that
-    /// holds none (it expired, or the node is shutting down) must not write them unbound.
-    pub(crate) fn run_lease_id(&self) -> Result<i64> {
-        match self.run_lease().as_ref() {
-            Some(lease) if !lease.is_lost() => Ok(lease.id),
-            _ => Err(Error::new(
-                ErrorKind::LeaseLost,
-                "the run's lease expired: no node refreshed it within its TTL",
-            )),
-        }
-    }
-
-    /// Turns true once etcd has said this node's current lease is gone (never, if it has none).
-    pub(crate) async fn lease_lost(&self) -> watch::Receiver<bool> {
-        match self.lease.lock().await.as_ref() {
-            Some(lease) => lease.lost(),
-            None => watch::Sender::new(false).subscribe(),
-        }
-    }
-
-    fn closed_error(&self, left_out: bool) -> Error {
-        if left_out {
-            Error::new(
-                ErrorKind::GracefulExit,
-                "the run was closed while this node waited outside the running round (late or surplus)",
-            )
-        } else {
-            Error::closed(format!(
-                "rendezvous {:?} is closed (a closed run id stays closed for retention={} s; \
-                 use a new run id or purge the run)",
-                self.params.run_id(),
-                self.params.retention().as_secs()
-            ))
-        }
-    }
-
-    /// The error a drained node's `next` ends with: a graceful exit, since its departure was
-    /// planned (its agent stops its workers and leaves without failing the job).
-    pub(crate) fn drained_err(&self, reason: &str) -> Error {
-        let why = match reason.trim() {
-            "" => String::new(),
-            r => format!(": {r}"),
-        };
-        Error::new(
-            ErrorKind::GracefulExit,
-            format!(
-                "node {} was drained{why} (a planned departure): it leaves run {:?}, whose other \
-                 nodes form the next round without it",
-                self.node,
-                self.params.run_id()
-            ),
-        )
-    }
-
-    /// Marks this node as leaving (a planned departure, such as a preemption notice): the
-    /// other members count it in `num_lost` at once and re-form without it, and this node's
-    /// `next` ends with a graceful exit from now on. Lasts as long as the node's lease.
-    pub async fn drain(&self, reason: &str) -> Result<()> {
-        self.check_not_shut_down()?;
-        let lease = self.ensure_lease(self.quick_deadline()).await?;
-        drain::mark(
-            &self.etcd,
-            &self.keys,
-            &self.node,
-            reason,
-            Some(lease),
-            self.quick_deadline(),
-        )
-        .await?;
-        tracing::info!(run = %self.params.run_id(), node = %self.node, reason, "drained this node");
-        Ok(())
-    }
-
-    /// True once this node was drained (by `drain`, an operator or a scheduler). One etcd read.
-    pub async fn is_draining(&self) -> Result<bool> {
-        self.check_not_shut_down()?;
-        let resp = self
-            .etcd
-            .get(
-                self.quick_deadline(),
-                "is_draining",
-                self.keys.drain(&self.node),
-                GetOptions::new().with_count_only(),
-            )
-            .await?;
-        Ok(resp.count() > 0)
-    }
-
     /// Makes the `next` running on this handle return `Cancelled` (withdrawing its join
     /// request) or, if none is running, the next one to start: that one returns `Cancelled` at
     /// once, joining nothing. A cancel is never lost: it stays pending until a `next` has
@@ -1013,115 +643,7 @@ impl Rendezvous {
         self.cancel.cancel();
     }
 
-    /// True once any node has called `set_closed`. After this node's first round it answers
-    /// from the membership watch (`num_lost`'s), without asking etcd: a close is seen within
-    /// the watch's delivery (milliseconds); before the first round, or while the watch is
-    /// broken, it reads etcd.
-    pub async fn is_closed(&self) -> Result<bool> {
-        self.check_not_shut_down()?;
-        // From the membership watch while it is in sync (after this node's first round).
-        if self.tracked_round().is_some() {
-            if let Some(closed) = self.watched(lost::LostTracker::closed) {
-                return Ok(closed);
-            }
-        }
-        let options = GetOptions::new().with_count_only();
-        let resp = self
-            .etcd
-            .get(
-                self.quick_deadline(),
-                "is_closed",
-                self.keys.closed(),
-                options,
-            )
-            .await?;
-        Ok(resp.count() > 0)
-    }
-
-    /// Closes the run for every node: blocked `next` calls return closed, later ones fail fast.
-    /// The marker expires after `retention`, so the run id can be used again later.
-    pub async fn set_closed(&self) -> Result<()> {
-        self.close_run(None).await
-    }
-
-    /// Closes the run as `set_closed` does and records that the job failed, with `reason`
-    /// (what failed, where): every node and operator can then tell a failed job from one that
-    /// ended (`failure`, `Admin::status`), so a supervisor whose own workers were healthy
-    /// still reports the job's failure. A later close of either kind replaces the record.
-    pub async fn set_failed(&self, reason: &str) -> Result<()> {
-        self.close_run(Some(reason)).await
-    }
-
-    async fn close_run(&self, failure: Option<&str>) -> Result<()> {
-        self.check_not_shut_down()?;
-        let deadline = Instant::now() + self.params.close_timeout();
-        let what = match failure {
-            None => "set_closed",
-            Some(_) => "set_failed",
-        };
-        let value = wake::closed_value(failure);
-        wake::close(
-            &self.etcd,
-            &self.keys,
-            self.params.retention(),
-            what,
-            deadline,
-            value,
-        )
-        .await?;
-        tracing::info!(run = %self.params.run_id(), node = %self.node, failure = ?failure, "closed the run");
-        Ok(())
-    }
-
-    /// Why the job failed, when the run was closed with `set_failed`; `None` while it is open
-    /// or when it was closed with `set_closed`.
-    pub async fn failure(&self) -> Result<Option<String>> {
-        self.check_not_shut_down()?;
-        let resp = self
-            .etcd
-            .get(
-                self.quick_deadline(),
-                "failure",
-                self.keys.closed(),
-                GetOptions::new(),
-            )
-            .await?;
-        Ok(resp
-            .kvs()
-            .first()
-            .and_then(|kv| wake::closed_failure(kv.value())))
-    }
-
-    /// Nodes waiting to join the round after this node's last round that a new round could
-    /// admit. Non-zero means the members should call `next`. While a re-rendezvous is under
-    /// way (a member of the last round already joined the next one) every joiner counts.
-    /// Otherwise only as many newcomers as there is room for: `max_nodes` minus the surviving
-    /// members. Spare nodes beyond `max_nodes` wait without being counted, so a full round is
-    /// not torn down again and again for nodes it cannot take. Zero before the first round.
-    /// Answered from the membership watch while it is in sync (no etcd request: a joiner is
-    /// counted within the watch's delivery); read from etcd while the watch is broken or
-    /// after a member was lost.
-    pub async fn num_waiting(&self) -> Result<u32> {
-        let n = self.count_waiting().await?;
-        self.report_change(
-            n,
-            |s| &mut s.seen_waiting,
-            "nodes waiting for the next round",
-        );
-        Ok(n)
-    }
-
-    /// Members of this node's last round whose lease has expired (dead or cut off) or that are
-    /// leaving (drained), counting this node itself if its own lease is gone or it is drained.
-    /// Non-zero means the round is broken and the survivors should call `next` to form a new
-    /// one (a drained node's own `next` then ends with a graceful exit).
-    pub async fn num_lost(&self) -> Result<u32> {
-        let n = self.count_lost().await?;
-        self.report_change(n, |s| &mut s.seen_lost, "members of the round lost");
-        Ok(n)
-    }
-
-    // The calls above with a cancel token of the caller's: each returns `Cancelled` once the
+    // The calls of `close`, `drain` and `membership` with a cancel token of the caller's: each returns `Cancelled` once the
     // token is cancelled (at once, without touching etcd, if it already is), whatever etcd is
     // doing. A write cancelled while it was on its way (`set_closed`, `set_failed`, `drain`)
     // may or may not have been applied, as one that times out; calling it again is safe.
@@ -1163,214 +685,6 @@ impl Rendezvous {
         token.run("is_draining", self.is_draining()).await
     }
 
-    /// Logs a count that supervisors poll, once each time it changes.
-    fn report_change(&self, now: u32, seen: fn(&mut NodeState) -> &mut u32, what: &str) {
-        let mut state = self.state();
-        let round = state.last.as_ref().map(|(f, _)| f.round);
-        let before = std::mem::replace(seen(&mut state), now);
-        drop(state);
-        if before != now {
-            tracing::info!(run = %self.params.run_id(), node = %self.node, round, count = now, "{what}");
-        }
-    }
-
-    async fn count_waiting(&self) -> Result<u32> {
-        self.check_not_shut_down()?;
-        let Some(sealed) = self.tracked_round() else {
-            return Ok(0);
-        };
-        let (round, world) = (sealed.round, sealed.world_size);
-        let clamp = |n: usize| n.min(u32::MAX as usize) as u32;
-        // From the tracker's watch while it is in sync (no member lost: all survive).
-        if let Some(w) = self.watched(lost::LostTracker::waiting) {
-            if w.rejoining {
-                return Ok(clamp(w.joined));
-            }
-            let room = (self.params.max_nodes() as usize).saturating_sub(world as usize);
-            return Ok(clamp(w.joined.min(room)));
-        }
-        let prefix = self.keys.join_prefix(round + 1);
-        let resp = self
-            .etcd
-            .get(
-                self.quick_deadline(),
-                "num_waiting",
-                prefix,
-                GetOptions::new().with_prefix(),
-            )
-            .await?;
-        if resp.kvs().is_empty() {
-            return Ok(0);
-        }
-        // A joiner's record names the round it last completed: a member of ours means a
-        // re-rendezvous is under way.
-        let joined = resp.kvs().len();
-        for kv in resp.kvs() {
-            let record = JoinRecord::parse(kv.key(), kv.value())?;
-            if record.last.is_some_and(|(r, _)| r == round) {
-                return Ok(clamp(joined));
-            }
-        }
-        let survivors = (world as usize).saturating_sub(self.count_lost().await? as usize);
-        let room = (self.params.max_nodes() as usize).saturating_sub(survivors);
-        Ok(clamp(joined.min(room)))
-    }
-
-    /// Whether the membership watch's answers can be trusted: etcd answered a refresh of this
-    /// node's lease within two refresh periods (two thirds of `lease_ttl`). A watch alone cannot
-    /// tell a quiet etcd from one this node is cut off from; without recent refreshes the
-    /// counts are read, and a node cut off gets its error, as before.
-    fn watch_trusted(&self) -> bool {
-        let window = self.params.lease_ttl() * 2 / 3;
-        self.refreshed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|r| r.within(window))
-    }
-
-    /// What the membership watch answers (`what`), when it is in sync and trusted.
-    fn watched<T>(&self, what: impl Fn(&lost::LostTracker) -> Option<T>) -> Option<T> {
-        if !self.watch_trusted() {
-            return None;
-        }
-        self.state().lost.as_ref().and_then(what)
-    }
-
-    /// The round whose membership the tracker follows (this node's last), starting the
-    /// tracker on first use; None before this node's first round.
-    fn tracked_round(&self) -> Option<FinalRecord> {
-        let mut state = self.state();
-        let (sealed, _) = state.last.as_ref()?;
-        let sealed = sealed.clone();
-        if state.lost.is_none() {
-            let etcd = self.etcd.in_round(sealed.round);
-            let tracker = lost::LostTracker::start(etcd, self.keys.clone(), sealed.clone());
-            state.lost = Some(tracker);
-        }
-        Some(sealed)
-    }
-
-    async fn count_lost(&self) -> Result<u32> {
-        self.check_not_shut_down()?;
-        let Some(sealed) = self.tracked_round() else {
-            return Ok(0);
-        };
-        if let Some(count) = self.watched(lost::LostTracker::count) {
-            return Ok(count);
-        }
-        // The tracker is not in sync (just started, or its watch broke), or a member is lost
-        // and its watch ended: read etcd.
-        let n = lost::read_lost(&self.etcd, &self.keys, &sealed, self.quick_deadline()).await?;
-        if let Some(tracker) = self.state().lost.as_ref() {
-            tracker.read(n);
-        }
-        Ok(n)
-    }
-
-    /// Releases this node: wakes a blocked `next` on this handle (and store waits of its
-    /// rounds), revokes the lease (which deletes the node's keys, so the others see it leave),
-    /// stops refreshing the run's lease, and, if this was the last live node of the run,
-    /// deletes the run's rounds and stores. If other nodes' keys are still there (nodes that
-    /// died within their lease), the run's keys expire with the run's lease once no node
-    /// refreshes it. Does not close the run. Idempotent.
-    pub async fn shutdown(&self) -> Result<()> {
-        if self.shutdown.send_replace(true) {
-            return Ok(());
-        }
-        // Wait for a running next to notice and let go of the join key.
-        let _next = self.next_running.lock().await;
-        self.state().lost = None;
-        let deadline = Instant::now() + self.params.close_timeout();
-        // Stops refreshing the run's lease first: once this node's `alive` key is gone, another
-        // node leaving at the same moment may be the last one out and revoke it, and a refresh
-        // still running here would report it lost.
-        let run_lease = self.run_lease().take().map(|l| l.id);
-        if let Some(lease) = self.lease.lock().await.take() {
-            lease.revoke(&self.etcd, deadline).await?;
-        }
-        self.delete_finished_run(run_lease, deadline).await?;
-        tracing::info!(run = %self.params.run_id(), node = %self.node, "shut down");
-        Ok(())
-    }
-
-    /// The last node out of a run deletes its rounds, stores (the rounds' and the run's), round
-    /// counter and lease, so a finished job leaves nothing behind and a later job with the same id starts from round 0.
-    /// `closed` stays until its retention lease expires. Guarded by "no live node": a node that
-    /// is still there (even one that is only waiting, or one that died and whose lease has not
-    /// expired yet) keeps the run as it is; the run's lease then removes it later.
-    async fn delete_finished_run(&self, run_lease: Option<i64>, deadline: Instant) -> Result<()> {
-        // The transaction's guard reads every live node's key; one read that stops at the
-        // first of them is enough to know this is not the last node. Without it a job of N
-        // nodes leaving costs etcd N²/2 key reads (22 s of shutdowns at 4096 nodes).
-        let one_alive = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_limit(1);
-        let alive = self
-            .etcd
-            .get(
-                deadline,
-                "any live node",
-                self.keys.alive_prefix(),
-                one_alive,
-            )
-            .await?;
-        if !alive.kvs().is_empty() {
-            return Ok(());
-        }
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(self.keys.alive_prefix(), CompareOp::Equal, 0)
-                    .with_prefix(),
-            ])
-            .and_then([
-                TxnOp::delete(
-                    self.keys.rounds_prefix(),
-                    Some(DeleteOptions::new().with_prefix()),
-                ),
-                TxnOp::delete(
-                    self.keys.run_store_prefix(),
-                    Some(DeleteOptions::new().with_prefix()),
-                ),
-                TxnOp::delete(
-                    self.keys.add_receipts_prefix(),
-                    Some(DeleteOptions::new().with_prefix()),
-                ),
-                TxnOp::delete(self.keys.current(), None),
-                // Last: whether it deleted something says who revokes the lease (below).
-                TxnOp::delete(self.keys.run_lease(), None),
-            ]);
-        let resp = self
-            .etcd
-            .txn(deadline, "clean up finished run", txn)
-            .await?;
-        let deleted_by_op: Vec<i64> = resp
-            .op_responses()
-            .iter()
-            .map(|op| match op {
-                etcd_client::TxnOpResponse::Delete(d) => d.deleted(),
-                _ => 0,
-            })
-            .collect();
-        // Nothing of the run is bound to it any more, and no node can have adopted it since
-        // (a node reads the id in the transaction that writes its `alive` key): give it back.
-        // Only the cleanup that deleted the lease key does: the last nodes of a job often
-        // leave together and all run the cleanup, and each revoke is a write every member
-        // applies (a soak's job ended with up to 8 of them).
-        let deleted_lease_key = deleted_by_op.last().is_some_and(|n| *n > 0);
-        if let (true, true, Some(id)) = (resp.succeeded(), deleted_lease_key, run_lease) {
-            let _ = crate::backend::lease::revoke(&self.etcd, id, deadline).await;
-        }
-        // Logged by the node whose cleanup deleted something (two last nodes may both run it).
-        let deleted: i64 = deleted_by_op.iter().sum();
-        if resp.succeeded() && deleted > 0 {
-            tracing::info!(run = %self.params.run_id(), node = %self.node, keys = deleted,
-                "no live node left: deleted the run's rounds, stores and round counter");
-        }
-        Ok(())
-    }
-
     pub(crate) fn etcd(&self) -> &Etcd {
         &self.etcd
     }
@@ -1385,9 +699,6 @@ impl Rendezvous {
     }
     pub(crate) fn node(&self) -> &str {
         &self.node
-    }
-    pub(crate) fn closed_err(&self, left_out: bool) -> Error {
-        self.closed_error(left_out)
     }
 }
 
