@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Many jobs on one etcd (benches/soak.rs): RUNS jobs of NODES in-process nodes at once, with
+# Many jobs on one etcd (benches/soak/): RUNS jobs of NODES in-process nodes at once, with
 # churn (nodes killed, leaving, drained and replaced, every worker restarted, jobs ending and
 # new ones starting), for DURATION, on a throwaway etcd run as docs/OPERATIONS.md recommends
 # (periodic auto-compaction). Prints a round's time for one job alone and then under the load

@@ -4,6 +4,7 @@
 //! line (same data directory) and the cluster is healthy again before the next repeat.
 
 use rdzv::{Params, Rendezvous};
+use rdzv_bench::stats::{median, ms};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,6 +145,6 @@ pub async fn leader_kill(endpoints: &str, pids: &str, sizes: &[usize]) {
                 .await,
             );
         }
-        println!("N={n:>5}  median {:>10}", super::ms(super::median(runs)));
+        println!("N={n:>5}  median {:>10}", ms(median(runs), 2));
     }
 }

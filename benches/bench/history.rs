@@ -11,8 +11,9 @@
 //! which the quota is checked against, and the part in use). From these, a job of any number
 //! of restarts, and how long a busy platform has before the quota is reached.
 
-use super::{futures_lite, metric_f64, torch};
+use super::{futures_lite, metric_f64};
 use rdzv::{Params, Rendezvous};
+use rdzv_bench::torch;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

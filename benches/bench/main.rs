@@ -7,10 +7,10 @@
 mod cluster;
 mod history;
 mod runs_watched;
-mod torch;
 mod watched;
 
 use rdzv::{Params, Rendezvous};
+use rdzv_bench::stats::{median, ms};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,15 +42,6 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
 
 async fn revision(client: &mut etcd_client::Client) -> i64 {
     client
@@ -312,8 +303,8 @@ impl Cpu {
         let kib = rounds.iter().map(|c| c.allocated_bytes).sum::<u64>() as f64 / 1024.0;
         format!(
             "cpu/round: nodes {} etcd {}, allocations/node {} ({:.1} KiB)",
-            ms(client / n),
-            ms(etcd / n),
+            ms(client / n, 2),
+            ms(etcd / n, 2),
             allocations / nodes,
             kib / nodes as f64
         )
@@ -433,13 +424,13 @@ impl Phases {
         self.last_return - self.last_call
     }
     fn print(&self, what: &str) {
-        let since = |a: Instant, b: Instant| ms(b.saturating_duration_since(a));
+        let since = |a: Instant, b: Instant| ms(b.saturating_duration_since(a), 2);
         println!(
             "{what:<6} every node joined {:>10}  then sealed {:>10}  then every node returned {:>10}  (total {}; {})",
             since(self.last_call, self.last_joined),
             since(self.last_joined, self.sealed),
             since(self.sealed, self.last_return),
-            ms(self.total()),
+            ms(self.total(), 2),
             Cpu::mean(&[self.cpu])
         );
         println!("       etcd requests: {}", self.cpu.requests());
@@ -804,14 +795,14 @@ async fn store_bench(endpoint: &str) {
     let (set, put, get, raw_get) = (median(set), median(put), median(get), median(raw_get));
     println!(
         "store set  median {:>10}   raw etcd put median {:>10}   ratio {:.2}x",
-        ms(set),
-        ms(put),
+        ms(set, 2),
+        ms(put, 2),
         set.as_secs_f64() / put.as_secs_f64()
     );
     println!(
         "store get  median {:>10}   raw etcd get median {:>10}   ratio {:.2}x",
-        ms(get),
-        ms(raw_get),
+        ms(get, 2),
+        ms(raw_get, 2),
         get.as_secs_f64() / raw_get.as_secs_f64()
     );
 
@@ -999,9 +990,9 @@ fn main() {
             let rdzv = median(times);
             let mut line = format!(
                 "N={n:>5}  median {:>10}  (min {}, max {}, {repeats} runs)  etcd writes/round {}",
-                ms(rdzv),
-                ms(min),
-                ms(max),
+                ms(rdzv, 2),
+                ms(min, 2),
+                ms(max, 2),
                 rounds[0].writes
             );
             let rdzv_cpu: Vec<Cpu> = rounds.iter().map(|r| r.cpu).collect();
@@ -1009,7 +1000,7 @@ fn main() {
             for (floor, took, cpu) in floors {
                 let took = median(took);
                 let ratio = rdzv.as_secs_f64() / took.as_secs_f64();
-                line += &format!("  {} {:>10}  ratio {ratio:.2}x", floor.name(), ms(took));
+                line += &format!("  {} {:>10}  ratio {ratio:.2}x", floor.name(), ms(took, 2));
                 cpu_line += &format!("   {} {}", floor.name(), Cpu::mean(&cpu));
             }
             println!("{line}");
@@ -1029,7 +1020,7 @@ fn main() {
         for (n, took, events) in shutdowns {
             println!(
                 "N={n:>5}  shutdown {:>10}  watch events sent {events:>9} ({:.1} per node)",
-                ms(took),
+                ms(took, 2),
                 events as f64 / n as f64,
             );
         }

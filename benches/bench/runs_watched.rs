@@ -6,9 +6,10 @@
 //! connections, gRPC streams, etcd watchers, memory, requests and CPU at rest, and the time
 //! until the last watch saw its run close. Panics on any failed watch.
 
-use super::{futures_lite, metric_f64, metrics_text, ms, resident_bytes};
+use super::{futures_lite, metric_f64, metrics_text, resident_bytes};
 use rdzv::admin::Admin;
 use rdzv::{Params, Rendezvous};
+use rdzv_bench::stats::ms;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,7 +69,7 @@ pub async fn runs_watched(endpoint: &str, runs: usize) {
     }
     println!(
         "{runs} runs of one node formed in {}",
-        ms(started.elapsed())
+        ms(started.elapsed(), 2)
     );
 
     let (rss, sockets_before) = (resident_bytes(), sockets());
@@ -100,7 +101,7 @@ pub async fn runs_watched(endpoint: &str, runs: usize) {
     ) / 1024.0;
     println!(
         "{runs} watches opened and their first statuses read in {} (one Admin and one StatusWatch per run, one process)",
-        ms(opened)
+        ms(opened, 2)
     );
     println!(
         "  sockets of the process: {sockets_before} before, {} after; gRPC watch streams opened {:.0}; etcd watchers added {:.0}",
@@ -153,7 +154,7 @@ pub async fn runs_watched(endpoint: &str, runs: usize) {
     }
     println!(
         "  every run closed (one after another): all {runs} watches saw it, the last {} after the first close; failed watches: 0",
-        ms(last - started)
+        ms(last - started, 2)
     );
     for node in &nodes {
         let _ = node.shutdown().await;

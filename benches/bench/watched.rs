@@ -3,9 +3,9 @@
 //! rounds without and with W observers on the run, each an `Admin` watch plus a status poll
 //! every second (`rdzv status --watch` and `rdzv status`), on a connection of their own.
 
-use super::ms;
 use rdzv::admin::Admin;
 use rdzv::{Params, Rendezvous};
+use rdzv_bench::stats::{ms, percentile};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,11 +46,6 @@ async fn observe(admin: Admin) {
     }
 }
 
-fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
-    v.sort();
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 pub async fn watched(endpoint: &str, observers: &[usize]) {
     println!("rounds of 8 (every node joins again), in turns without and with W observers");
     for &w in observers {
@@ -83,16 +78,15 @@ pub async fn watched(endpoint: &str, observers: &[usize]) {
         for node in &nodes {
             node.shutdown().await.unwrap();
         }
-        let (a, b) = (
-            percentile(without.clone(), 0.5),
-            percentile(with.clone(), 0.5),
-        );
+        without.sort();
+        with.sort();
+        let (a, b) = (percentile(&without, 0.5), percentile(&with, 0.5));
         println!(
             "W={w:>3}  without: median {:>9} p90 {:>9}   with: median {:>9} p90 {:>9}   ratio {:.2}x",
-            ms(a),
-            ms(percentile(without, 0.9)),
-            ms(b),
-            ms(percentile(with, 0.9)),
+            ms(a, 2),
+            ms(percentile(&without, 0.9), 2),
+            ms(b, 2),
+            ms(percentile(&with, 0.9), 2),
             b.as_secs_f64() / a.as_secs_f64()
         );
     }

@@ -1,8 +1,8 @@
 //! The hang case (`--case hang`): from a worker's hang to every rank stepping again.
 //!
-//! A job of `--nnodes=N`, one worker per node (`benches/hang_worker.py`): gloo on CPU through
-//! torch.distributed, a small all_reduce and a heartbeat per step. The last rank hangs once in
-//! the job, after step `STEP`, writing the wall-clock time first; its peers block in the next
+//! A job of `--nnodes=N`, one worker per node (`benches/workers/hang_worker.py`): gloo on CPU
+//! through torch.distributed, a small all_reduce and a heartbeat per step. The last rank hangs once
+//! in the job, after step `STEP`, writing the wall-clock time first; its peers block in the next
 //! all_reduce. From that stamp, per run (each a wall-clock time, compared with the workers'):
 //!
 //! - *detected*: the launcher says so (`rdzv run`'s `hang:` line; `ft_launcher`'s rank monitor
@@ -21,7 +21,8 @@
 //! `RankMonitorClient.send_heartbeat()`; and torchrun (c10d), which has no hang detection,
 //! once: it shows that nothing happens within `LIMIT`.
 
-use super::{launch, median_or_none, ms, rdzv_binary, Event, Kind, Target, LAUNCH_LIMIT};
+use super::{launch, rdzv_binary, Event, Kind, Target, LAUNCH_LIMIT};
+use rdzv_bench::stats::{median_or_none, millis};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -45,7 +46,7 @@ const NVRX_CHECK_INTERVAL: &str = "0.1";
 
 /// The hang case's worker.
 pub fn worker() -> &'static str {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/hang_worker.py")
+    concat!(env!("CARGO_MANIFEST_DIR"), "/workers/hang_worker.py")
 }
 
 /// `ft_launcher`'s fault-tolerance flags: a heartbeat timeout of `TIMEOUT` once a rank sent its
@@ -328,7 +329,7 @@ fn end_run(kind: Kind, target: &Target, launchers: &mut [super::Launcher], dir: 
 }
 
 /// How the hung rank hangs in the suspect table, and whether the workers mark the all_reduce
-/// as a section (`HANG_WORKER_HOW`, `HANG_WORKER_SECTIONS`: `benches/hang_worker.py`).
+/// as a section (`HANG_WORKER_HOW`, `HANG_WORKER_SECTIONS`: `workers/hang_worker.py`).
 const SUSPECT_CASES: [(&str, bool); 6] = [
     ("sleep", true),
     ("c", true),
@@ -489,7 +490,7 @@ pub fn table(
             let none = format!("none in {} s", LIMIT.as_secs());
             let column = |k: usize| median_or_none(got.iter().map(|r| r[k]).collect());
             let show = |k: usize| match (k, column(k)) {
-                (_, Some(d)) => ms(d),
+                (_, Some(d)) => millis(d, 0),
                 // torchrun does not say when it formed a round.
                 (2, None) if kind != Kind::FtLauncher && !kind.is_rdzv() => "-".to_string(),
                 (_, None) => none.clone(),

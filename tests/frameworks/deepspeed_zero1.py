@@ -5,7 +5,7 @@ MASTER_PORT). Each process records in $RESULT_DIR/<world>-<rank>.json the world 
 in, the steps taken, and whether every rank ended with the same weights (ZeRO-1 all-gathers
 the updated partitions). With BENCH=1 it prints "FIRST_COLLECTIVE <world>" once its first step
 is done and goes on training (a step every 0.1 s) until it is killed or a collective fails
-(benches/bench_frameworks.rs times those lines)."""
+(benches/frameworks/main.rs times those lines)."""
 
 import json
 import os

@@ -8,7 +8,7 @@ can kill a node). With HOLD=1 it then stays until the file $RESULT_DIR/release e
 pass: that is how a test holds a round open until the agent replaces it (node loss). With
 BENCH=1 it prints "FIRST_COLLECTIVE <processes>" once its collectives are done, then goes on
 gathering every 0.1 s, as a job in training would, until it is killed or a collective fails
-(benches/bench_frameworks.rs times those lines)."""
+(benches/frameworks/main.rs times those lines)."""
 
 import json
 import os

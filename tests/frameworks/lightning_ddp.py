@@ -8,7 +8,7 @@ environment Lightning detected, the steps taken, and whether every rank ended wi
 weights (DDP's all_reduce of the gradients keeps them equal). With BENCH=1 it prints
 "FIRST_COLLECTIVE <world>" once its first step (and so its first gradient all_reduce) is done,
 and goes on training (a step every 0.1 s) until it is killed or a collective fails
-(benches/bench_frameworks.rs times those lines)."""
+(benches/frameworks/main.rs times those lines)."""
 
 import argparse
 import json

@@ -7,6 +7,15 @@ trainers fail on a collective with a dead peer. The worker ends with exit 0 once
 by PEER_WORKER_DONE exists (checked every 50 ms; a connection that breaks after that is the
 other ranks ending too), or after PEER_WORKER_LIFETIME seconds (default 600).
 
+For the launcher benchmark's failed case, one of them fails after the first step:
+
+- the worker whose environment has PEER_WORKER_STAMP writes the wall-clock time (time.time(),
+  the last thing it does) to that file and exits 7;
+- the others, with PEER_WORKER_PEERS=break (the default, gloo's way), exit 1 as soon as a
+  connection breaks; with PEER_WORKER_PEERS=hold they never look at their connections again, as
+  ranks blocked in a collective that waits for a dead peer until its timeout (NCCL's way): only
+  their launcher can end them.
+
 Lines on stdout, for the tests and the launcher benchmark:
   STARTED world=W rank=R restart=C pid=P   as soon as the process runs
   STEP world=W rank=R restart=C pid=P      after the first step with every peer
@@ -29,6 +38,8 @@ if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
     port += 1
 done = os.environ.get("PEER_WORKER_DONE")
 lifetime = float(os.environ.get("PEER_WORKER_LIFETIME", "600"))
+stamp = os.environ.get("PEER_WORKER_STAMP")
+hold = os.environ.get("PEER_WORKER_PEERS", "break") == "hold"
 ends = time.monotonic() + lifetime
 tag = f"world={world} rank={rank} restart={restart} pid={os.getpid()}"
 
@@ -95,7 +106,17 @@ except OSError as e:
     lost(e)
 say("STEP")
 
+if stamp is not None:
+    sys.stdout.flush()
+    with open(stamp + ".tmp", "w") as f:
+        f.write(repr(time.time()))
+    os.rename(stamp + ".tmp", stamp)  # whole files only
+    os._exit(7)
+
 while not finished():
+    if hold:
+        time.sleep(0.05)  # blocked in a collective: nothing to read, only the end to notice
+        continue
     readable, _, _ = select.select(peers, [], [], 0.05)
     for p in readable:
         try:

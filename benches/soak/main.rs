@@ -1,6 +1,6 @@
 //! Many jobs on one etcd, for a long time: `runs` jobs of `nodes` in-process nodes each, all at
 //! once, with churn, for `duration`. Every node is an agent as torch's is: it forms a round,
-//! makes a torch job's store traffic in it (`bench/torch.rs`), then checks `num_lost` and
+//! makes a torch job's store traffic in it (`common/torch.rs`), then checks `num_lost` and
 //! `num_waiting` every monitor interval and joins again when either is non-zero. Each job's
 //! controller makes, at random intervals, one of: a node killed (its handle dropped without
 //! shutdown: its lease keeper stops as with SIGKILL, and etcd expires its keys after
@@ -21,11 +21,10 @@
 //! grew in the last third of the run past its bound (`DbSeen::bounded`). Run it with
 //! `scripts/soak.sh`.
 
-#[path = "bench/torch.rs"]
-mod torch;
-
 use rdzv::admin::Admin;
 use rdzv::{ErrorKind, Params, Rendezvous};
+use rdzv_bench::stats::{ms, percentile};
+use rdzv_bench::torch;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -900,17 +899,6 @@ async fn slot(
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
-
 /// One value of etcd's metrics from one member (as the bench reads them).
 async fn member_metric(endpoint: &str, name: &str) -> Option<f64> {
     metric_in(&member_metrics(endpoint).await, name)
@@ -1097,7 +1085,7 @@ async fn sample_db(
         line += &format!(
             "  rounds {} (median {})",
             window.len(),
-            ms(percentile(&window, 0.5))
+            ms(percentile(&window, 0.5), 1)
         );
         let own = rates.per_second("soak".into(), process_cpu("self"));
         let scheduler_cpu = match scheduler.pid() {
@@ -1179,10 +1167,10 @@ fn summarize(what: &str, times: &mut [Duration]) -> Duration {
     println!(
         "{what:<34} {:>6} rounds  median {:>9}  p90 {:>9}  p99 {:>9}  max {:>9}",
         times.len(),
-        ms(median),
-        ms(percentile(times, 0.9)),
-        ms(percentile(times, 0.99)),
-        ms(times.last().copied().unwrap_or_default())
+        ms(median, 1),
+        ms(percentile(times, 0.9), 1),
+        ms(percentile(times, 0.99), 1),
+        ms(times.last().copied().unwrap_or_default(), 1)
     );
     median
 }
@@ -1449,7 +1437,7 @@ async fn soak(cfg: Config) -> bool {
                 .map(|r| r.3)
                 .collect();
             t.sort();
-            line += &format!("  {:>9} ({:>4})", ms(percentile(&t, 0.5)), t.len());
+            line += &format!("  {:>9} ({:>4})", ms(percentile(&t, 0.5), 1), t.len());
         }
         println!("{line}");
     }
@@ -1542,7 +1530,7 @@ async fn soak(cfg: Config) -> bool {
             "snapshot of {}: {} in {}",
             endpoints[0],
             mib(saved as f64),
-            ms(started.elapsed())
+            ms(started.elapsed(), 1)
         ),
         Err(e) => println!("snapshot failed: {e}"),
     }
@@ -1562,7 +1550,7 @@ async fn soak(cfg: Config) -> bool {
                     "defragmented {e}: {} -> {} in {}",
                     mib(before.unwrap_or(0.0)),
                     mib(after.unwrap_or(0.0)),
-                    ms(took)
+                    ms(took, 1)
                 );
             }
             Err(e) => println!("defragment failed: {e}"),

@@ -17,23 +17,23 @@
 //!   printed its first line) and to its first step with all its peers ("step"), and the
 //!   restarts the other nodes spent (the killed worker's own node spends one, as it must).
 //!
-//! - *failed*: on a job of `--nnodes=N` and `--max-restarts=0`, one node's worker
-//!   (`benches/fail_worker.py`) exits 7 after its first step; the others either fail on their
-//!   broken connections as gloo's do (*peers break*) or block as ranks in a collective with a
-//!   dead peer (*peers hold*: only their launcher can end them). From that exit (the worker's
-//!   wall-clock stamp) to each node's launcher exit: the failing node's, the median of the
-//!   others' and the last node's, and how many nodes exited 0, non-zero or not within
-//!   `FAIL_LIMIT`. `rdzv run` on the benchmark's etcd and with `--rdzv-backend=c10d`, and
-//!   torchrun with both backends.
+//! - *failed*: on a job of `--nnodes=N` and `--max-restarts=0`, one node's worker (the same
+//!   `peer_worker.py`, told by `PEER_WORKER_STAMP`) exits 7 after its first step; the others either
+//!   fail on their broken connections as gloo's do (*peers break*) or block as ranks in a
+//!   collective with a dead peer (*peers hold*: only their launcher can end them). From that exit
+//!   (the worker's wall-clock stamp) to each node's launcher exit: the failing node's, the median
+//!   of the others' and the last node's, and how many nodes exited 0, non-zero or not within
+//!   `FAIL_LIMIT`. `rdzv run` on the benchmark's etcd and with `--rdzv-backend=c10d`, and torchrun
+//!   with both backends.
 //!
-//! - *signal*: on a job of `--nnodes=N` with two workers per node (`benches/signal_worker.py`,
-//!   which notes the wall-clock time a signal reaches it), SIGINT, and in other runs SIGTERM,
-//!   to the last node's launcher process alone. That is what a terminal's Ctrl-C reaches: it
-//!   signals the foreground process group, and both launchers start their workers in sessions
-//!   of their own, so only the launcher gets it and must forward it. From the kill to each of
-//!   that node's workers receiving the signal (the median and the slowest of the two) and to
-//!   its launcher's exit, with its exit code; `rdzv run` and torchrun on the same backends as
-//!   *failed*. N = 1 is a terminal's single-node job.
+//! - *signal*: on a job of `--nnodes=N` with two workers per node
+//!   (`benches/workers/signal_worker.py`, which notes the wall-clock time a signal reaches it),
+//!   SIGINT, and in other runs SIGTERM, to the last node's launcher process alone. That is what
+//!   a terminal's Ctrl-C reaches: it signals the foreground process group, and both launchers
+//!   start their workers in sessions of their own, so only the launcher gets it and must
+//!   forward it. From the kill to each of that node's workers receiving the signal (the median
+//!   and the slowest of the two) and to its launcher's exit, with its exit code; `rdzv run` and
+//!   torchrun on the same backends as *failed*. N = 1 is a terminal's single-node job.
 //!
 //! - *hang*: on a job of `--nnodes=N`, one gloo worker per node, one rank hangs once; from the
 //!   hang to every rank of the next attempt past its first all_reduce, and where that time
@@ -57,6 +57,7 @@
 //! rdzv-cli -p rdzv-bench --bin rdzv --bin bench_launcher && target/release/bench_launcher
 //! HOST:PORT [--case NAME] [N ...]`.
 
+use rdzv_bench::stats::{median, median_or_none, millis};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
@@ -64,7 +65,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
-#[path = "launcher/hang.rs"]
 mod hang;
 
 const LAST_CALL: u64 = 1;
@@ -215,14 +215,9 @@ fn worker() -> &'static str {
     )
 }
 
-/// The worker of the failed case.
-fn fail_worker() -> &'static str {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/fail_worker.py")
-}
-
 /// The worker of the signal case.
 fn signal_worker() -> &'static str {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/signal_worker.py")
+    concat!(env!("CARGO_MANIFEST_DIR"), "/workers/signal_worker.py")
 }
 
 /// The command that starts node `i` of `kind` in a job of `target.min_nodes` to N nodes.
@@ -308,9 +303,9 @@ fn node_command(kind: Kind, target: &Target, n: usize, i: usize) -> Command {
     c.env("PEER_WORKER_DONE", &target.done)
         .env("PEER_WORKER_LIFETIME", "300");
     if let Some(f) = &target.failing {
-        c.env("FAIL_WORKER_PEERS", f.peers);
+        c.env("PEER_WORKER_PEERS", f.peers);
         if i == f.node {
-            c.env("FAIL_WORKER_STAMP", &f.stamp);
+            c.env("PEER_WORKER_STAMP", &f.stamp);
         }
     }
     if let Some(dir) = &target.signals {
@@ -346,7 +341,7 @@ struct Target {
     failing: Option<Failing>,
     /// The signal case: the run's directory, where each node's workers write (`signal_dir`).
     signals: Option<PathBuf>,
-    /// The hang case: the run's directory, where the workers write (`benches/hang_worker.py`).
+    /// The hang case: the run's directory, where the workers write (`workers/hang_worker.py`).
     hang: Option<PathBuf>,
     /// What runs the worker script: `python3`, or an environment's python.
     interpreter: PathBuf,
@@ -359,7 +354,7 @@ struct Failing {
     node: usize,
     /// Where that worker writes the wall-clock time of its exit.
     stamp: PathBuf,
-    /// `hold` or `break` (`benches/fail_worker.py`).
+    /// `hold` or `break` (`PEER_WORKER_PEERS` of `tests/frameworks/peer_worker.py`).
     peers: &'static str,
 }
 
@@ -740,12 +735,6 @@ fn failed_times(exits: &[Exit], failing: usize) -> [Option<Duration>; 3] {
     ]
 }
 
-/// The median, a `None` (never happened) counting as longer than any time.
-fn median_or_none(mut v: Vec<Option<Duration>>) -> Option<Duration> {
-    v.sort_by_key(|d| d.unwrap_or(Duration::MAX));
-    v[v.len() / 2]
-}
-
 /// The failed case for one launcher and node count: medians over `RUNS` runs.
 fn failed_case(kind: Kind, case: Case, n: usize, make: &dyn Fn(usize) -> Target) {
     let mut runs = Vec::new();
@@ -768,7 +757,9 @@ fn failed_case(kind: Kind, case: Case, n: usize, make: &dyn Fn(usize) -> Target)
     }
     let column = |k: usize| {
         let v = median_or_none(runs.iter().map(|(t, _)| t[k]).collect());
-        v.map_or(format!("none in {} s", FAIL_LIMIT.as_secs()), ms)
+        v.map_or(format!("none in {} s", FAIL_LIMIT.as_secs()), |d| {
+            millis(d, 0)
+        })
     };
     let mut codes = std::collections::BTreeMap::new();
     for e in runs.iter().flat_map(|(_, exits)| exits) {
@@ -919,10 +910,9 @@ fn signal_case(kind: Kind, case: Case, n: usize, make: &dyn Fn(usize) -> Target)
         return;
     }
     let none = format!("none in {} s", SIGNAL_LIMIT.as_secs());
-    let show = |d: Option<Duration>| d.map_or(none.clone(), ms);
+    let show = |d: Option<Duration>| d.map_or(none.clone(), |d| millis(d, 0));
     // A signal reaches a worker in about a millisecond: tenths, for those columns.
-    let tenths =
-        |d: Option<Duration>| d.map_or(none.clone(), |d| format!("{:.1}", d.as_secs_f64() * 1e3));
+    let tenths = |d: Option<Duration>| d.map_or(none.clone(), |d| millis(d, 1));
     // Per run: the median of the node's workers (of two, their mean) and the slowest.
     let middle = |r: &SignalRun| {
         let mut v = r.workers.clone();
@@ -982,21 +972,12 @@ fn member_of_rank(url: &str, rank: u32) -> String {
         .to_string()
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.0}", d.as_secs_f64() * 1e3)
 }
 
 fn main() {
@@ -1082,10 +1063,9 @@ fn main() {
             min_nodes,
             max_restarts: if failing.is_some() { 0 } else { 3 },
             nproc: if signals.is_some() { 2 } else { 1 },
-            worker: match (&failing, &signals, &hang) {
-                (Some(_), _, _) => fail_worker(),
-                (_, Some(_), _) => signal_worker(),
-                (_, _, Some(_)) => hang::worker(),
+            worker: match (&signals, &hang) {
+                (Some(_), _) => signal_worker(),
+                (_, Some(_)) => hang::worker(),
                 _ => worker(),
             },
             failing,
@@ -1246,11 +1226,16 @@ fn recovery_table(
                 let got: Vec<Recovery> = recovery.iter().flatten().copied().collect();
                 let (round, started, step, restarts) = if got.len() == recovery.len() {
                     let formed: Option<Vec<Duration>> = got.iter().map(|r| r.0).collect();
-                    let round = formed.map_or("-".into(), |f| ms(median(f)));
+                    let round = formed.map_or("-".into(), |f| millis(median(f), 0));
                     let started = median(got.iter().map(|r| r.1).collect());
                     let step = median(got.iter().map(|r| r.2).collect());
                     let spent = got.iter().map(|r| r.3).max().unwrap_or(0);
-                    (round, ms(started), ms(step), spent.to_string())
+                    (
+                        round,
+                        millis(started, 0),
+                        millis(step, 0),
+                        spent.to_string(),
+                    )
                 } else {
                     let none = format!("none in {} s", RECOVERY_LIMIT.as_secs());
                     (none, "-".into(), "-".into(), "-".into())
@@ -1258,7 +1243,7 @@ fn recovery_table(
                 println!(
                     "{n:>5}  {:<23} {:>11}  {:<17} {round:>10}  {started:>11}  {step:>9}  {restarts:>8}",
                     kind.name(),
-                    ms(median(launch)),
+                    millis(median(launch), 0),
                     case.name()
                 );
             }

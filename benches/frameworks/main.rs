@@ -24,6 +24,7 @@
 //! scripts/jax-env.sh and scripts/torch-frameworks-env.sh, named by RDZV_JAX_PYTHON and
 //! RDZV_TORCH_FRAMEWORKS_PYTHON.
 
+use rdzv_bench::stats::median;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -323,17 +324,13 @@ fn one_run(
     (Some(first), recovered)
 }
 
-fn median(mut v: Vec<Duration>) -> Option<Duration> {
-    v.sort();
-    v.get(v.len() / 2).copied()
-}
-
 fn show(v: &[Option<Duration>]) -> String {
     let got: Vec<Duration> = v.iter().flatten().copied().collect();
-    match median(got.clone()) {
-        Some(m) if got.len() == v.len() => format!("{:.1}", m.as_secs_f64()),
-        Some(m) => format!("{:.1} ({} of {})", m.as_secs_f64(), got.len(), v.len()),
-        None => "none".to_string(),
+    let (n, m) = (got.len(), median(got).as_secs_f64());
+    match n {
+        0 => "none".to_string(),
+        _ if n == v.len() => format!("{m:.1}"),
+        _ => format!("{m:.1} ({n} of {})", v.len()),
     }
 }
 
