@@ -4,7 +4,7 @@
 //! failure that a member's loss explains: a peer's death breaks this node's workers'
 //! connections, often before the loss is seen. Which comes first, the broken connection or the
 //! loss, is a race (the loss comes within a round trip when the peer's watchdog releases it,
-//! within `lease_ttl` when its machine vanished), so (`verdict`):
+//! within `lease_ttl` when its machine vanished), so (`cost`):
 //! - a loss seen already: no restart spent;
 //! - otherwise, with restarts left: one is spent at once (a real failure is not slowed) and
 //!   refunded when the next round shows that a member of this one was lost (`refund_if_lost`);
@@ -50,7 +50,7 @@ pub struct Charged {
 }
 
 /// What the agent does with a worker failure.
-pub enum Verdict {
+pub enum Cost {
     /// A member of the round was lost: a membership change, no restart spent.
     Loss(String),
     /// A restart was spent; refunded if the next round shows that a member of the round that
@@ -62,15 +62,15 @@ pub enum Verdict {
 }
 
 /// Decides what a worker failure (`why`) costs; the group is stopped already.
-pub async fn verdict<S: Source>(
+pub async fn cost<S: Source>(
     source: &S,
     budget: &mut Budget,
     round: &Round,
     why: &str,
     signals: &mut Signals,
-) -> Verdict {
+) -> Cost {
     if let Some(loss) = source.loss_seen().await {
-        return Verdict::Loss(loss);
+        return Cost::Loss(loss);
     }
     if budget.used < budget.max {
         let members = source.members().await;
@@ -88,16 +88,16 @@ pub async fn verdict<S: Source>(
         // With the job's budget spent (by other nodes' failures), this failure is decided as
         // any with no restart left.
         if spent.is_none_or(|spent| spent <= budget.max) {
-            return Verdict::Charged(members.map(|members| Charged {
+            return Cost::Charged(members.map(|members| Charged {
                 round: round.number,
                 members,
             }));
         }
     }
     match source.wait_for_loss(round, why, signals).await {
-        None => Verdict::Spent,
-        Some(Stop::Changed(why)) => Verdict::Loss(why),
-        Some(stop) => Verdict::Stop(stop),
+        None => Cost::Spent,
+        Some(Stop::Changed(why)) => Cost::Loss(why),
+        Some(stop) => Cost::Stop(stop),
     }
 }
 

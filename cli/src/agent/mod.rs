@@ -32,7 +32,7 @@
 //! Submodules, each using only those listed before it: `signals`, `source` (the trait, rounds,
 //! stops), `connect` (waiting for etcd at start), `failure` (what a failure costs, the
 //! launchers' failure protocol), `barrier` (the exit barrier), `etcd` and `fixed` (the two
-//! sources), `outcome` (`--outcome-file`).
+//! sources), `outcome_file` (`--outcome-file`).
 
 mod signals;
 
@@ -48,7 +48,7 @@ mod etcd;
 
 mod fixed;
 
-mod outcome;
+mod outcome_file;
 
 pub use signals::Signals;
 
@@ -58,24 +58,31 @@ use crate::host::hostname;
 use crate::monitor::hang::{self, HangMonitor, HangNotice, Hung, Learned};
 use crate::monitor::health::{self, Unhealthy};
 use crate::monitor::pace::Meter;
+use crate::monitor::pages::{self, Watched};
 use crate::monitor::progress::NoProgress;
 use crate::monitor::respond::{self, Found, Place};
-use crate::monitor::workers::{self as watched, Watched};
 use crate::output::{self, say};
 use crate::ranks::NodeInfo;
-use crate::settings::rendezvous::Rendezvous as Mode;
+use crate::settings::rendezvous::Venue;
 use crate::settings::RunConfig;
 use crate::workers::env::{coordinator_port, GroupSpec};
 use crate::workers::logs::LogPlan;
 use crate::workers::report::{self, Failure};
 use crate::workers::Group;
-use failure::{Budget, Charged, Verdict};
+use failure::{Budget, Charged, Cost};
 use source::{Exchanged, Round, Source, Stop};
 
-/// How a running group ended.
+/// How a running group ended: every worker succeeded, one failed, or something beside the
+/// group ended it (`Event`).
 enum Outcome {
     Succeeded,
     Failed,
+    Event(Event),
+}
+
+/// What ends a running group from beside it: a stop (a signal, the membership, the run, a
+/// failure elsewhere: `watch`) or what a monitor found.
+enum Event {
     Stop(Stop),
     /// A worker of this node made no progress for longer than its timeout.
     Hung(Hung),
@@ -90,20 +97,12 @@ impl Outcome {
         match self {
             Outcome::Succeeded => "every worker succeeded",
             Outcome::Failed => "a worker failed",
-            Outcome::Stop(_) => "stopped from outside the group",
-            Outcome::Hung(_) => "a worker of this node hung",
-            Outcome::PeerHung(_) => "another node found a hang",
-            Outcome::Unhealthy(_) => "this node's health check failed",
+            Outcome::Event(Event::Stop(_)) => "stopped from outside the group",
+            Outcome::Event(Event::Hung(_)) => "a worker of this node hung",
+            Outcome::Event(Event::PeerHung(_)) => "another node found a hang",
+            Outcome::Event(Event::Unhealthy(_)) => "this node's health check failed",
         }
     }
-}
-
-/// What the monitors beside a running group found first (`watch`).
-enum Event {
-    Stop(Stop),
-    Hung(Hung),
-    PeerHung(HangNotice),
-    Unhealthy(Unhealthy),
 }
 
 /// What one round leaves for the next.
@@ -125,7 +124,7 @@ pub struct Agent {
     /// The failure report named an error file (in the log directory, which is then kept).
     reported_error_file: bool,
     /// What `--outcome-file` will say.
-    outcome: outcome::Outcome,
+    outcome: outcome_file::OutcomeFile,
     /// `--numa-binding`: the CPUs of each local rank (empty: no binding).
     cpu_binding: Vec<Cpus>,
     /// What `--hang-timeout auto` learned in earlier attempts (smoothed).
@@ -169,7 +168,7 @@ impl Agent {
             temporary_logs,
             extra_env,
             reported_error_file: false,
-            outcome: outcome::Outcome::default(),
+            outcome: outcome_file::OutcomeFile::default(),
             cpu_binding,
             learned: Learned::default(),
             no_progress: NoProgress::default(),
@@ -179,7 +178,7 @@ impl Agent {
     /// Runs the job to its end and returns the launcher's exit status.
     pub async fn run(mut self, signals: &mut Signals) -> Exit {
         let exit = match self.cfg.rendezvous.clone() {
-            Mode::Etcd(params) => {
+            Venue::Etcd(params) => {
                 let (watchdog, interval) = (self.cfg.watchdog, self.cfg.monitor_interval);
                 match etcd::Etcd::connect(*params, watchdog, interval, signals).await {
                     Ok(mut source) => {
@@ -190,7 +189,7 @@ impl Agent {
                     Err(exit) => exit,
                 }
             }
-            Mode::Static(layout) => {
+            Venue::Static(layout) => {
                 let mut source = fixed::Fixed::new(layout);
                 self.rounds(&mut source, signals).await
             }
@@ -316,7 +315,7 @@ impl Agent {
             output::error(e);
             Exit::Failure
         })?;
-        let watched = watched::watch(&group);
+        let watched = pages::watch(&group);
         self.outcome.ranks = workers
             .iter()
             .map(|w| (w.local_rank, w.global_rank))
@@ -342,7 +341,7 @@ impl Agent {
                 self.after_failure(source, &mut group, &watched, &round, carried, signals)
                     .await
             }
-            Outcome::Hung(hung) => {
+            Outcome::Event(Event::Hung(hung)) => {
                 let first = self
                     .after_hang(source, &mut group, &watched, &round, hung, signals)
                     .await?;
@@ -353,13 +352,13 @@ impl Agent {
                 self.after_failure(source, &mut group, &watched, &round, carried, signals)
                     .await
             }
-            Outcome::PeerHung(what) => {
+            Outcome::Event(Event::PeerHung(what)) => {
                 self.after_peer_hang(source, &mut group, &watched, &round, what, signals)
                     .await?;
                 carried.failed = None;
                 Ok(())
             }
-            Outcome::Unhealthy(Unhealthy(why)) => {
+            Outcome::Event(Event::Unhealthy(Unhealthy(why))) => {
                 output::error(format_args!(
                     "{why}: draining this node so that the others re-form without it"
                 ));
@@ -373,7 +372,9 @@ impl Agent {
                 self.stop_group(&mut group, libc::SIGTERM, signals).await?;
                 Err(Exit::Failure)
             }
-            Outcome::Stop(stop) => self.stop_for(&mut group, stop, carried, signals).await,
+            Outcome::Event(Event::Stop(stop)) => {
+                self.stop_for(&mut group, stop, carried, signals).await
+            }
         }
     }
 
@@ -499,13 +500,8 @@ impl Agent {
                         return Outcome::Succeeded;
                     }
                 }
-                event = &mut watch => return match event {
-                    Event::Stop(stop) => Outcome::Stop(stop),
-                    Event::Hung(hung) => Outcome::Hung(hung),
-                    Event::PeerHung(what) => Outcome::PeerHung(what),
-                    Event::Unhealthy(why) => Outcome::Unhealthy(why),
-                },
-                sig = signals.recv() => return Outcome::Stop(Stop::Signal(sig)),
+                event = &mut watch => return Outcome::Event(event),
+                sig = signals.recv() => return Outcome::Event(Event::Stop(Stop::Signal(sig))),
             }
         }
     }
@@ -536,8 +532,8 @@ impl Agent {
                 return Err(Exit::Failure);
             }
         }
-        match failure::verdict(source, &mut self.restarts, round, &why, signals).await {
-            Verdict::Loss(why) => {
+        match failure::cost(source, &mut self.restarts, round, &why, signals).await {
+            Cost::Loss(why) => {
                 say(format_args!(
                     "rank {} failed and {why}: a membership change, forming a new round (no restart spent)",
                     failures[0].global_rank
@@ -545,7 +541,7 @@ impl Agent {
                 carried.failed = None;
                 return Ok(());
             }
-            Verdict::Charged(members) => {
+            Cost::Charged(members) => {
                 say(format_args!(
                     "restarting the worker group (restart {} of {}) after rank {} failed",
                     self.restarts.used, self.restarts.max, failures[0].global_rank
@@ -555,10 +551,10 @@ impl Agent {
                 carried.failed = Some(failures);
                 return Ok(());
             }
-            Verdict::Stop(stop @ (Stop::Signal(_) | Stop::Drained)) => {
+            Cost::Stop(stop @ (Stop::Signal(_) | Stop::Drained)) => {
                 return Err(self.stopped(stop, None))
             }
-            Verdict::Stop(_) | Verdict::Spent => {}
+            Cost::Stop(_) | Cost::Spent => {}
         }
         say(format_args!(
             "restart budget spent ({} of {} restarts used): the job failed{}",

@@ -22,14 +22,14 @@ use std::time::UNIX_EPOCH;
 
 /// What the outcome file will say, filled in as the job goes.
 #[derive(Default)]
-pub struct Outcome {
+pub struct OutcomeFile {
     /// (local rank, global rank) of the last group's workers.
     pub ranks: Vec<(u32, u32)>,
     /// The reported failures, as the file gives them.
     pub failures: Vec<Value>,
 }
 
-impl Outcome {
+impl OutcomeFile {
     /// Keeps the failures a report named.
     pub fn failed(&mut self, failures: &[Failure]) {
         self.failures = failures.iter().map(failure).collect();
@@ -91,9 +91,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rdzv-outcome-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("outcome.json");
-        let mut o = Outcome {
+        let mut o = OutcomeFile {
             ranks: vec![(0, 4), (1, 5)],
-            ..Outcome::default()
+            ..OutcomeFile::default()
         };
         o.failed(&[Failure {
             global_rank: 5,

@@ -7,7 +7,7 @@
 //! - the kernel's view of every thread (`/proc/PID/task/*`: state and wait channel), for any
 //!   worker in any language.
 
-use super::workers::{state_letter, Watched};
+use super::pages::{state_letter, Watched};
 use crate::workers::env::flight_recorder_prefix;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

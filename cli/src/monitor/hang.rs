@@ -29,8 +29,8 @@
 //! launcher names the suspect (`verdict`), and with where its evidence went
 //! (`EVIDENCE/{node rank}`), so the hang's note names every node's.
 
+use super::pages::Watched;
 use super::verdict::WorkerProgress;
-use super::workers::Watched;
 use crate::args::monitor::Timeout;
 use crate::output::say;
 use crate::settings::monitor::MonitorConfig;

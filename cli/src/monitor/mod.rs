@@ -6,8 +6,8 @@
 //! hang to `respond`.
 //!
 //! Submodules, each using only those listed before it: `verdict` (what a worker's progress
-//! looks like to other nodes, and suspect versus victims across nodes), `workers` (the group's
-//! pages as the monitors read them), `evidence` (a hung worker's stacks and the kernel's view
+//! looks like to other nodes, and suspect versus victims across nodes), `pages` (the group's
+//! progress pages as the monitors read them), `evidence` (a hung worker's stacks and the kernel's view
 //! of every worker), `hang` (timeouts given or learned, job-wide; detecting a hang; the
 //! launchers' hang protocol), `respond` (what a node does once a hang is found, on
 //! either side of that protocol), `progress` (the no-progress restart count), `pace` (each node's
@@ -15,7 +15,7 @@
 
 pub mod verdict;
 
-pub mod workers;
+pub mod pages;
 
 pub mod evidence;
 

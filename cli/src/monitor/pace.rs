@@ -3,7 +3,7 @@
 //! fifth since the last one, at most once per `--pace-interval`. A steady job writes nothing
 //! after its first notes; `rdzv status` flags the nodes much slower than the median.
 
-use super::workers::Watched;
+use super::pages::Watched;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

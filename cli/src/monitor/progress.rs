@@ -10,7 +10,7 @@
 //! to show it). The count is this launcher's: every node's workers reach the same steps, so
 //! the nodes agree, and the first node to stop fails the job everywhere.
 
-use super::workers::Watched;
+use super::pages::Watched;
 use rdzv::progress::WARMUP_BEATS;
 
 /// Restarts without progress so far, and the best step reached.

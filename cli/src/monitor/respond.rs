@@ -8,8 +8,8 @@
 
 use super::evidence;
 use super::hang::{self, HangNotice, Hung};
+use super::pages::Watched;
 use super::verdict::{self, Verdict, WorkerProgress};
-use super::workers::Watched;
 use crate::exit::Exit;
 use crate::output::{self, say};
 use rdzv::Store;
@@ -28,7 +28,7 @@ pub struct Place<'a> {
 /// How a hang this node found ended here.
 pub enum Found {
     /// This node announced it first: what `rdzv status` shows of it.
-    First(HangNote),
+    First(Box<HangNote>),
     /// Another node had announced a hang first (a victim timed out here too): answer it as a
     /// peer does (`answer`).
     Second(HangNotice),
@@ -113,13 +113,13 @@ pub async fn found(
     for (w, e) in workers.iter().zip(&evidence) {
         evidence::say(w, e);
     }
-    Ok(Found::First(HangNote {
+    Ok(Found::First(Box::new(HangNote {
         round: place.round,
         found_by: place.host.to_string(),
         hung: hung.describe(),
         evidence: evidence_by_rank,
         verdict,
-    }))
+    })))
 }
 
 /// Another node found a hung worker (`what`): answers with this node's workers' progress,

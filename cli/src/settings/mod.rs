@@ -24,14 +24,14 @@ use crate::host::numa::Policy;
 use crate::host::{accelerators, cpus};
 use monitor::MonitorConfig;
 use program::Program;
-use rendezvous::{C10d, Rendezvous};
+use rendezvous::{C10d, Venue};
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// A checked `rdzv run` invocation.
 #[derive(Debug)]
 pub struct RunConfig {
-    pub rendezvous: Rendezvous,
+    pub rendezvous: Venue,
     /// The run id workers see (TORCHELASTIC_RUN_ID).
     pub run_id: String,
     pub nproc_per_node: u32,
@@ -101,7 +101,7 @@ impl RunConfig {
                 a.event_log_handler
             ));
         }
-        if let (Framework::Jax, Rendezvous::Static(s)) = (a.framework, &rendezvous) {
+        if let (Framework::Jax, Venue::Static(s)) = (a.framework, &rendezvous) {
             if s.nnodes > 1 {
                 return Err(usage(
                     "--framework=jax: needs a rendezvous (--rdzv-endpoint) for more than one node",
@@ -109,14 +109,14 @@ impl RunConfig {
             }
         }
         let run_id = match &rendezvous {
-            Rendezvous::Etcd(p) => p.run_id().to_string(),
+            Venue::Etcd(p) => p.run_id().to_string(),
             // torchrun's standalone mode makes up a run id too (unless one is given).
-            Rendezvous::Static(s)
+            Venue::Static(s)
                 if s.standalone && (a.standalone || a.rdzv_flags.rdzv_id == "none") =>
             {
                 format!("standalone-{:016x}", crate::host::random_u64())
             }
-            Rendezvous::Static(_) => a.rdzv_flags.rdzv_id.clone(),
+            Venue::Static(_) => a.rdzv_flags.rdzv_id.clone(),
         };
         Ok(RunConfig {
             rendezvous,
@@ -250,8 +250,8 @@ mod tests {
     #[test]
     fn static_backend_needs_a_fixed_node_count_and_a_rank_inside_it() {
         let fixed = |args: &[&str]| match cfg(args).unwrap().rendezvous {
-            Rendezvous::Static(s) => s,
-            Rendezvous::Etcd(_) => panic!("{args:?}: not static"),
+            Venue::Static(s) => s,
+            Venue::Etcd(_) => panic!("{args:?}: not static"),
         };
         let s = fixed(&[
             "--nnodes=2",
@@ -284,7 +284,7 @@ mod tests {
             "--rdzv-id=j",
         ]);
         let one = one.unwrap();
-        assert!(matches!(&one.rendezvous, Rendezvous::Static(s) if s.standalone));
+        assert!(matches!(&one.rendezvous, Venue::Static(s) if s.standalone));
         assert_eq!(one.run_id, "j", "a given run id is kept");
         assert!(one.c10d.is_none(), "no etcd is served");
         let two = cfg(&[
@@ -313,7 +313,7 @@ mod tests {
                 conf,
             ])
             .unwrap();
-            let Rendezvous::Etcd(p) = c.rendezvous else {
+            let Venue::Etcd(p) = c.rendezvous else {
                 panic!("{conf}: not on etcd")
             };
             (p.lease_ttl(), c.c10d.and_then(|c| c.is_host))

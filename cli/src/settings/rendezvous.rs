@@ -10,7 +10,7 @@ use rdzv::Params;
 
 /// Where the rendezvous happens.
 #[derive(Debug, Clone)]
-pub enum Rendezvous {
+pub enum Venue {
     /// On etcd, with these parameters.
     Etcd(Box<Params>),
     /// No etcd: a fixed layout (`--standalone`, or torchrun's static backend).
@@ -53,10 +53,7 @@ pub struct C10d {
 
 /// The rendezvous the flags ask for, and the c10d endpoint to serve if any. Notes on accepted
 /// aliases and defaults taken go to `notes`.
-pub fn from_args(
-    a: &RunArgs,
-    notes: &mut Vec<String>,
-) -> Result<(Rendezvous, Option<C10d>), Usage> {
+pub fn from_args(a: &RunArgs, notes: &mut Vec<String>) -> Result<(Venue, Option<C10d>), Usage> {
     let max_nodes = a.nnodes.max;
     let endpoint = a.rdzv_flags.rdzv_endpoint.as_deref();
     let static_flags = a.node_rank.is_some() || a.master_addr.is_some() || a.master_port.is_some();
@@ -105,7 +102,7 @@ pub fn from_args(
         }
         (url, endpoint, false) => return on_etcd(a, url.as_deref(), endpoint, notes),
     };
-    Ok((Rendezvous::Static(fixed), None))
+    Ok((Venue::Static(fixed), None))
 }
 
 /// The etcd rendezvous: from `--rdzv` or `--rdzv-endpoint`/`--rdzv-id`, then `--rdzv-conf`
@@ -115,7 +112,7 @@ fn on_etcd(
     url: Option<&str>,
     endpoint: Option<&str>,
     notes: &mut Vec<String>,
-) -> Result<(Rendezvous, Option<C10d>), Usage> {
+) -> Result<(Venue, Option<C10d>), Usage> {
     let (min_nodes, max_nodes) = (a.nnodes.min, a.nnodes.max);
     match a.rdzv_backend {
         Backend::EtcdV3 | Backend::C10d => {}
@@ -196,7 +193,7 @@ fn on_etcd(
                 .into(),
         );
     }
-    Ok((Rendezvous::Etcd(Box::new(params)), serve))
+    Ok((Venue::Etcd(Box::new(params)), serve))
 }
 
 /// torchrun's static backend: a fixed --nnodes, this node's --node-rank, and rank 0's address

@@ -3,14 +3,14 @@
 //! "launch configs" block, under torch's names, so that a user who compares the two logs finds
 //! the same lines.
 
-use super::rendezvous::Rendezvous;
+use super::rendezvous::Venue;
 use super::RunConfig;
 
 impl RunConfig {
     /// torchrun's banner for `--standalone` (the run id and endpoint it made up); `None` for a
     /// rendezvous the user named.
     pub fn standalone_banner(&self) -> Option<Vec<String>> {
-        let Rendezvous::Static(s) = &self.rendezvous else {
+        let Venue::Static(s) = &self.rendezvous else {
             return None;
         };
         if !s.standalone {
@@ -33,7 +33,7 @@ impl RunConfig {
     /// The launch settings, one `name : value` line each, under torch's names where it has one.
     pub fn launch_lines(&self) -> Vec<String> {
         let (backend, endpoint, min_nodes, max_nodes, configs) = match &self.rendezvous {
-            Rendezvous::Etcd(p) => (
+            Venue::Etcd(p) => (
                 p.backend().to_string(),
                 p.endpoints().join(","),
                 p.min_nodes(),
@@ -45,7 +45,7 @@ impl RunConfig {
                     p.lease_ttl()
                 ),
             ),
-            Rendezvous::Static(s) => (
+            Venue::Static(s) => (
                 "static".into(),
                 format!("{}:{}", s.master_addr, s.master_port.unwrap_or(0)),
                 s.nnodes,
