@@ -12,7 +12,7 @@ pub use etcd::*;
 #[allow(unused_imports)]
 pub use netns::NetNs;
 #[allow(unused_imports)]
-pub use slow_proxy::SlowProxy;
+pub use slow_proxy::{Hold, SlowProxy};
 
 use std::path::PathBuf;
 use std::process::Child;

@@ -68,6 +68,55 @@ impl SlowProxy {
         })
     }
 
+    /// Holds back the first request whose gRPC message contains `pattern`, once `arm`ed: the
+    /// frame that carries it, and everything after it on that connection, wait until
+    /// `release`, as the network buffers a write of a process paused (SIGSTOP) just after it
+    /// sent it. `holding` says when it has one; `answer` is etcd's answer to it once it came.
+    pub fn hold(target_port: u16, pattern: Vec<u8>) -> (SlowProxy, Hold) {
+        let hold = Hold::default();
+        let proxy = {
+            let hold = hold.clone();
+            SlowProxy::serve(
+                target_port,
+                Arc::new(AtomicBool::new(false)),
+                move |client, etcd| {
+                    let (to_etcd, from_client) =
+                        (etcd.try_clone().unwrap(), client.try_clone().unwrap());
+                    let (asking, answering, pattern) =
+                        (hold.clone(), hold.clone(), pattern.clone());
+                    std::thread::spawn(move || {
+                        forward_frames(from_client, to_etcd, true, |id, kind, payload| {
+                            let mut s = asking.0.state.lock().unwrap();
+                            if s.armed
+                                && s.stream.is_none()
+                                && kind == 0
+                                && payload.windows(pattern.len()).any(|w| w == &pattern[..])
+                            {
+                                s.stream = Some(id);
+                                asking.0.changed.notify_all();
+                                while !s.released {
+                                    s = asking.0.changed.wait(s).unwrap();
+                                }
+                            }
+                            true
+                        })
+                    });
+                    std::thread::spawn(move || {
+                        forward_frames(etcd, client, false, |id, kind, payload| {
+                            let mut s = answering.0.state.lock().unwrap();
+                            if kind == 0 && s.stream == Some(id) && s.answer.is_none() {
+                                s.answer = Some(payload.to_vec());
+                                answering.0.changed.notify_all();
+                            }
+                            true
+                        })
+                    });
+                },
+            )
+        };
+        (proxy, hold)
+    }
+
     /// How protobuf encodes the start of an etcd `Compare` on `key` with `target` (1: its
     /// creation revision, 2: its modification revision), for `lose_answer_to`'s pattern: the
     /// guard that singles out one kind of request.
@@ -120,6 +169,60 @@ impl SlowProxy {
 
     pub fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+}
+
+/// `SlowProxy::hold`'s request: armed, seen (its stream), released, answered.
+#[derive(Clone, Default)]
+pub struct Hold(Arc<Shared>);
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<Held>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct Held {
+    armed: bool,
+    stream: Option<u32>,
+    released: bool,
+    answer: Option<Vec<u8>>,
+}
+
+impl Hold {
+    /// Holds the next request that matches, from now on.
+    pub fn arm(&self) {
+        self.0.state.lock().unwrap().armed = true;
+    }
+
+    /// Waits up to `within` for a request to be held; whether one is.
+    pub fn holding(&self, within: Duration) -> bool {
+        let s = self.0.state.lock().unwrap();
+        let (s, _) = self
+            .0
+            .changed
+            .wait_timeout_while(s, within, |s| s.stream.is_none())
+            .unwrap();
+        s.stream.is_some()
+    }
+
+    /// Lets the held request (and what followed it) go on to etcd.
+    pub fn release(&self) {
+        self.0.state.lock().unwrap().released = true;
+        self.0.changed.notify_all();
+    }
+
+    /// etcd's answer to the held request (its DATA frame's payload: the gRPC message with its
+    /// 5-byte prefix), waited for up to `within`.
+    pub fn answer(&self, within: Duration) -> Option<Vec<u8>> {
+        let s = self.0.state.lock().unwrap();
+        let (s, _) = self
+            .0
+            .changed
+            .wait_timeout_while(s, within, |s| s.answer.is_none())
+            .unwrap();
+        s.answer.clone()
     }
 }
 

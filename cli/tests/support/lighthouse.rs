@@ -306,3 +306,143 @@ pub fn ids(q: &Quorum) -> Vec<String> {
         .map(|p| p.replica_id.clone())
         .collect()
 }
+
+/// What a lighthouse's /status page says it is, or `None` when it does not answer within
+/// 500 ms (a paused process).
+pub fn role(address: &str) -> Option<&'static str> {
+    use std::io::{Read, Write};
+    let host = address.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    s.write_all(
+        format!("GET /status HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .ok()?;
+    let mut page = String::new();
+    s.read_to_string(&mut page).ok()?;
+    if page.contains("Role: leader") {
+        Some("leader")
+    } else if page.contains("Role: follower") {
+        Some("follower")
+    } else {
+        None
+    }
+}
+
+/// One job's lighthouse keys in etcd, read directly (not through the lighthouses).
+pub struct JobKeys {
+    client: etcd_client::Client,
+    base: String,
+}
+
+impl JobKeys {
+    pub async fn connect(endpoint: &str, job: &str) -> JobKeys {
+        let client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .expect("the harness etcd");
+        JobKeys {
+            client,
+            base: format!("/rdzv/{job}/"),
+        }
+    }
+
+    /// A key of the job (`elect/lighthouse/leader`, `store/notes/lighthouse`): its value and
+    /// its modification revision.
+    /// Retried for up to 5 s (a member answers nothing while etcd elects its leader).
+    pub async fn get(&mut self, key: &str) -> Option<(String, i64)> {
+        let give_up = Instant::now() + Duration::from_secs(5);
+        let got = loop {
+            match self.client.get(format!("{}{key}", self.base), None).await {
+                Ok(got) => break got,
+                Err(e) if Instant::now() < give_up => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("no read of etcd within 5 s: {e}"),
+            }
+        };
+        got.kvs().first().map(|kv| {
+            (
+                String::from_utf8_lossy(kv.value()).into_owned(),
+                kv.mod_revision(),
+            )
+        })
+    }
+
+    /// The address etcd names as the lighthouses' leader.
+    pub async fn leader(&mut self) -> Option<String> {
+        self.get("elect/lighthouse/leader").await.map(|(v, _)| v)
+    }
+}
+
+/// Every 20 ms for `window`: `leader`'s /status says it leads, each of `others` that answers
+/// says it follows, and etcd names `leader`. Panics at the first sample that shows anything
+/// else (a second leader, none, another one in etcd); returns how many samples it took.
+pub async fn one_leader_for(
+    window: Duration,
+    leader: &str,
+    others: &[&str],
+    etcd: &mut JobKeys,
+) -> usize {
+    only_leader_for(window, leader, true, others, etcd).await
+}
+
+/// As `one_leader_for` for a leader that is paused (SIGSTOP): it cannot answer, and until its
+/// lease expires in etcd no other lighthouse may lead.
+pub async fn paused_leader_kept_for(
+    window: Duration,
+    paused: &str,
+    others: &[&str],
+    etcd: &mut JobKeys,
+) -> usize {
+    only_leader_for(window, paused, false, others, etcd).await
+}
+
+async fn only_leader_for(
+    window: Duration,
+    leader: &str,
+    answers: bool,
+    others: &[&str],
+    etcd: &mut JobKeys,
+) -> usize {
+    let deadline = Instant::now() + window;
+    let mut samples = 0;
+    loop {
+        let mut asked: Vec<String> = others.iter().map(|a| a.to_string()).collect();
+        if answers {
+            asked.insert(0, leader.to_string());
+        }
+        let mut roles =
+            tokio::task::spawn_blocking(move || asked.iter().map(|a| role(a)).collect::<Vec<_>>())
+                .await
+                .expect("a look at /status");
+        let named = etcd.leader().await;
+        samples += 1;
+        if answers {
+            let own = roles.remove(0);
+            assert_eq!(
+                own,
+                Some("leader"),
+                "sample {samples}: {leader} does not say it leads (the others: {roles:?}, \
+                 etcd names {named:?})"
+            );
+        }
+        for (other, r) in others.iter().zip(&roles) {
+            assert_ne!(
+                *r,
+                Some("leader"),
+                "sample {samples}: a second leader, {other}, beside {leader} (etcd names \
+                 {named:?})"
+            );
+        }
+        assert_eq!(
+            named.as_deref(),
+            Some(leader),
+            "sample {samples}: etcd names another leader than {leader}"
+        );
+        if Instant::now() >= deadline {
+            return samples;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
