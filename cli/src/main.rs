@@ -6,6 +6,7 @@
 //! - `exit`: exit statuses, the usage error, signal names;
 //! - `output`: every line the command writes;
 //! - `host`: what the machine has (CPUs, accelerators, NUMA, its name);
+//! - `store_wait`: a wait on a round's store until another node sets a key;
 //! - `args`: the command line, each flag parsed into its type;
 //! - `settings`: `rdzv run`'s flags combined and checked into a `RunConfig`;
 //! - `ranks`: worker ranks from a round;
@@ -22,6 +23,8 @@ mod exit;
 mod output;
 
 mod host;
+
+mod store_wait;
 
 mod args;
 

@@ -24,7 +24,7 @@
 use super::signals::Signals;
 use super::source::{Round, Source, Stop};
 use crate::output::say;
-use rdzv::{ErrorKind, Store};
+use rdzv::Store;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,9 +32,6 @@ use std::time::Duration;
 const FAILING: &str = "rdzv/agent/failing";
 const HERE: &str = "rdzv/agent/here";
 const FAILED: &str = "rdzv/agent/failed";
-
-/// A store wait that stands for "until it happens": renewed when it times out.
-const LONG_WAIT: Duration = Duration::from_secs(3600);
 
 /// The restart budget: restarts spent on failures so far (TORCHELASTIC_RESTART_COUNT), of
 /// `--max-restarts`.
@@ -176,13 +173,7 @@ pub async fn answer(store: &Store, group_rank: u32) {
 /// (the run closed: the membership check sees that).
 pub async fn answer_and_await(store: &Store, group_rank: u32) -> Stop {
     let until = |key: &'static str| async move {
-        loop {
-            match store.get(key, Some(LONG_WAIT)).await {
-                Ok(value) => return String::from_utf8_lossy(&value).into_owned(),
-                Err(e) if e.kind() == ErrorKind::Timeout => continue,
-                Err(_) => std::future::pending::<()>().await,
-            }
-        }
+        String::from_utf8_lossy(&crate::store_wait::until_set(store, key).await).into_owned()
     };
     let why = until(FAILING).await;
     say(format_args!(

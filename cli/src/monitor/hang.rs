@@ -52,9 +52,6 @@ const PROGRESS: &str = "rdzv/agent/progress";
 const EVIDENCE: &str = "rdzv/agent/evidence";
 const LEARNED: &str = "rdzv/agent/learned";
 
-/// A store wait that stands for "until it happens": renewed when it times out.
-const LONG_WAIT: Duration = Duration::from_secs(3600);
-
 /// What `auto` learned: the longest heartbeat interval, and each section's longest run.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Learned {
@@ -450,13 +447,7 @@ pub async fn share_progress(store: &Store, group_rank: u32, mine: &[WorkerProgre
 /// Resolves when another launcher announces a hang (`announce`): returns what it said.
 /// Never resolves when the store fails (the membership check sees why).
 pub async fn peer_hung(store: &Store) -> HangNotice {
-    loop {
-        match store.get(HANG, Some(LONG_WAIT)).await {
-            Ok(raw) => return HangNotice::from_bytes(&raw),
-            Err(e) if e.kind() == ErrorKind::Timeout => continue,
-            Err(_) => return std::future::pending().await,
-        }
-    }
+    HangNotice::from_bytes(&crate::store_wait::until_set(store, HANG).await)
 }
 
 /// Reads `{prefix}/{n}` for every node, waiting up to `bound` for all `nodes` to answer;
