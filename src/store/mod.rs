@@ -17,14 +17,23 @@
 //! caller's cancel token. Those, and the wait's deadline, end it whatever etcd is doing: a
 //! read or a watch that etcd does not answer is abandoned (a wait writes nothing, so there is
 //! nothing to undo).
+//!
+//! This file holds the store itself: its limits, the guard every write carries and the writes
+//! that need nothing more. Submodules, each using only those listed before it (and the
+//! store): `read` (reads of one snapshot), `wait` (waits for keys: a read, then a watch),
+//! `add` (the atomic add and its receipts).
+
+mod read;
+
+mod wait;
+
+mod add;
 
 use crate::backend::keys::Keys;
-use crate::backend::{ranges, Etcd, Target, RDZV_MAX_VALUE_BYTES};
-use crate::cancel::{cancelled_by_token, CancelToken, HandleCall, HandleCancel};
+use crate::backend::{ranges, Etcd, RDZV_MAX_VALUE_BYTES};
+use crate::cancel::{CancelToken, HandleCancel};
 use crate::error::{Error, ErrorKind, Result};
-use etcd_client::{Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnResponse};
-use std::collections::HashSet;
-use std::future::Future;
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnResponse};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -36,26 +45,8 @@ pub const RDZV_MAX_KEY_BYTES: usize = 4096;
 /// Longer waits are capped here, so "forever" (e.g. `i64::MAX` ms) cannot overflow a clock.
 pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// How long past its deadline a wait may still be reading: a wait with timeout 0 still reads
-/// once (a key that exists is returned), and a read begun just before the deadline may finish.
-/// An etcd that does not answer ends the wait this long after its deadline.
-const READ_GRACE: Duration = Duration::from_secs(1);
-
-/// Keys a store read asks for in its first transaction, beside the run's state (two reads):
-/// etcd refuses a transaction of more than 128 operations by default (`--max-txn-ops`).
-const READ_KEYS_PER_TXN: usize = 126;
 /// Keys a `multi_set` writes per transaction (its guard's reads are in the other branch).
 const WRITE_KEYS_PER_TXN: usize = 128;
-
-/// A store wait as it was called: see `Store::waiting`.
-struct Waiting<'a> {
-    deadline: Instant,
-    /// As the caller gave it (None: the store's default), for the timeout's message.
-    timeout: Option<Duration>,
-    /// Its hold on the store's own cancel.
-    call: HandleCall<'a>,
-    token: CancelToken,
-}
 
 #[derive(Clone)]
 pub struct Store {
@@ -85,16 +76,6 @@ pub struct Store {
 
 /// The receipts of a node's adds that have returned (`Store::add`).
 pub(crate) type Receipts = Arc<Mutex<Vec<String>>>;
-
-/// At most this many answered receipts are deleted by one add (etcd takes 128 operations in a
-/// transaction); the rest wait for the next.
-const RECEIPTS_PER_ADD: usize = 32;
-
-/// What one read of the store saw.
-struct Read {
-    values: Vec<Option<Vec<u8>>>,
-    closed: bool,
-}
 
 impl Store {
     pub(crate) fn new(
@@ -174,17 +155,6 @@ impl Store {
         *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = timeout.min(MAX_WAIT);
     }
 
-    /// Makes the `get`, `wait` and `multi_get` calls running on this store (or a clone) return
-    /// `Cancelled` or, if none is running, the next one to start (at once). A call is running
-    /// from the moment it is made, before its future is first polled. Never lost: the cancel
-    /// stays pending until a wait has ended with `Cancelled` because of it (waits that start
-    /// meanwhile end too); then it is used up and later waits run normally. Reaches the waits
-    /// only (with or without a token of the caller's); the other calls take a token. Never
-    /// blocks; needs no runtime.
-    pub fn cancel(&self) {
-        self.cancel.cancel();
-    }
-
     fn usable(&self) -> Result<()> {
         match *self.shutdown.borrow() {
             true => Err(self.shut_down()),
@@ -221,18 +191,6 @@ impl Store {
             + self
                 .timeout()
                 .clamp(Duration::from_secs(5), Duration::from_secs(30))
-    }
-
-    /// A wait that starts now: its deadline, and its hold on `cancel` taken at the call, not
-    /// when the wait's future is first polled, so a cancel in between reaches it.
-    fn waiting(&self, timeout: Option<Duration>, token: &CancelToken) -> Waiting<'_> {
-        let waited = timeout.unwrap_or_else(|| self.timeout()).min(MAX_WAIT);
-        Waiting {
-            deadline: Instant::now() + waited,
-            timeout,
-            call: self.cancel.enter(),
-            token: token.clone(),
-        }
     }
 
     /// A put of `value` at `key`, bound to the run's lease.
@@ -342,118 +300,6 @@ impl Store {
         Ok(())
     }
 
-    /// Waits up to `timeout` (or the store's default) for `key` to exist, then returns it.
-    pub fn get<'a>(
-        &'a self,
-        key: &'a str,
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Vec<u8>>> + 'a {
-        self.get_with(key, timeout, &CancelToken::new())
-    }
-
-    /// `get`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it already is.
-    pub fn get_with<'a>(
-        &'a self,
-        key: &'a str,
-        timeout: Option<Duration>,
-        cancel: &CancelToken,
-    ) -> impl Future<Output = Result<Vec<u8>>> + 'a {
-        let waiting = self.waiting(timeout, cancel);
-        async move {
-            let keys = [key];
-            Ok(self
-                .wait_for(&keys, waiting)
-                .await?
-                .pop()
-                .unwrap_or_default())
-        }
-    }
-
-    /// Adds `delta` to the integer at `key` (absent counts as 0) and returns the new value.
-    /// Optimistic: the transaction is guarded by the key's mod revision and, when another node
-    /// got there first, its else branch returns the fresh value, so each retry is one round trip.
-    pub async fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let full = self.key(key)?;
-        // This add's receipt, written with the sum in the add's transaction: when the answer
-        // to a write that took effect is lost, the library sends it again, its guard fails,
-        // and the receipt tells this add's own write from another node's.
-        let receipt = format!("{}{}", self.receipts, crate::util::new_node_id());
-        let answered = {
-            let mut all = self.answered.lock().unwrap_or_else(|e| e.into_inner());
-            let keep = all.len().saturating_sub(RECEIPTS_PER_ADD);
-            all.split_off(keep)
-        };
-        // A cancelled add (its future dropped) loses these from the list: they stay in etcd
-        // until the run ends, as a node's last receipt does.
-        let result = self.add_once(key, &full, delta, &receipt, &answered).await;
-        let mut all = self.answered.lock().unwrap_or_else(|e| e.into_inner());
-        match &result {
-            // The write deleted them: only this add's receipt is left to delete.
-            Ok(_) => all.push(receipt),
-            // Sent or not, deleted or not: deleting again later is harmless, and the receipt
-            // may have been written.
-            Err(_) => all.extend(answered.into_iter().chain([receipt])),
-        }
-        result
-    }
-
-    async fn add_once(
-        &self,
-        key: &str,
-        full: &str,
-        delta: i64,
-        receipt: &str,
-        answered: &[String],
-    ) -> Result<i64> {
-        let deadline = self.op_deadline();
-        let (mut value, mut mod_rev) = (0i64, 0i64);
-        let mut attempt = 0u32;
-        loop {
-            let new = value.checked_add(delta).ok_or_else(|| {
-                Error::invalid(format!(
-                    "add: {value} + {delta} overflows a 64-bit integer at key {key:?}"
-                ))
-            })?;
-            let unchanged = Compare::mod_revision(full, CompareOp::Equal, mod_rev);
-            let sum = new.to_string().into_bytes();
-            let mut writes = vec![
-                self.put(full.to_string(), sum.clone())?,
-                self.put(receipt.to_string(), sum)?,
-            ];
-            writes.extend(answered.iter().map(|r| TxnOp::delete(r.as_str(), None)));
-            let reads = vec![TxnOp::get(full, None), TxnOp::get(receipt, None)];
-            let got = match self
-                .guarded("store add", vec![unchanged], writes, reads)
-                .await?
-            {
-                Ok(_) => return Ok(new),
-                Err(got) => got,
-            };
-            if let Some(mine) = got[1].kvs().first() {
-                // This add's write took effect; the answer that said so was lost.
-                return parse_integer(key, mine.value());
-            }
-            match got[0].kvs().first() {
-                Some(kv) => {
-                    value = parse_integer(key, kv.value())?;
-                    mod_rev = kv.mod_revision();
-                }
-                None => (value, mod_rev) = (0, 0),
-            }
-            // A lost race on the first try is expected (we guessed "absent"); back off only after.
-            if attempt > 0 {
-                let pause = Duration::from_micros(200 << attempt.min(6));
-                tokio::time::sleep(pause.mul_f64(0.5 + crate::util::random_unit())).await;
-            }
-            attempt += 1;
-            if Instant::now() >= deadline {
-                return Err(Error::timeout(format!(
-                    "add: key {key:?} kept changing; gave up"
-                )));
-            }
-        }
-    }
-
     /// c10d's `compare_set`: sets `desired` if the current value is `expected` (or the key is
     /// absent and `expected` is empty) and returns the value the key holds afterwards; when the
     /// key is absent and `expected` is not empty, returns `expected` and changes nothing.
@@ -479,32 +325,6 @@ impl Store {
         }
     }
 
-    /// Waits until every key exists.
-    pub fn wait<'a>(
-        &'a self,
-        keys: &'a [&'a str],
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<()>> + 'a {
-        self.wait_with(keys, timeout, &CancelToken::new())
-    }
-
-    /// `wait`, which also ends (`Cancelled`) once `cancel` is cancelled.
-    pub fn wait_with<'a>(
-        &'a self,
-        keys: &'a [&'a str],
-        timeout: Option<Duration>,
-        cancel: &CancelToken,
-    ) -> impl Future<Output = Result<()>> + 'a {
-        let waiting = self.waiting(timeout, cancel);
-        async move { self.wait_for(keys, waiting).await.map(|_| ()) }
-    }
-
-    /// True if every key exists right now.
-    pub async fn check(&self, keys: &[&str]) -> Result<bool> {
-        let read = self.read(keys, self.op_deadline()).await?;
-        Ok(read.values.iter().all(Option::is_some))
-    }
-
     /// Deletes `key`; true if it existed.
     pub async fn delete_key(&self, key: &str) -> Result<bool> {
         let full = self.key(key)?;
@@ -523,46 +343,6 @@ impl Store {
             .op_responses()
             .iter()
             .any(|op| matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0)))
-    }
-
-    /// Number of keys in this store.
-    pub async fn num_keys(&self) -> Result<i64> {
-        self.usable()?;
-        let count = GetOptions::new().with_count_only();
-        let txn = Txn::new().and_then([
-            TxnOp::get(self.prefix.clone(), Some(count.clone().with_prefix())),
-            self.read_anchor(),
-            TxnOp::get(self.closed.clone(), Some(count)),
-        ]);
-        let resp = self
-            .etcd
-            .txn(self.op_deadline(), "store num_keys", txn)
-            .await?;
-        let got = ranges(&resp);
-        if !self.exists_in(&got[1]) {
-            return Err(self.gone(got[2].count() > 0));
-        }
-        Ok(got[0].count())
-    }
-
-    /// Waits for all keys, then returns their values in order, read at one revision.
-    pub fn multi_get<'a>(
-        &'a self,
-        keys: &'a [&'a str],
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Vec<Vec<u8>>>> + 'a {
-        self.multi_get_with(keys, timeout, &CancelToken::new())
-    }
-
-    /// `multi_get`, which also ends (`Cancelled`) once `cancel` is cancelled.
-    pub fn multi_get_with<'a>(
-        &'a self,
-        keys: &'a [&'a str],
-        timeout: Option<Duration>,
-        cancel: &CancelToken,
-    ) -> impl Future<Output = Result<Vec<Vec<u8>>>> + 'a {
-        let waiting = self.waiting(timeout, cancel);
-        self.wait_for(keys, waiting)
     }
 
     /// Sets every key in one transaction, all or nothing; beyond 128 keys, in one transaction
@@ -647,233 +427,6 @@ impl Store {
             .run("store multi_set", self.multi_set(keys, values))
             .await
     }
-
-    /// Reads keys in one snapshot (each value, None where absent) with the run's state.
-    ///
-    /// etcd refuses a transaction of more than 128 operations (`--max-txn-ops`), so a read of
-    /// more keys is several transactions: the first reads the run's state and the first keys,
-    /// the others read theirs at the first one's revision, so every value is of one snapshot.
-    /// If etcd compacts its history past that revision in between (a shared etcd compacts on
-    /// a schedule), the read starts again at a fresh one.
-    async fn read(&self, keys: &[&str], deadline: Instant) -> Result<Read> {
-        self.usable()?;
-        let full = keys
-            .iter()
-            .map(|k| self.key(k))
-            .collect::<Result<Vec<_>>>()?;
-        loop {
-            match self.read_snapshot(&full, deadline).await {
-                Err(e) if crate::backend::is_compacted(&e) && Instant::now() < deadline => {
-                    tracing::debug!(
-                        keys = full.len(),
-                        "store read: history compacted between its transactions, reading again"
-                    );
-                }
-                other => return other,
-            }
-        }
-    }
-
-    async fn read_snapshot(&self, full: &[String], deadline: Instant) -> Result<Read> {
-        let first = full.len().min(READ_KEYS_PER_TXN);
-        let mut ops: Vec<TxnOp> = full[..first]
-            .iter()
-            .map(|k| TxnOp::get(k.clone(), None))
-            .collect();
-        let count = GetOptions::new().with_count_only();
-        ops.push(self.read_anchor());
-        ops.push(TxnOp::get(self.closed.clone(), Some(count)));
-        let resp = self
-            .etcd
-            .txn(deadline, "store get", Txn::new().and_then(ops))
-            .await?;
-        let got = ranges(&resp);
-        let (anchor, closed) = (&got[first], got[first + 1].count() > 0);
-        if !self.exists_in(anchor) {
-            return Err(self.gone(closed));
-        }
-        let value = |g: &etcd_client::GetResponse| g.kvs().first().map(|kv| kv.value().to_vec());
-        let mut values: Vec<Option<Vec<u8>>> = got[..first].iter().map(value).collect();
-        let revision = resp.header().map_or(0, |h| h.revision());
-        for chunk in full[first..].chunks(READ_KEYS_PER_TXN + 2) {
-            let at = GetOptions::new().with_revision(revision);
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|k| TxnOp::get(k.clone(), Some(at.clone())))
-                .collect();
-            let resp = self
-                .etcd
-                .txn(deadline, "store get", Txn::new().and_then(ops))
-                .await?;
-            values.extend(ranges(&resp).iter().map(value));
-        }
-        Ok(Read { values, closed })
-    }
-
-    /// Read, then watch the store until every missing key appears. Ends early, with the
-    /// matching error, when the keys can no longer appear for this caller: the run was closed
-    /// with keys still missing, the round's (or run's) data was deleted, the node shut down, or
-    /// `cancel`.
-    async fn wait_for(&self, keys: &[&str], waiting: Waiting<'_>) -> Result<Vec<Vec<u8>>> {
-        let started = Instant::now();
-        let call = &waiting.call;
-        let result = self
-            .wait_for_keys(
-                keys,
-                waiting.deadline,
-                waiting.timeout,
-                call.token(),
-                &waiting.token,
-            )
-            .await;
-        call.ended(&result);
-        let who = self.etcd.who();
-        tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
-            run_store = self.is_run_store(), keys = %keys.join(","), waited_ms = started.elapsed().as_millis() as u64,
-            outcome = %result.as_ref().map_or_else(|e| e.to_string(), |_| "found".into()), "store wait ended");
-        result
-    }
-
-    /// Shutdown, `cancel` and the token end the wait in whichever step it is (a read, a
-    /// watch's set-up, the watch), so none of them waits for etcd.
-    async fn wait_for_keys(
-        &self,
-        keys: &[&str],
-        deadline: Instant,
-        timeout: Option<Duration>,
-        cancel: &CancelToken,
-        token: &CancelToken,
-    ) -> Result<Vec<Vec<u8>>> {
-        let by_cancel = || {
-            Error::new(
-                ErrorKind::Cancelled,
-                format!("{}: wait cancelled by rdzv_store_cancel", self.what()),
-            )
-        };
-        let by_token = || cancelled_by_token(&format!("{}: wait", self.what()));
-        if cancel.is_cancelled() {
-            return Err(by_cancel());
-        }
-        if token.is_cancelled() {
-            return Err(by_token());
-        }
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut shutdown = self.shutdown.clone();
-        tokio::select! {
-            found = self.watch_for_keys(keys, deadline, timeout) => found,
-            _ = shutdown.wait_for(|down| *down) => Err(self.shut_down()),
-            _ = cancel.cancelled() => Err(by_cancel()),
-            _ = token.cancelled() => Err(by_token()),
-        }
-    }
-
-    /// Read, then watch until every key exists, the run is closed, or `deadline`. A step that
-    /// etcd does not answer ends by the deadline too: a read `READ_GRACE` after it (a read
-    /// begun before the deadline may still find the keys), a watch's set-up at it.
-    async fn watch_for_keys(
-        &self,
-        keys: &[&str],
-        deadline: Instant,
-        timeout: Option<Duration>,
-    ) -> Result<Vec<Vec<u8>>> {
-        let names = |missing: &HashSet<String>| -> Vec<&str> {
-            keys.iter()
-                .copied()
-                .filter(|k| missing.contains(&format!("{}{k}", self.prefix)))
-                .collect()
-        };
-        let timed_out = |missing: &HashSet<String>| {
-            let waited = timeout.unwrap_or_else(|| self.timeout());
-            Error::timeout(format!(
-                "{}: key(s) {:?} not set within {:.1} s",
-                self.what(),
-                names(missing),
-                waited.as_secs_f64()
-            ))
-        };
-        let targets = [
-            Target::Prefix(self.prefix.clone()),
-            Target::Key(self.closed.clone()),
-            Target::Key(self.anchor.clone()),
-        ];
-        let mut watch = None;
-        loop {
-            // Reads get a normal request deadline even when the wait's is zero.
-            let read_by = self
-                .op_deadline()
-                .min(deadline.max(Instant::now() + READ_GRACE));
-            let read = self.read(keys, read_by).await?;
-            let mut missing = HashSet::new();
-            for (k, v) in keys.iter().zip(&read.values) {
-                if v.is_none() {
-                    missing.insert(self.key(k)?);
-                }
-            }
-            if missing.is_empty() {
-                return Ok(read
-                    .values
-                    .into_iter()
-                    .map(Option::unwrap_or_default)
-                    .collect());
-            }
-            if read.closed {
-                return Err(Error::closed(format!(
-                    "{}: the run was closed while key(s) {:?} were still unset",
-                    self.what(),
-                    names(&missing)
-                )));
-            }
-            if Instant::now() >= deadline {
-                return Err(timed_out(&missing));
-            }
-            // Watch, then read again: a key set between the first read and the watch is seen.
-            let Some(events) = watch.as_mut() else {
-                let watch_by = self.op_deadline().min(deadline);
-                watch = Some(match self.etcd.watch(&targets, watch_by).await {
-                    Ok(opened) => opened,
-                    // Not open by the wait's own deadline (a loaded machine, a slow etcd): the
-                    // wait timed out, as it promises, rather than failing to connect.
-                    Err(_) if Instant::now() >= deadline => return Err(timed_out(&missing)),
-                    Err(e) => return Err(e),
-                });
-                let who = self.etcd.who();
-                tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
-                    run_store = self.is_run_store(), missing = %names(&missing).join(","), "store wait watching");
-                continue;
-            };
-            let intact = loop {
-                let batch = tokio::select! {
-                    e = events.events() => e,
-                    _ = tokio::time::sleep_until(deadline) => return Err(timed_out(&missing)),
-                };
-                let Some(batch) = batch else { break false };
-                let mut reread = false;
-                for ev in batch {
-                    let Some(kv) = ev.kv() else { continue };
-                    let key = String::from_utf8_lossy(kv.key());
-                    match ev.event_type() {
-                        EventType::Put if key == self.closed => reread = true,
-                        // The run's `lease` rewritten: the run started over under another.
-                        EventType::Put if key == self.anchor => reread = true,
-                        EventType::Put => {
-                            missing.remove(key.as_ref());
-                        }
-                        EventType::Delete if key == self.anchor => reread = true,
-                        EventType::Delete => {}
-                    }
-                }
-                // Re-read so every value comes from one revision (a key may have changed).
-                if missing.is_empty() || reread {
-                    break true;
-                }
-            };
-            if !intact {
-                watch = None; // broken (etcd restart, compaction): watch again, read again
-            }
-        }
-    }
 }
 
 fn check_value(key: &str, value: &[u8]) -> Result<()> {
@@ -887,11 +440,4 @@ fn check_value(key: &str, value: &[u8]) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn parse_integer(key: &str, value: &[u8]) -> Result<i64> {
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .ok_or_else(|| Error::invalid(format!("add: the value at key {key:?} is not an integer")))
 }
