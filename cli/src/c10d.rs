@@ -175,20 +175,10 @@ impl Drop for EmbeddedEtcd {
 /// The etcd to serve with: the one beside this command first (the `rdzv[etcd]` extra installs
 /// one into the same environment's bin directory, which need not be on PATH), else PATH's.
 fn find_etcd() -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
     let beside = std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.to_path_buf()));
-    let path = std::env::var_os("PATH");
-    let on_path = path.iter().flat_map(std::env::split_paths);
-    beside
-        .into_iter()
-        .chain(on_path)
-        .map(|dir| dir.join("etcd"))
-        .find(|p| {
-            p.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    crate::host::executable_in("etcd", beside.into_iter().chain(crate::host::path_dirs()))
 }
 
 /// How often the connections of the other nodes are counted while lingering: nothing tells

@@ -1,7 +1,8 @@
 //! What the launcher learns from the machine it runs on, and nothing it decides: its CPUs
 //! (`cpus`), the kernel's files that describe it (`sysfs`, under `RDZV_SYSFS_ROOT` in tests),
 //! its accelerators (`accelerators`: how many for `--nproc-per-node`, which ones for a
-//! binding), the CPUs near each (`numa`, `--numa-binding`), its name and the OS's randomness.
+//! binding), the CPUs near each (`numa`, `--numa-binding`), its name, the programs on its PATH
+//! and the OS's randomness.
 //!
 //! Each submodule uses only those listed before it: cpus, sysfs, accelerators, numa.
 
@@ -10,6 +11,30 @@ pub mod sysfs;
 
 pub mod accelerators;
 pub mod numa;
+
+/// The first runnable file named `name` in `dirs` (an executable regular file).
+pub fn executable_in(
+    name: &str,
+    dirs: impl IntoIterator<Item = std::path::PathBuf>,
+) -> Option<std::path::PathBuf> {
+    dirs.into_iter()
+        .map(|dir| dir.join(name))
+        .find(|p| runnable(p))
+}
+
+/// Whether `path` is a file this process may run.
+pub fn runnable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The directories of PATH, in order (none without PATH).
+pub fn path_dirs() -> Vec<std::path::PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default()
+}
 
 /// This machine's host name (`localhost` if it has none), as the failure report names it.
 pub fn hostname() -> String {

@@ -118,18 +118,11 @@ fn python() -> String {
 }
 
 fn find_executable(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &std::path::Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
     if name.contains('/') {
         let p = PathBuf::from(name);
-        return runnable(&p).then_some(p);
+        return crate::host::runnable(&p).then_some(p);
     }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|p| runnable(p))
+    crate::host::executable_in(name, crate::host::path_dirs())
 }
 
 #[cfg(test)]
