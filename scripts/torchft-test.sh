@@ -12,7 +12,8 @@
 #                                                   benches/bench_lighthouse.py, N = 1 8 64 256
 #        scripts/torchft-test.sh --e2e              a torchft DDP job of two replica groups on
 #                                                   CPU, its lighthouse then etcd's leader killed
-#                                                   mid-run (benches/lighthouse_e2e.py)
+#                                                   once steps were seen (benches/lighthouse_e2e.py);
+#                                                   fails when steps stop after a kill
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/cached-env.sh
@@ -40,8 +41,11 @@ if [ "${1:-}" = --e2e ]; then
   read -r pids endpoints dir < <(scripts/etcd-local.sh --members 3)
   # shellcheck disable=SC2064 # the pids and directory are known now
   trap "kill ${pids//,/ } 2>/dev/null || true; rm -rf '$dir'" EXIT
-  "$python" benches/lighthouse_e2e.py "$target/release/rdzv" "$endpoints" "$pids"
-  exit 0
+  # Its status is the run's: 1 when a group stopped stepping after a kill, restarted, or did
+  # not finish.
+  status=0
+  "$python" benches/lighthouse_e2e.py "$target/release/rdzv" "$endpoints" "$pids" || status=$?
+  exit "$status"
 fi
 cargo build --quiet -p rdzv-cli --bin rdzv
 read -r pid endpoint dir < <(scripts/etcd-local.sh)
