@@ -52,7 +52,7 @@ def definitions():
             rust.update(re.findall(r"\bfn\s+([a-z_][a-z0-9_]*)\s*[<(]", text))
             # Tests a macro makes from a table of cases (`name: Killed, Waiting, Cancel;`).
             rust.update(re.findall(r"^\s*([a-z_][a-z0-9_]*):\s*[A-Z]\w*(?:,\s*[A-Z]\w*)*;", text, re.M))
-            modules.add(path.stem if path.stem != "mod" else path.parent.name)
+            modules.add(path.stem if path.stem not in {"mod", "main"} else path.parent.name)
         elif path.suffix == ".go":
             go.update(re.findall(r"\bfunc\s+(Test\w+|Example\w*|Benchmark\w+)\s*\(", text))
         elif path.suffix == ".py":
@@ -87,7 +87,7 @@ def claims(text):
 
 def rust_test_body(name):
     """The text of the Rust function `name` in the launcher's tests, to its closing brace."""
-    for path in sorted((ROOT / "cli" / "tests").glob("*.rs")):
+    for path in sorted((ROOT / "cli" / "tests").rglob("*.rs")):
         text = path.read_text()
         m = re.search(r"\bfn " + re.escape(name) + r"\s*\(", text)
         if m:
