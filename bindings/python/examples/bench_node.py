@@ -1,4 +1,4 @@
-"""One rendezvous node in Python, for the multi-process benchmark (benches/bench_processes.rs
+"""One rendezvous node in Python, for the multi-process benchmark (benches/processes/main.rs
 with --python): connects, prints ``ready``, waits for a line on stdin, calls
 ``next_rendezvous`` and prints the CLOCK_MONOTONIC times of the call and the return in
 nanoseconds, then shuts down."""

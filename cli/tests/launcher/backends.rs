@@ -143,8 +143,8 @@ fn c10d_backend_serves_the_rendezvous_from_the_endpoints_node() {
 
 /// torchrun 2.15's c10d backend hangs both nodes when one arrives after the first round
 /// formed: its old rank 0 does not publish MASTER_ADDR/PORT in the new round's store
-/// (`docs/BENCHMARKS.md`). `rdzv run`'s c10d is the ordinary rendezvous on an embedded etcd,
-/// so the job grows.
+/// (`docs/BENCHMARKS-HISTORY.md`). `rdzv run`'s c10d is the ordinary rendezvous on an
+/// embedded etcd, so the job grows.
 #[test]
 fn c10d_backend_admits_a_node_that_arrives_after_the_first_round() {
     let s = Scratch::new();
