@@ -3,7 +3,7 @@
 //! `retention`. Whether the run is closed is answered from the membership watch when it can
 //! be, since supervisors poll it.
 
-use super::{lost, wake, Rendezvous};
+use super::{lost, wake, Rendezvous, LOG_TARGET};
 use crate::error::{Error, ErrorKind, Result};
 use etcd_client::GetOptions;
 use tokio::time::Instant;
@@ -65,7 +65,7 @@ impl Rendezvous {
             value,
         )
         .await?;
-        tracing::info!(run = %self.params.run_id(), node = %self.node, failure = ?failure, "closed the run");
+        tracing::info!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, failure = ?failure, "closed the run");
         Ok(())
     }
 

@@ -10,7 +10,7 @@
 //! `mark` writes it, for the node itself (`Rendezvous::drain`, below) and for operators
 //! (`Admin::drain`).
 
-use super::Rendezvous;
+use super::{Rendezvous, LOG_TARGET};
 use crate::backend::keys::Keys;
 use crate::backend::Etcd;
 use crate::error::{Error, ErrorKind, Result};
@@ -96,7 +96,7 @@ impl Rendezvous {
             self.quick_deadline(),
         )
         .await?;
-        tracing::info!(run = %self.params.run_id(), node = %self.node, reason, "drained this node");
+        tracing::info!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, reason, "drained this node");
         Ok(())
     }
 

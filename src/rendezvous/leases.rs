@@ -4,7 +4,7 @@
 //! lease etcd dropped happens here, one call at a time, and so does the registration that
 //! ties the two: the `alive` key is written in the transaction that reads the run's lease.
 
-use super::{records, ReleaseTicket, Rendezvous};
+use super::{records, ReleaseTicket, Rendezvous, LOG_TARGET};
 use crate::backend::{ranges, Lease};
 use crate::error::{Error, ErrorKind, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
@@ -54,11 +54,11 @@ impl Rendezvous {
             .await?;
         match lost {
             Some(Some(old)) => {
-                tracing::info!(run = %self.params.run_id(), node = %self.node, lease = id,
+                tracing::info!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, lease = id,
                 lost_lease = old, "lease re-acquired: registered alive under a new lease")
             }
             Some(None) => {
-                tracing::debug!(run = %self.params.run_id(), node = %self.node, lease = id,
+                tracing::debug!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, lease = id,
                 "registered alive under a lease")
             }
             None => {}
@@ -73,7 +73,7 @@ impl Rendezvous {
                 Some(kv) => records::parse_lease_id(kv.key(), kv.value())?,
                 None => self.create_run_lease(deadline).await?,
             };
-            tracing::debug!(run = %self.params.run_id(), node = %self.node, run_lease = run_id,
+            tracing::debug!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, run_lease = run_id,
                 "refreshing the run's lease");
             let adopted = Lease::adopt(&self.etcd, run_id, self.params.lease_ttl());
             *self.run_lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(adopted);
@@ -106,7 +106,7 @@ impl Rendezvous {
         // answer was lost (a leader change, a timed-out attempt) and it was sent again.
         // Revoking it would delete the run's lease and every round bound to it.
         if resp.succeeded() || published == Some(granted) {
-            tracing::info!(run = %self.params.run_id(), node = %self.node, run_lease = granted,
+            tracing::info!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, run_lease = granted,
                 "created the run's lease");
             return Ok(granted);
         }

@@ -3,7 +3,7 @@
 //! gave up. `shutdown` revokes the node's lease, and the last node out of a run deletes its
 //! rounds and stores, so a finished job leaves only `closed` behind.
 
-use super::{round, FinalRecord, Rendezvous};
+use super::{round, FinalRecord, Rendezvous, LOG_TARGET};
 use crate::backend::ranges;
 use crate::error::{Error, Result};
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
@@ -73,7 +73,7 @@ impl Rendezvous {
         let resp = match outcome {
             Ok(resp) => resp,
             Err(e) => {
-                tracing::warn!(run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
+                tracing::warn!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
                     error = %e, "could not withdraw the join request: letting the lease lapse so no round waits on this node");
                 if let Some(lease) = self.lease.lock().await.take() {
                     drop(lease); // stops the refresh: etcd expires it within lease_ttl
@@ -83,7 +83,7 @@ impl Rendezvous {
             }
         };
         if resp.succeeded() {
-            tracing::info!(run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
+            tracing::info!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
                 sealed_first = false, "withdrew the join request");
             self.state().joined = None;
             return None;
@@ -95,7 +95,7 @@ impl Rendezvous {
         let kv = got.first()?.kvs().first()?;
         let sealed = FinalRecord::parse(kv.key(), kv.value()).ok()?;
         let rank = self.rank_in(&sealed).await.ok()?;
-        tracing::info!(run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
+        tracing::info!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, round, reason = ?why.kind(),
             sealed_first = true, member = rank.is_some(), "could not withdraw: the round was sealed first");
         Some((sealed, rank?))
     }
@@ -122,7 +122,7 @@ impl Rendezvous {
             lease.revoke(&self.etcd, deadline).await?;
         }
         self.delete_finished_run(run_lease, deadline).await?;
-        tracing::info!(run = %self.params.run_id(), node = %self.node, "shut down");
+        tracing::info!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, "shut down");
         Ok(())
     }
 
@@ -197,7 +197,7 @@ impl Rendezvous {
         // Logged by the node whose cleanup deleted something (two last nodes may both run it).
         let deleted: i64 = deleted_by_op.iter().sum();
         if resp.succeeded() && deleted > 0 {
-            tracing::info!(run = %self.params.run_id(), node = %self.node, keys = deleted,
+            tracing::info!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, keys = deleted,
                 "no live node left: deleted the run's rounds, stores and round counter");
         }
         Ok(())

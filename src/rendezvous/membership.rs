@@ -4,7 +4,7 @@
 //! (`lost.rs`) while it is in sync and etcd answers this node's lease refreshes, and read from
 //! etcd otherwise.
 
-use super::{lost, records, FinalRecord, JoinRecord, NodeState, Rendezvous};
+use super::{lost, records, FinalRecord, JoinRecord, NodeState, Rendezvous, LOG_TARGET};
 use crate::error::{Error, Result};
 use etcd_client::GetOptions;
 use std::sync::Arc;
@@ -85,7 +85,7 @@ impl Rendezvous {
         let before = std::mem::replace(seen(&mut state), now);
         drop(state);
         if before != now {
-            tracing::info!(run = %self.params.run_id(), node = %self.node, round, count = now, "{what}");
+            tracing::info!(target: LOG_TARGET, run = %self.params.run_id(), node = %self.node, round, count = now, "{what}");
         }
     }
 

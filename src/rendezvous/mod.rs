@@ -54,6 +54,10 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// The target of this module's log records, which the rooms split out of it keep: hosts
+/// filter and route records by target (`RDZV_LOG`, the log handler), so the split changes none.
+const LOG_TARGET: &str = module_path!();
+
 /// What `next` hands back: this node's place in a completed round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoundInfo {

@@ -3,7 +3,7 @@
 //! operations in a transaction, so a read of more keys is several transactions pinned to the
 //! first one's revision.
 
-use super::Store;
+use super::{Store, LOG_TARGET};
 use crate::backend::ranges;
 use crate::error::Result;
 use etcd_client::{GetOptions, Txn, TxnOp};
@@ -62,7 +62,7 @@ impl Store {
         loop {
             match self.read_snapshot(&full, deadline).await {
                 Err(e) if crate::backend::is_compacted(&e) && Instant::now() < deadline => {
-                    tracing::debug!(
+                    tracing::debug!(target: LOG_TARGET,
                         keys = full.len(),
                         "store read: history compacted between its transactions, reading again"
                     );

@@ -3,7 +3,7 @@
 //! `cancel` and the caller's token end a wait in whichever step it is, so no wait outlasts its
 //! reason because etcd does not answer.
 
-use super::{Store, MAX_WAIT};
+use super::{Store, LOG_TARGET, MAX_WAIT};
 use crate::backend::Target;
 use crate::cancel::{cancelled_by_token, CancelToken, HandleCall};
 use crate::error::{Error, ErrorKind, Result};
@@ -137,7 +137,7 @@ impl Store {
             .await;
         call.ended(&result);
         let who = self.etcd.who();
-        tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
+        tracing::debug!(target: LOG_TARGET, run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
             run_store = self.is_run_store(), keys = %keys.join(","), waited_ms = started.elapsed().as_millis() as u64,
             outcome = %result.as_ref().map_or_else(|e| e.to_string(), |_| "found".into()), "store wait ended");
         result
@@ -248,7 +248,7 @@ impl Store {
                     Err(e) => return Err(e),
                 });
                 let who = self.etcd.who();
-                tracing::debug!(run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
+                tracing::debug!(target: LOG_TARGET, run = who.run.as_deref(), node = who.node.as_deref(), round = self.round,
                     run_store = self.is_run_store(), missing = %names(&missing).join(","), "store wait watching");
                 continue;
             };
