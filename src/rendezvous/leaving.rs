@@ -47,7 +47,7 @@ impl Rendezvous {
             ])
             .and_then([
                 TxnOp::delete(join.clone(), None),
-                // Fails a seal computed before this withdrawal was seen (round.rs, seal).
+                // Fails a seal computed before this withdrawal was seen (round/lead.rs, seal).
                 TxnOp::put(self.keys.gone(round, &self.node), "1", gone.clone().ok()),
                 // Last: etcd 3.4 drops the responses of operations after a nested transaction.
                 TxnOp::txn(
