@@ -12,7 +12,7 @@
 //! ends at a follower, so one stream for 900 leases (a process of 800 nodes) fell behind what
 //! their TTLs need once etcd slowed (`scripts/soak.sh`: leases expired by the thousand).
 
-use super::{backoff_delay, sleep_until_some, Etcd};
+use super::{backoff_delay, hand_over, sleep_until_some, Etcd};
 use crate::error::Result;
 use etcd_client::proto::PbLeaseKeepAliveRequest;
 use etcd_client::{LeaseKeepAliveResponse, LeaseKeepAliveStream, LeaseKeeper};
@@ -309,10 +309,10 @@ type Stream = (LeaseKeeper, LeaseKeepAliveStream);
 
 /// An opening of a stream, with the lease it opened with; bounded by the shortest TTL (a lease
 /// not refreshed by then is gone anyway).
-type Opening = (
-    i64,
-    std::result::Result<std::result::Result<Stream, etcd_client::Error>, Elapsed>,
-);
+type Opening = (i64, OpeningResult);
+
+/// How an opening ended: a stream, etcd's refusal, or no answer in time.
+type OpeningResult = std::result::Result<std::result::Result<Stream, etcd_client::Error>, Elapsed>;
 
 /// Streams opening at once for one shard, at most: one more each refresh period that the
 /// stream (or the openings before) did not answer.
@@ -344,141 +344,196 @@ enum Event {
 /// are read all along: etcd answers a stream's refreshes one by one, so a writer blocked on a
 /// full stream that stopped reading would stall both sides.
 async fn refresh(etcd: Etcd, leases: Shard) {
-    let mut attempt = 0u32;
-    let mut retry_within = Duration::from_secs(1);
-    // Dropping the set aborts its openings: done once a stream answers.
-    let mut openings: JoinSet<Opening> = JoinSet::new();
-    let mut keeper: Option<LeaseKeeper> = None;
-    let mut responses: Option<LeaseKeepAliveStream> = None;
-    let mut pending: VecDeque<i64> = VecDeque::new();
-    let mut next = Instant::now();
-    let mut recheck = true;
-    // Refreshes handed to the stream and not answered yet.
-    let mut unanswered = 0usize;
-    // When to open a stream: at once with none; with one, a refresh period after it last
-    // answered (or was handed a refresh) while a refresh is unanswered.
-    let mut open_at = Some(Instant::now());
+    let mut s = Refresher::new(etcd, leases);
     loop {
-        if recheck || Instant::now() >= next {
-            let Some((due, at, shortest)) = leases.due(false) else {
-                return;
-            };
-            if keeper.is_some() {
-                pending.extend(due);
-            }
-            (next, retry_within, recheck) = (at, shortest, false);
+        if (s.recheck || Instant::now() >= s.next) && !s.schedule() {
+            return;
         }
         let event = tokio::select! {
-            permit = reserve(keeper.as_ref()), if !pending.is_empty() => match permit {
+            permit = reserve(s.keeper.as_ref()), if !s.pending.is_empty() => match permit {
                 None => Event::Broken("the stream takes no more refreshes".into()),
                 Some(permit) => {
-                    if unanswered == 0 {
-                        open_at = Some(Instant::now() + retry_within);
+                    if s.unanswered == 0 {
+                        s.open_at = Some(Instant::now() + s.retry_within);
                     }
-                    permit.send(PbLeaseKeepAliveRequest { id: pending.pop_front().unwrap_or_default() });
-                    unanswered += 1;
+                    permit.send(PbLeaseKeepAliveRequest { id: s.pending.pop_front().unwrap_or_default() });
+                    s.unanswered += 1;
                     // Hand over as many as the stream takes now; the rest wait for room.
-                    while let (Some(&id), Some(keeper)) = (pending.front(), keeper.as_ref()) {
-                        if keeper.sender.try_send(PbLeaseKeepAliveRequest { id }).is_err() {
-                            break;
-                        }
-                        pending.pop_front();
-                        unanswered += 1;
+                    if let Some(keeper) = &s.keeper {
+                        let next = |id| PbLeaseKeepAliveRequest { id };
+                        s.unanswered += hand_over(&keeper.sender, &mut s.pending, next);
                     }
                     Event::Nothing
                 }
             },
-            message = answer(responses.as_mut()) => match message {
+            message = answer(s.responses.as_mut()) => match message {
                 Ok(Some(resp)) => Event::Answered(resp),
                 Ok(None) => Event::Broken("etcd ended the stream".into()),
                 Err(e) => Event::Broken(e.to_string()),
             },
-            opened = openings.join_next(), if !openings.is_empty() => Event::Opened(opened),
-            _ = tokio::time::sleep_until(next) => Event::Nothing,
-            _ = leases.0.changed.notified() => {
-                recheck = true;
+            opened = s.openings.join_next(), if !s.openings.is_empty() => Event::Opened(opened),
+            _ = tokio::time::sleep_until(s.next) => Event::Nothing,
+            _ = s.leases.0.changed.notified() => {
+                s.recheck = true;
                 Event::Nothing
             }
-            _ = sleep_until_some(open_at), if openings.len() < OPENINGS_AT_ONCE => Event::OpenAnother,
+            _ = sleep_until_some(s.open_at), if s.openings.len() < OPENINGS_AT_ONCE => Event::OpenAnother,
         };
-        match event {
-            Event::Nothing => {}
-            Event::Answered(resp) => {
-                if let Some(header) = resp.header() {
-                    etcd.saw_term(header.raft_term());
-                }
-                leases.answered(resp.id(), resp.ttl());
-                unanswered = unanswered.saturating_sub(1);
-                // The stream answers: none is needed beside it (dropping the set aborts them).
-                if !openings.is_empty() {
-                    openings = JoinSet::new();
-                }
-                open_at = (unanswered > 0).then(|| Instant::now() + retry_within);
-            }
-            Event::Broken(why) => {
-                tracing::debug!(unanswered, error = %why, "the lease refresh stream broke; opening another");
-                (keeper, responses, unanswered) = (None, None, 0);
-                pending.clear();
-                open_at = Some(Instant::now() + backoff_delay(&mut attempt));
-            }
-            Event::OpenAnother => {
-                let Some(first) = leases.any() else {
-                    (recheck, open_at) = (true, None);
-                    continue;
-                };
-                if keeper.is_some() || !openings.is_empty() {
-                    tracing::debug!(
-                        unanswered,
-                        opening = openings.len() + 1,
-                        "the lease refresh stream has not answered within a refresh period; opening another beside it"
-                    );
-                }
-                let mut client = etcd.client();
-                let limit = retry_within * 3;
-                openings.spawn(async move {
-                    let opened = tokio::time::timeout(limit, client.lease_keep_alive(first)).await;
-                    (first, opened)
-                });
-                open_at = Some(Instant::now() + retry_within);
-            }
-            Event::Opened(None | Some(Err(_))) => {}
-            Event::Opened(Some(Ok((first, opened)))) => match opened {
-                Ok(Ok((new_keeper, new_responses))) => {
-                    attempt = 0;
-                    openings = JoinSet::new();
-                    if let Some(entry) = leases.lock().leases.get(&first) {
-                        entry.kept.refreshed.now();
-                    }
-                    (keeper, responses) = (Some(new_keeper), Some(new_responses));
-                    // Every lease at once over the new stream: the refreshes left unanswered
-                    // on the old one are dropped with it.
-                    let Some((all, at, shortest)) = leases.due(true) else {
-                        return;
-                    };
-                    pending = all.into_iter().filter(|id| *id != first).collect();
-                    (next, retry_within, unanswered, open_at) = (at, shortest, 0, None);
-                }
-                Ok(Err(etcd_client::Error::LeaseKeepAliveError(e)))
-                    if e.contains("lease not found") =>
-                {
-                    leases.lost(first);
-                    if keeper.is_none() {
-                        open_at = Some(Instant::now());
-                    }
-                }
-                failed => {
-                    let error = match failed {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => "no answer within the TTL".to_string(),
-                    };
-                    tracing::debug!(lease = first, attempt = attempt + 1, %error,
-                        "cannot open a lease refresh stream; retrying");
-                    if keeper.is_none() && openings.is_empty() {
-                        open_at = Some(Instant::now() + backoff_delay(&mut attempt));
-                    }
-                }
-            },
+        let go_on = match event {
+            Event::Nothing | Event::Opened(None | Some(Err(_))) => true,
+            Event::Answered(resp) => s.answered(resp),
+            Event::Broken(why) => s.broken(&why),
+            Event::OpenAnother => s.open_another(),
+            Event::Opened(Some(Ok((first, opened)))) => s.opened(first, opened),
+        };
+        if !go_on {
+            return;
         }
+    }
+}
+
+/// What the task of one refresh stream keeps between two events (`refresh`).
+struct Refresher {
+    etcd: Etcd,
+    leases: Shard,
+    /// Openings of a stream that failed in a row (the backoff's count).
+    attempt: u32,
+    /// The refresh period: a third of the shortest TTL of the shard's leases.
+    retry_within: Duration,
+    /// Dropping the set aborts its openings: done once a stream answers.
+    openings: JoinSet<Opening>,
+    keeper: Option<LeaseKeeper>,
+    responses: Option<LeaseKeepAliveStream>,
+    /// Refreshes due and not yet handed to the stream.
+    pending: VecDeque<i64>,
+    /// When the next lease is due.
+    next: Instant,
+    /// The shard's leases changed: see which are due now.
+    recheck: bool,
+    /// Refreshes handed to the stream and not answered yet.
+    unanswered: usize,
+    /// When to open a stream: at once with none; with one, a refresh period after it last
+    /// answered (or was handed a refresh) while a refresh is unanswered.
+    open_at: Option<Instant>,
+}
+
+impl Refresher {
+    fn new(etcd: Etcd, leases: Shard) -> Refresher {
+        Refresher {
+            etcd,
+            leases,
+            attempt: 0,
+            retry_within: Duration::from_secs(1),
+            openings: JoinSet::new(),
+            keeper: None,
+            responses: None,
+            pending: VecDeque::new(),
+            next: Instant::now(),
+            recheck: true,
+            unanswered: 0,
+            open_at: Some(Instant::now()),
+        }
+    }
+
+    /// Queues the leases now due (when there is a stream to take them). False once the shard
+    /// holds no lease: the task ends.
+    fn schedule(&mut self) -> bool {
+        let Some((due, at, shortest)) = self.leases.due(false) else {
+            return false;
+        };
+        if self.keeper.is_some() {
+            self.pending.extend(due);
+        }
+        (self.next, self.retry_within, self.recheck) = (at, shortest, false);
+        true
+    }
+
+    fn answered(&mut self, resp: LeaseKeepAliveResponse) -> bool {
+        if let Some(header) = resp.header() {
+            self.etcd.saw_term(header.raft_term());
+        }
+        self.leases.answered(resp.id(), resp.ttl());
+        self.unanswered = self.unanswered.saturating_sub(1);
+        // The stream answers: none is needed beside it (dropping the set aborts them).
+        if !self.openings.is_empty() {
+            self.openings = JoinSet::new();
+        }
+        self.open_at = (self.unanswered > 0).then(|| Instant::now() + self.retry_within);
+        true
+    }
+
+    fn broken(&mut self, why: &str) -> bool {
+        tracing::debug!(unanswered = self.unanswered, error = %why,
+            "the lease refresh stream broke; opening another");
+        (self.keeper, self.responses, self.unanswered) = (None, None, 0);
+        self.pending.clear();
+        self.open_at = Some(Instant::now() + backoff_delay(&mut self.attempt));
+        true
+    }
+
+    fn open_another(&mut self) -> bool {
+        let Some(first) = self.leases.any() else {
+            (self.recheck, self.open_at) = (true, None);
+            return true;
+        };
+        if self.keeper.is_some() || !self.openings.is_empty() {
+            tracing::debug!(
+                unanswered = self.unanswered,
+                opening = self.openings.len() + 1,
+                "the lease refresh stream has not answered within a refresh period; opening another beside it"
+            );
+        }
+        let mut client = self.etcd.client();
+        let limit = self.retry_within * 3;
+        self.openings.spawn(async move {
+            let opened = tokio::time::timeout(limit, client.lease_keep_alive(first)).await;
+            (first, opened)
+        });
+        self.open_at = Some(Instant::now() + self.retry_within);
+        true
+    }
+
+    /// An opening ended (`first`: the lease it opened with). False once the shard holds no
+    /// lease: the task ends.
+    fn opened(&mut self, first: i64, opened: OpeningResult) -> bool {
+        match opened {
+            Ok(Ok((new_keeper, new_responses))) => {
+                self.attempt = 0;
+                self.openings = JoinSet::new();
+                if let Some(entry) = self.leases.lock().leases.get(&first) {
+                    entry.kept.refreshed.now();
+                }
+                (self.keeper, self.responses) = (Some(new_keeper), Some(new_responses));
+                // Every lease at once over the new stream: the refreshes left unanswered
+                // on the old one are dropped with it.
+                let Some((all, at, shortest)) = self.leases.due(true) else {
+                    return false;
+                };
+                self.pending = all.into_iter().filter(|id| *id != first).collect();
+                (self.next, self.retry_within, self.unanswered, self.open_at) =
+                    (at, shortest, 0, None);
+            }
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(e)))
+                if e.contains("lease not found") =>
+            {
+                self.leases.lost(first);
+                if self.keeper.is_none() {
+                    self.open_at = Some(Instant::now());
+                }
+            }
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "no answer within the TTL".to_string(),
+                };
+                tracing::debug!(lease = first, attempt = self.attempt + 1, %error,
+                    "cannot open a lease refresh stream; retrying");
+                if self.keeper.is_none() && self.openings.is_empty() {
+                    self.open_at = Some(Instant::now() + backoff_delay(&mut self.attempt));
+                }
+            }
+        }
+        true
     }
 }
 

@@ -351,6 +351,31 @@ impl Etcd {
     }
 }
 
+/// Hands `pending` requests to a stream's queue, in order, for as long as it has room now;
+/// the rest wait for room. Returns how many went. The lease refresh and watch streams queue
+/// their requests so, while reading answers all along: etcd answers a stream's requests one
+/// by one, so a writer blocked on a full stream that stopped reading would stall both sides.
+pub(crate) fn hand_over<T, R>(
+    queue: &tokio::sync::mpsc::Sender<T>,
+    pending: &mut std::collections::VecDeque<R>,
+    into: impl Fn(R) -> T,
+) -> usize {
+    let mut handed = 0;
+    while let Some(request) = pending.pop_front() {
+        match queue.try_reserve() {
+            Ok(permit) => {
+                permit.send(into(request));
+                handed += 1;
+            }
+            Err(_) => {
+                pending.push_front(request);
+                break;
+            }
+        }
+    }
+    handed
+}
+
 /// Something to watch: one key, or every key under a prefix.
 #[derive(Clone, Debug)]
 pub enum Target {
