@@ -10,7 +10,7 @@
 //! ids. A broken stream ends every watch on it (each reads afresh and watches again, as
 //! before), and the next watch opens a new stream.
 
-use super::{backoff, sleep_until_some, Etcd, Target};
+use super::{backoff, hand_over, sleep_until_some, Etcd, Target};
 use crate::error::Result;
 use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion};
 use etcd_client::{Event, WatchOptions, WatchResponse};
@@ -188,131 +188,62 @@ impl Request {
 /// The task of one stream: opens it with the first watch's first target, then serves watches
 /// until the stream breaks, or no watch is left for `IDLE`.
 async fn run(etcd: Etcd, mut commands: mpsc::UnboundedReceiver<Command>) {
-    let mut subscribers: HashMap<u64, Subscriber> = HashMap::new();
-    let mut by_watch_id: HashMap<i64, u64> = HashMap::new();
-    // The watch of each create sent and not yet answered, in the order sent.
-    let mut creating: VecDeque<u64> = VecDeque::new();
-    let mut pending: VecDeque<Request> = VecDeque::new();
-    // The stream's two halves, once open.
-    let mut sender: Option<etcd_client::WatchRequestSender> = None;
-    let mut responses: Option<etcd_client::WatchResponseStream> = None;
-    let mut idle_since = Some(Instant::now());
-    // When etcd last answered on this stream: creates unanswered for an attempt's timeout
-    // mean a stream stuck on a member that no longer serves it, and it is broken off.
-    let mut answered_at = Instant::now();
+    let mut s = StreamTask::new(etcd);
     let broken = loop {
-        if sender.is_none() {
-            if let Some(Request::Create(key, options)) = pending.pop_front() {
-                // Bounded as any request is: a member that accepts and never answers (stopping,
-                // starting) must not hold every watch of this stream.
-                let mut client = etcd.client().watch_client();
-                let opening = client.watch(key, Some(options));
-                match tokio::time::timeout(etcd.attempt_timeout, opening).await {
-                    Ok(Ok(opened)) => {
-                        let (tx, rx) = opened.split();
-                        (sender, responses) = (Some(tx), Some(rx));
-                        answered_at = Instant::now();
-                    }
-                    Ok(Err(e)) => break e.to_string(),
-                    Err(_) => break "etcd did not open the watch stream in time".to_string(),
-                }
+        if s.sender.is_none() {
+            if let Err(why) = s.open().await {
+                break why;
             }
         }
-        let idle_at = idle_since.map(|since| since + IDLE);
-        let stuck_at = (!creating.is_empty()).then(|| answered_at + etcd.attempt_timeout);
+        let idle_at = s.idle_since.map(|since| since + IDLE);
+        let stuck_at = (!s.creating.is_empty()).then(|| s.answered_at + s.etcd.attempt_timeout);
         // Commands first, then requests out, then responses: a dropped watch's cancels go out
         // before the next burst of its events is read (a node's watch of its round ends at the
         // first member leaving; every event sent to it after that is etcd's work wasted).
-        tokio::select! {
+        let woke = tokio::select! {
             biased;
             command = commands.recv() => match command {
                 None => return,
-                Some(Command::Open { id, targets, until, events, opened }) => {
-                    idle_since = None;
-                    if creating.is_empty() {
-                        // The wait for etcd's answer starts now, not at its last answer.
-                        answered_at = Instant::now();
-                    }
-                    for target in &targets {
-                        let (key, options) = target.options();
-                        pending.push_back(Request::Create(key, options));
-                        creating.push_back(id);
-                    }
-                    subscribers.insert(id, Subscriber {
-                        events,
-                        until,
-                        opened: Some(opened),
-                        wanted: targets.len(),
-                        ids: Vec::new(),
-                        closed: false,
-                    });
-                }
-                Some(Command::Close(id)) => {
-                    let unanswered = creating.contains(&id);
-                    if let Some(mut sub) = subscribers.remove(&id) {
-                        for watch_id in sub.ids.drain(..) {
-                            by_watch_id.remove(&watch_id);
-                            // Ahead of queued creates (whose order is kept).
-                            pending.push_front(Request::Cancel(watch_id));
-                        }
-                        if unanswered {
-                            sub.closed = true;
-                            subscribers.insert(id, sub);
-                        }
-                    }
-                    if subscribers.is_empty() {
-                        idle_since = Some(Instant::now());
-                    }
-                }
+                Some(command) => Woke::Command(command),
             },
-            permit = reserve(&sender), if sender.is_some() && !pending.is_empty() => {
+            permit = reserve(&s.sender), if s.sender.is_some() && !s.pending.is_empty() => {
                 let Ok(permit) = permit else { break "the watch stream closed".to_string() };
-                if let Some(request) = pending.pop_front() {
+                if let Some(request) = s.pending.pop_front() {
                     permit.send(request.into_pb());
                 }
                 // Hand over as many as the stream takes now; the rest wait for room.
-                if let Some(sender) = &sender {
-                    while let Some(request) = pending.pop_front() {
-                        match sender.0.try_reserve() {
-                            Ok(permit) => permit.send(request.into_pb()),
-                            Err(_) => {
-                                pending.push_front(request);
-                                break;
-                            }
-                        }
-                    }
+                if let Some(sender) = &s.sender {
+                    hand_over(&sender.0, &mut s.pending, Request::into_pb);
                 }
+                Woke::Nothing
             }
-            message = next_message(&mut responses), if responses.is_some() => match message {
-                Ok(Some(resp)) => {
-                    answered_at = Instant::now();
-                    let gone = answer(resp, &mut subscribers, &mut by_watch_id, &mut creating);
-                    for watch_id in gone {
-                        pending.push_front(Request::Cancel(watch_id));
-                    }
-                    if subscribers.is_empty() && idle_since.is_none() {
-                        idle_since = Some(Instant::now());
-                    }
-                }
+            message = next_message(&mut s.responses), if s.responses.is_some() => match message {
+                Ok(Some(resp)) => Woke::Response(resp),
                 Ok(None) => break "the watch stream ended".to_string(),
                 Err(e) => break e.to_string(),
             },
             _ = sleep_until_some(stuck_at), if stuck_at.is_some() => {
                 break "etcd did not answer the watch in time".to_string();
             }
-            _ = sleep_until_some(idle_at), if idle_at.is_some() && pending.is_empty() => {
+            _ = sleep_until_some(idle_at), if idle_at.is_some() && s.pending.is_empty() => {
                 // Idle: end, unless a watch asked meanwhile (its command is still queued).
                 commands.close();
                 if commands.is_empty() {
                     return;
                 }
-                idle_since = None;
+                s.idle_since = None;
+                Woke::Nothing
             }
+        };
+        match woke {
+            Woke::Nothing => {}
+            Woke::Command(command) => s.command(command),
+            Woke::Response(resp) => s.response(resp),
         }
     };
     // Every watch of this stream ends; the next watch opens a new stream (`Watches::hub`).
     commands.close();
-    for (_, sub) in subscribers {
+    for (_, sub) in s.subscribers {
         match sub.opened {
             Some(opened) => {
                 let _ = opened.send(Err(broken.clone()));
@@ -330,84 +261,209 @@ async fn run(etcd: Etcd, mut commands: mpsc::UnboundedReceiver<Command>) {
     }
 }
 
-/// Applies one response of the stream; returns watch ids to cancel.
-fn answer(
-    resp: WatchResponse,
-    subscribers: &mut HashMap<u64, Subscriber>,
-    by_watch_id: &mut HashMap<i64, u64>,
-    creating: &mut VecDeque<u64>,
-) -> Vec<i64> {
-    let watch_id = resp.watch_id();
-    let mut cancel = Vec::new();
-    if resp.created() {
-        let Some(id) = creating.pop_front() else {
-            return cancel;
-        };
-        let Some(sub) = subscribers.get_mut(&id) else {
-            return cancel;
-        };
-        if resp.canceled() {
-            // Refused (compacted history, a bad range): the watch fails as a whole.
-            let reason = resp.cancel_reason().to_string();
-            if let Some(opened) = sub.opened.take() {
-                let _ = opened.send(Err(format!("watch refused: {reason}")));
-            }
-            let sub = subscribers.remove(&id).map(|s| s.ids).unwrap_or_default();
-            cancel.extend(sub);
-            return cancel;
+/// What woke a stream's task, to be handled once its other waits are dropped.
+enum Woke {
+    Nothing,
+    Command(Command),
+    Response(WatchResponse),
+}
+
+/// What the task of one stream keeps between two events (`run`).
+struct StreamTask {
+    etcd: Etcd,
+    subscribers: HashMap<u64, Subscriber>,
+    by_watch_id: HashMap<i64, u64>,
+    /// The watch of each create sent and not yet answered, in the order sent.
+    creating: VecDeque<u64>,
+    /// Requests waiting for room in the stream.
+    pending: VecDeque<Request>,
+    /// The stream's two halves, once open.
+    sender: Option<etcd_client::WatchRequestSender>,
+    responses: Option<etcd_client::WatchResponseStream>,
+    /// Since when no watch is left on the stream, if none is.
+    idle_since: Option<Instant>,
+    /// When etcd last answered on this stream: creates unanswered for an attempt's timeout
+    /// mean a stream stuck on a member that no longer serves it, and it is broken off.
+    answered_at: Instant,
+}
+
+impl StreamTask {
+    fn new(etcd: Etcd) -> StreamTask {
+        StreamTask {
+            etcd,
+            subscribers: HashMap::new(),
+            by_watch_id: HashMap::new(),
+            creating: VecDeque::new(),
+            pending: VecDeque::new(),
+            sender: None,
+            responses: None,
+            idle_since: Some(Instant::now()),
+            answered_at: Instant::now(),
         }
-        if sub.closed {
-            cancel.push(watch_id);
-            if !creating.contains(&id) {
-                subscribers.remove(&id);
-            }
-            return cancel;
-        }
-        sub.ids.push(watch_id);
-        by_watch_id.insert(watch_id, id);
-        if sub.ids.len() == sub.wanted {
-            if let Some(opened) = sub.opened.take() {
-                let _ = opened.send(Ok(()));
-            }
-        }
-        return cancel;
     }
-    let Some(&id) = by_watch_id.get(&watch_id) else {
-        return cancel;
-    };
-    if resp.canceled() || resp.compact_revision() > 0 {
-        // This watch can no longer be trusted: its owner reads afresh and watches again.
-        if let Some(sub) = subscribers.remove(&id) {
-            let _ = sub.events.send(None);
-            for other in sub.ids {
-                by_watch_id.remove(&other);
-                if other != watch_id {
-                    cancel.push(other);
+
+    /// Opens the stream with the first request queued, when it is a create. The error says
+    /// why the stream could not be opened.
+    async fn open(&mut self) -> std::result::Result<(), String> {
+        if let Some(Request::Create(key, options)) = self.pending.pop_front() {
+            // Bounded as any request is: a member that accepts and never answers (stopping,
+            // starting) must not hold every watch of this stream.
+            let mut client = self.etcd.client().watch_client();
+            let opening = client.watch(key, Some(options));
+            match tokio::time::timeout(self.etcd.attempt_timeout, opening).await {
+                Ok(Ok(opened)) => {
+                    let (tx, rx) = opened.split();
+                    (self.sender, self.responses) = (Some(tx), Some(rx));
+                    self.answered_at = Instant::now();
+                }
+                Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) => return Err("etcd did not open the watch stream in time".to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Open {
+                id,
+                targets,
+                until,
+                events,
+                opened,
+            } => {
+                self.idle_since = None;
+                if self.creating.is_empty() {
+                    // The wait for etcd's answer starts now, not at its last answer.
+                    self.answered_at = Instant::now();
+                }
+                for target in &targets {
+                    let (key, options) = target.options();
+                    self.pending.push_back(Request::Create(key, options));
+                    self.creating.push_back(id);
+                }
+                self.subscribers.insert(
+                    id,
+                    Subscriber {
+                        events,
+                        until,
+                        opened: Some(opened),
+                        wanted: targets.len(),
+                        ids: Vec::new(),
+                        closed: false,
+                    },
+                );
+            }
+            Command::Close(id) => {
+                let unanswered = self.creating.contains(&id);
+                if let Some(mut sub) = self.subscribers.remove(&id) {
+                    for watch_id in sub.ids.drain(..) {
+                        self.by_watch_id.remove(&watch_id);
+                        // Ahead of queued creates (whose order is kept).
+                        self.pending.push_front(Request::Cancel(watch_id));
+                    }
+                    if unanswered {
+                        sub.closed = true;
+                        self.subscribers.insert(id, sub);
+                    }
+                }
+                if self.subscribers.is_empty() {
+                    self.idle_since = Some(Instant::now());
                 }
             }
         }
-        return cancel;
     }
-    if !resp.events().is_empty() {
-        let Some(sub) = subscribers.get(&id) else {
+
+    fn response(&mut self, resp: WatchResponse) {
+        self.answered_at = Instant::now();
+        for watch_id in self.answer(resp) {
+            self.pending.push_front(Request::Cancel(watch_id));
+        }
+        if self.subscribers.is_empty() && self.idle_since.is_none() {
+            self.idle_since = Some(Instant::now());
+        }
+    }
+
+    /// Applies one response of the stream; returns watch ids to cancel.
+    fn answer(&mut self, resp: WatchResponse) -> Vec<i64> {
+        let StreamTask {
+            subscribers,
+            by_watch_id,
+            creating,
+            ..
+        } = self;
+        let watch_id = resp.watch_id();
+        let mut cancel = Vec::new();
+        if resp.created() {
+            let Some(id) = creating.pop_front() else {
+                return cancel;
+            };
+            let Some(sub) = subscribers.get_mut(&id) else {
+                return cancel;
+            };
+            if resp.canceled() {
+                // Refused (compacted history, a bad range): the watch fails as a whole.
+                let reason = resp.cancel_reason().to_string();
+                if let Some(opened) = sub.opened.take() {
+                    let _ = opened.send(Err(format!("watch refused: {reason}")));
+                }
+                let sub = subscribers.remove(&id).map(|s| s.ids).unwrap_or_default();
+                cancel.extend(sub);
+                return cancel;
+            }
+            if sub.closed {
+                cancel.push(watch_id);
+                if !creating.contains(&id) {
+                    subscribers.remove(&id);
+                }
+                return cancel;
+            }
+            sub.ids.push(watch_id);
+            by_watch_id.insert(watch_id, id);
+            if sub.ids.len() == sub.wanted {
+                if let Some(opened) = sub.opened.take() {
+                    let _ = opened.send(Ok(()));
+                }
+            }
+            return cancel;
+        }
+        let Some(&id) = by_watch_id.get(&watch_id) else {
             return cancel;
         };
-        let _ = sub.events.send(Some(resp.events().to_vec()));
-        let ends = sub
-            .until
-            .as_ref()
-            .is_some_and(|until| resp.events().iter().any(|e| until(e)));
-        if ends && !creating.contains(&id) {
-            // Dropped here: its owner reads this batch, then the end of the watch.
+        if resp.canceled() || resp.compact_revision() > 0 {
+            // This watch can no longer be trusted: its owner reads afresh and watches again.
             if let Some(sub) = subscribers.remove(&id) {
-                for watch_id in sub.ids {
-                    by_watch_id.remove(&watch_id);
-                    cancel.push(watch_id);
+                let _ = sub.events.send(None);
+                for other in sub.ids {
+                    by_watch_id.remove(&other);
+                    if other != watch_id {
+                        cancel.push(other);
+                    }
+                }
+            }
+            return cancel;
+        }
+        if !resp.events().is_empty() {
+            let Some(sub) = subscribers.get(&id) else {
+                return cancel;
+            };
+            let _ = sub.events.send(Some(resp.events().to_vec()));
+            let ends = sub
+                .until
+                .as_ref()
+                .is_some_and(|until| resp.events().iter().any(|e| until(e)));
+            if ends && !creating.contains(&id) {
+                // Dropped here: its owner reads this batch, then the end of the watch.
+                if let Some(sub) = subscribers.remove(&id) {
+                    for watch_id in sub.ids {
+                        by_watch_id.remove(&watch_id);
+                        cancel.push(watch_id);
+                    }
                 }
             }
         }
+        cancel
     }
-    cancel
 }
 
 async fn reserve(
