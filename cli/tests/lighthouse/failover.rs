@@ -16,9 +16,11 @@ const FAILOVERS: usize = 16;
 /// misses several quorums (a held request missed 5 at 20 ms, 8 to 10 at 10 ms).
 const BETWEEN_STEPS: Duration = Duration::from_millis(10);
 
-/// Quorums of the groups already stepping that may leave the newcomer out after it asked: one
-/// formed as it asked, and one formed by the others' retries reaching the new leader first.
-const MISSED_AT_MOST: usize = 2;
+/// Quorums of the groups already stepping that may leave the newcomer out after it asked: those
+/// formed while its request travels to the new leader and waits for the takeover, up to 3 in
+/// the test command (its lanes share 2 cores; 1 on a quiet machine). A request held back as the
+/// old code held it (refused, then a 100 ms sleep) misses 8 to 10; the bound lies between.
+const MISSED_AT_MOST: usize = 5;
 
 /// How one failover goes: where the newcomer asks, and where the replacement lighthouse
 /// listens.
