@@ -92,15 +92,15 @@ def candidate_paths() -> list[Path]:
 
 def find_command() -> Path:
     """The ``rdzv`` executable; raises ``FileNotFoundError`` saying where it looked."""
-    here = Path(__file__).resolve().parent
+    root = _checkout(Path(__file__).resolve().parent)
+    # Built when the checkout's builds are tried and absent, before what is installed elsewhere.
+    last_build = root / "target" / "debug" / COMMAND if root is not None else None
     tried = candidate_paths()
     for path in tried:
         if _runnable(path):
             return path
-        root = _checkout(here)
-        cargo = shutil.which("cargo")
-        # After the checkout's builds, before what is installed elsewhere: the checkout's own.
-        if root is not None and cargo and path == root / "target" / "debug" / COMMAND:
+        cargo = shutil.which("cargo") if path == last_build else None
+        if root is not None and cargo:
             return _build(root, cargo)
     raise FileNotFoundError(
         f"the {COMMAND} command was not found (looked in: "

@@ -17,11 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+from .launch import _write
 
 
 def _traceback(error: BaseException) -> str:

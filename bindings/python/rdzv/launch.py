@@ -32,6 +32,7 @@ An exception is written to the worker's ``TORCHELASTIC_ERROR_FILE`` in torch's f
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
 import shutil
@@ -255,9 +256,8 @@ def command_line(config: Any, rdzv_args: Sequence[str] = ()) -> List[str]:
         flags += ["--rdzv-endpoint", str(config.rdzv_endpoint)]
     if config.run_id:
         flags += ["--rdzv-id", str(config.run_id)]
+    # Both LaunchConfigs put rdzv_timeout into rdzv_configs["timeout"] when made.
     configs = dict(config.rdzv_configs or {})
-    if getattr(config, "rdzv_timeout", -1) not in (-1, None):
-        configs["timeout"] = config.rdzv_timeout
     if configs:
         flags += ["--rdzv-conf", ",".join(f"{k}={_conf_value(k, v)}" for k, v in configs.items())]
     if config.local_addr:
@@ -285,6 +285,7 @@ def _conf_value(key: str, value: Any) -> str:
 
 
 def _write(path: Path, data: bytes) -> None:
+    """Writes `data` whole: a temporary file beside `path`, renamed onto it."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
@@ -347,8 +348,6 @@ def launch_agent(config: Any, entrypoint: Union[Callable[..., Any], str], args: 
 
 def _result(work: Path, outcome_file: Path, status: int, name: str,
             function: bool) -> Dict[int, Any]:
-    import json
-
     try:
         outcome = json.loads(outcome_file.read_text())
     except (OSError, ValueError):

@@ -57,9 +57,9 @@ impl OutcomeFile {
 }
 
 fn failure(f: &Failure) -> Value {
-    let (exitcode, signal) = match f.ended {
-        Ended::Code(code) => (code, Value::Null),
-        Ended::Signal(sig) => (-sig, Value::String(signal_name(sig))),
+    let signal = match f.ended {
+        Ended::Code(_) => Value::Null,
+        Ended::Signal(sig) => Value::String(signal_name(sig)),
     };
     let (error_file, message) = match &f.error_file {
         Some((path, message)) => (
@@ -72,7 +72,7 @@ fn failure(f: &Failure) -> Value {
         "global_rank": f.global_rank,
         "local_rank": f.local_rank,
         "pid": f.pid,
-        "exitcode": exitcode,
+        "exitcode": f.ended.exitcode(),
         "signal": signal,
         "timestamp": f.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         "error_file": error_file,

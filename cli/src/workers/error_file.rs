@@ -21,7 +21,7 @@ pub struct ErrorFile {
 /// or the flat form `{"message": "...", "timestamp": N}`.
 pub fn read(path: &Path) -> Option<ErrorFile> {
     let bytes = std::fs::read(path).ok()?;
-    let v: serde_json::Value = match serde_json::from_slice(&bytes) {
+    let v: Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
         Err(_) => {
             return Some(ErrorFile {
@@ -32,7 +32,7 @@ pub fn read(path: &Path) -> Option<ErrorFile> {
         }
     };
     let (message, timestamp, traceback) = match v.get("message") {
-        Some(serde_json::Value::Object(m)) => {
+        Some(Value::Object(m)) => {
             let extra = m.get("extraInfo");
             (
                 m.get("message")
@@ -45,12 +45,12 @@ pub fn read(path: &Path) -> Option<ErrorFile> {
                     .map(str::to_string),
             )
         }
-        Some(serde_json::Value::String(s)) => (Some(s.clone()), v.get("timestamp").cloned(), None),
+        Some(Value::String(s)) => (Some(s.clone()), v.get("timestamp").cloned(), None),
         _ => (None, None, None),
     };
     let seconds = timestamp.and_then(|t| match t {
-        serde_json::Value::String(s) => s.parse::<u64>().ok(),
-        serde_json::Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse::<u64>().ok(),
+        Value::Number(n) => n.as_u64(),
         _ => None,
     });
     Some(ErrorFile {

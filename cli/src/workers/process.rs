@@ -39,6 +39,14 @@ impl Ended {
     pub fn success(self) -> bool {
         self == Ended::Code(0)
     }
+
+    /// torch's exit code: the process's, or a signal's negative number.
+    pub fn exitcode(self) -> i32 {
+        match self {
+            Ended::Code(code) => code,
+            Ended::Signal(sig) => -sig,
+        }
+    }
 }
 
 impl std::fmt::Display for Ended {

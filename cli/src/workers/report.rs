@@ -101,10 +101,7 @@ pub fn report(program: &str, failures: &[Failure]) -> bool {
     }
     if let Some(own) = std::env::var_os("TORCHELASTIC_ERROR_FILE").filter(|v| !v.is_empty()) {
         let own = PathBuf::from(own);
-        let code = match root.ended {
-            Ended::Code(c) => c,
-            Ended::Signal(s) => -s,
-        };
+        let code = root.ended.exitcode();
         let why = format!(
             "ChildFailedError: rank {} (local rank {}, pid {}) ended with {}",
             root.global_rank, root.local_rank, root.pid, root.ended
@@ -130,10 +127,7 @@ fn describe(index: usize, f: &Failure, host: &str) {
         "  rank      : {} (local_rank: {})",
         f.global_rank, f.local_rank
     ));
-    let code = match f.ended {
-        Ended::Code(c) => c,
-        Ended::Signal(s) => -s,
-    };
+    let code = f.ended.exitcode();
     // torchrun's template: `${exitcode} (pid: ${pid}) ${signal_name}`, the name (` (SIGSEGV)`)
     // only for a signal; the space before it either way.
     let signal = match f.ended {
