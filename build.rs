@@ -31,7 +31,14 @@ fn main() {
     let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
         .expect("cbindgen.toml is readable");
     config.after_includes = Some(version_macros());
-    let bindings = match cbindgen::generate_with_config(&crate_dir, config) {
+    // From the sources alone (they are the whole C ABI: parse_deps is off), not through
+    // `cargo metadata`, which needs the `rdzv` crate resolvable: it is not, in a package built
+    // before `rdzv` is published (`cargo publish --dry-run`).
+    let bindings = match cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(crate_dir.join("src/lib.rs"))
+        .generate()
+    {
         Ok(b) => b,
         Err(e) => {
             // A syntax error is reported better by rustc itself; do not mask it here.

@@ -67,21 +67,18 @@
 
 
 /**
- * etcd's default `--max-request-bytes` is 1.5 MiB; keep headroom for keys and framing.
- */
-#define RDZV_MAX_VALUE_BYTES (((1024 * 1024) + (512 * 1024)) - 4096)
-
-/**
  * Capacity of `rdzv_round_t.master_addr`, including the terminating NUL.
  */
 #define RDZV_ADDR_CAPACITY 256
 
-
-
-
+/**
+ * The longest value the store takes, in bytes: etcd's default request limit (1.5 MiB) less
+ * headroom for keys and framing.
+ */
+#define RDZV_MAX_VALUE_BYTES (((1024 * 1024) + (512 * 1024)) - 4096)
 
 /**
- * Keys longer than this are refused: etcd keeps keys in memory and in every index.
+ * The longest key the store takes: etcd keeps keys in memory and in every index.
  */
 #define RDZV_MAX_KEY_BYTES 4096
 

@@ -49,21 +49,22 @@ compare() {
 }
 
 build() {
-  cargo build --quiet -p rdzv --lib
+  cargo build --quiet -p rdzv-c --lib
   echo "$target/debug/librdzv.so"
 }
 
 case "${1:-}" in
 --update)
   lib=$(build)
-  version=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "rdzv"))')
+  version=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "rdzv-c"))')
   public_abi "$lib" "$work/new.abi"
   rm -f "${baselines[@]}"
   cp "$work/new.abi" "abi/librdzv-$version.abi"
   echo "wrote abi/librdzv-$version.abi from $lib"
   ;;
 --self-test)
-  # Modified copies of the crate, a package named rdzv_abi_mutant in a workspace of its own:
+  # Modified copies of the C library's crate, a package (and library) named rdzv_abi_mutant in
+  # a workspace of its own:
   # built in the same target directory, they reuse its dependencies. The name must differ:
   # cargo keys a workspace member's build (its build script's output, the header among it) by
   # name, version and path inside the workspace, which a copy named rdzv would share with the
@@ -72,8 +73,9 @@ case "${1:-}" in
   copy() {
     rm -rf "$work/src-copy" && mkdir "$work/src-copy"
     git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/src-copy"
-    edit Cargo.toml $'[package]\nname = "rdzv"\n' $'[package]\nname = "rdzv_abi_mutant"\n'
-    edit Cargo.toml $'\nmembers = [".", "cli", "tests", "benches"]\ndefault-members = [".", "cli", "tests"]\n' $'\nmembers = ["."]\n'
+    edit Cargo.toml $'[package]\nname = "rdzv-c"\n' $'[package]\nname = "rdzv_abi_mutant"\n'
+    edit Cargo.toml $'name = "rdzv"\ncrate-type' $'name = "rdzv_abi_mutant"\ncrate-type'
+    edit Cargo.toml $'\nmembers = [".", "core", "cli", "tests", "benches"]\ndefault-members = [".", "core", "cli", "tests"]\n' $'\nmembers = [".", "core"]\n'
   }
   # Edits a file of the copy: python replace, which must match exactly once.
   edit() {

@@ -52,7 +52,7 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 if [ "${1:-}" = "--heartbeat" ]; then
   reps=${2:-15}
-  cargo build --release --quiet -p rdzv -p rdzv-bench --lib --bin bench_heartbeat
+  cargo build --release --quiet -p rdzv-c -p rdzv-bench --lib --bin bench_heartbeat
   target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
   lib=$(scripts/dev-lib.sh release)
   out="$target/heartbeat-bench"
@@ -108,7 +108,7 @@ target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, 
 echo "etcd $(etcd --version | awk '/^etcd Version:/ {print $3}') at $endpoint, $(nproc) cores"
 if [ "${1:-}" = "--launcher" ]; then
   shift
-  cargo build --release --quiet -p rdzv -p rdzv-cli -p rdzv-bench --lib --bin rdzv --bin bench_launcher
+  cargo build --release --quiet -p rdzv-c -p rdzv-cli -p rdzv-bench --lib --bin rdzv --bin bench_launcher
   # NVIDIA's ft_launcher beside rdzv run in the hang case, when its environment can be made.
   if [ "${RDZV_SKIP_TORCH:-0}" = 1 ]; then
     export RDZV_NVRX_UNAVAILABLE="skipped (RDZV_SKIP_TORCH=1: NVRx needs PyTorch)"
@@ -121,7 +121,7 @@ if [ "${1:-}" = "--launcher" ]; then
   "$target/release/bench_launcher" "$endpoint" "$@"
 elif [ "${1:-}" = "--frameworks" ]; then
   shift
-  cargo build --release --quiet -p rdzv -p rdzv-cli -p rdzv-bench --lib --bin rdzv --bin bench_frameworks
+  cargo build --release --quiet -p rdzv-c -p rdzv-cli -p rdzv-bench --lib --bin rdzv --bin bench_frameworks
   RDZV_JAX_PYTHON=$(scripts/jax-env.sh) RDZV_TORCH_FRAMEWORKS_PYTHON=$(scripts/torch-frameworks-env.sh) \
     "$target/release/bench_frameworks" "$endpoint" "$@"
 elif [ "${1:-}" = "--cluster" ]; then
@@ -133,14 +133,14 @@ elif [ "${1:-}" = "--cluster" ]; then
   "$target/release/bench" "$endpoint" --leader-kill "$pids"
 elif [ "${1:-}" = "--gloo" ]; then
   shift
-  cargo build --release --quiet -p rdzv --lib
+  cargo build --release --quiet -p rdzv-c --lib
   cmake -S bindings/cpp -B "$target/gloo-bench" -DCMAKE_BUILD_TYPE=Release -DRDZV_BUILD_TESTS=OFF \
     -DRDZV_LIBRARY="$target/release/librdzv.so" >/dev/null
   cmake --build "$target/gloo-bench" --target rdzv_gloo_bench -j2 >/dev/null
   "$target/gloo-bench/cpp-gloo/rdzv_gloo_bench" "$endpoint" "$@"
 elif [ "${1:-}" = "--quorum" ]; then
   shift
-  cargo build --release --quiet -p rdzv --lib
+  cargo build --release --quiet -p rdzv-c --lib
   python=$(scripts/quorum-env.sh)
   RDZV_LIBRARY="$target/release/librdzv.so" PYTHONPATH="$PWD/bindings/python" \
     "$python" benches/bench_quorum.py "$endpoint" "$@" 2> >(grep -v '\[torchft::' >&2)
@@ -163,7 +163,7 @@ elif [ "${1:-}" = "--phases" ]; then
   "$target/release/bench" "$endpoint" --phases "${2:-1024}"
 elif [ "${1:-}" = "--processes" ]; then
   shift
-  cargo build --release --quiet -p rdzv -p rdzv-bench --lib --bin bench_processes --bin bench_node
+  cargo build --release --quiet -p rdzv-c -p rdzv-bench --lib --bin bench_processes --bin bench_node
   "$target/release/bench_processes" "$endpoint" "$@"
   RDZV_LIBRARY="$target/release/librdzv.so" "$target/release/bench_processes" "$endpoint" --python
 else

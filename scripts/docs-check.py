@@ -10,8 +10,9 @@ And the parity table of docs/LAUNCHER.md ("the test in the last column checks wh
 each row's test must use the row's flag, in one of its spellings, or its PET_ variable.
 
 And the module maps (the path to each room, written down): every module a crate root declares
-is named in its comment (src/lib.rs, cli/src/main.rs), every folder and file of `src/` in
-DESIGN's table, every folder and file of `cli/src/` in LAUNCHER's "How it is built"."""
+is named in its comment (core/src/lib.rs, cli/src/main.rs), every folder and file of the
+libraries' `core/src/` and `src/` in DESIGN's table, every folder and file of `cli/src/` in
+LAUNCHER's "How it is built"."""
 
 import itertools
 import pathlib
@@ -153,34 +154,36 @@ def section(text, heading):
 
 def map_problems():
     """Modules missing from the maps that say where things are: each crate root's comment (the
-    modules it declares), DESIGN's table (every folder and file of the library's `src/`) and
+    modules it declares), DESIGN's table (every folder and file of the libraries' `core/src/`
+    and `src/`) and
     LAUNCHER's "How it is built" (every folder and file of the launcher's `cli/src/`)."""
-    for root, what in ((ROOT / "src" / "lib.rs", "src/lib.rs's layers"),
+    for root, what in ((ROOT / "core" / "src" / "lib.rs", "core/src/lib.rs's layers"),
                        (ROOT / "cli" / "src" / "main.rs", "cli/src/main.rs's module list")):
         doc = doc_comment(root)
         for m in declared_modules(root):
             if f"`{m}`" not in doc:
                 yield f"{root.relative_to(ROOT)}: module `{m}` is missing from {what}"
     design = (ROOT / "docs" / "DESIGN.md").read_text()
-    rows = {}
-    for line in design.splitlines():
-        if line.startswith("| `src/"):
-            cells = line.split("|")
-            for name in re.findall(r"`src/([^`]+)`", cells[1]):
-                rows[name.rstrip("/")] = line
-    for folder, names in source_files(ROOT / "src"):
-        if str(folder) == ".":
+    for src in ("core/src", "src"):
+        rows = {}
+        for line in design.splitlines():
+            if line.startswith(f"| `{src}/"):
+                cells = line.split("|")
+                for name in re.findall(r"`" + re.escape(src) + r"/([^`]+)`", cells[1]):
+                    rows[name.rstrip("/")] = line
+        for folder, names in source_files(ROOT / src):
+            if str(folder) == ".":
+                for n in names:
+                    if n != "lib.rs" and n not in rows:
+                        yield f"docs/DESIGN.md: `{src}/{n}` has no row in the module map"
+                continue
+            row = rows.get(str(folder.parts[0]))
+            if row is None:
+                yield f"docs/DESIGN.md: `{src}/{folder}` has no row in the module map"
+                continue
             for n in names:
-                if n != "lib.rs" and n not in rows:
-                    yield f"docs/DESIGN.md: `src/{n}` has no row in the module map"
-            continue
-        row = rows.get(str(folder.parts[0]))
-        if row is None:
-            yield f"docs/DESIGN.md: `src/{folder}` has no row in the module map"
-            continue
-        for n in names:
-            if f"`{n}`" not in row:
-                yield f"docs/DESIGN.md: `src/{folder}/{n}` is not named in the row of `src/{folder.parts[0]}`"
+                if f"`{n}`" not in row:
+                    yield f"docs/DESIGN.md: `{src}/{folder}/{n}` is not named in the row of `{src}/{folder.parts[0]}`"
     built = section((ROOT / "docs" / "LAUNCHER.md").read_text(), "## How it is built")
     for folder, names in source_files(ROOT / "cli" / "src"):
         if str(folder) == ".":

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${1:-/usr/local}
-cargo build --release --quiet -p rdzv --lib -p rdzv-cli --bin rdzv
+cargo build --release --quiet -p rdzv-c --lib -p rdzv-cli --bin rdzv
 # Where cargo built it: CARGO_TARGET_DIR (or cargo's configuration) if set, else target/.
 target=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 build=$(mktemp -d)

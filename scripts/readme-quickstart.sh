@@ -38,7 +38,7 @@ ranks=$(cat "$work/a" "$work/b" | sed -n 's/^rank \([0-9]*\) of 2, master .*:[0-
 # The other languages' quick starts: the LANG block under "## NAME quick start".
 snippet() { awk -v head="## $1 quick start" -v fence="$2" '$0==head{f=1;next} f&&/^## /{exit} f&&$0=="```"fence{c=1;next} c&&/^```$/{exit} c{print}' README.md; }
 debug_lib="$target/debug"
-[ -f "$debug_lib/librdzv.so" ] || cargo build --quiet -p rdzv
+[ -f "$debug_lib/librdzv.so" ] || cargo build --quiet -p rdzv-c
 dev_lib=$(scripts/dev-lib.sh debug)
 # Four nodes of one run: COMMAND runs a node; each must print "rank R of 4", R from 0 to 3.
 four_nodes() {

@@ -91,7 +91,7 @@ echo "=== building"
 build_start=$SECONDS
 cargo build --quiet
 cargo test --quiet --no-run 2>&1 | { grep -v '^ *Executable ' || true; }
-cargo build --release --quiet -p rdzv --lib -p rdzv-cli --bin rdzv -p rdzv-bench --bin soak
+cargo build --release --quiet -p rdzv-c --lib -p rdzv-cli --bin rdzv -p rdzv-bench --bin soak
 echo "=== building: done ($((SECONDS - build_start)) s)"
 # The bindings' suites are pointed at the library just built, in cargo's target directory
 # (CARGO_TARGET_DIR or cargo's configuration, else target/); the Go binding's own flags name

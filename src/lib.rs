@@ -1,66 +1,39 @@
-//! rdzv: torchelastic-style rendezvous for elastic training on the etcd v3 API, with a C ABI.
+//! librdzv: the C library. The C ABI over the Rust library (the `rdzv` crate, core/), glue
+//! only: every exported function checks its arguments, calls the Rust library's blocking API
+//! inside `boundary` (which catches panics and turns errors into a status and an optional
+//! error object), and writes outputs only on success. This crate is the artifact: the shared
+//! and static library (`librdzv.so.0`, `librdzv.a`), their exported symbols and the header
+//! cbindgen makes from these sources (build.rs). A Rust program depends on `rdzv` instead,
+//! which builds none of it.
 //!
-//! Layers, bottom up: `error` and `util` (the error and its kinds; node ids, ports, jitter),
-//! `params` (what to join), `backend` (etcd connection, retries, key layout, leases),
-//! `rendezvous` (the round protocol), `store` (the per-round key-value store), `blocking`
-//! (one runtime, `block_on` per call) and `ffi` (the C ABI, glue only). Beside them, `admin`
-//! reads, watches, closes and purges a run for operators without joining it; `election`
-//! elects a leader through an etcd lease (`rdzv lighthouse`); `progress` is the page a worker
-//! writes its heartbeats to and its launcher reads; `log` decides where the `tracing` records
-//! go. `cancel` is the token a caller hands to any call that asks etcd, to end it. The `rdzv`
-//! command (cli/) is built on the public API alone.
-//!
-//! A node joins a round with [`Rendezvous::next`] and gets its rank, the world size, rank 0's
-//! address and the round's [`Store`]; every node of the job runs the same code:
-//!
-//! ```no_run
-//! # async fn node() -> rdzv::Result<()> {
-//! use rdzv::{Params, Rendezvous};
-//!
-//! let params = Params::from_url("etcd://127.0.0.1:2379/job-42?min_nodes=2&max_nodes=4")?;
-//! let node = Rendezvous::new(params).await?;
-//! let (round, store) = node.next().await?; // blocks until a round of 2 to 4 nodes forms
-//! store.set(&format!("node/{}", round.rank), b"hello").await?;
-//! let first = store.get("node/0", None).await?; // waits until rank 0 has set it
-//! assert_eq!(first, b"hello");
-//! node.shutdown().await?;
-//! # Ok(())
-//! # }
-//! ```
-//!
-//! [`BlockingRendezvous`] is the same without async, for threads (the C ABI is built on it).
+//! The conventions every function keeps (statuses and error objects, ownership, threads,
+//! deadlines, strings and bytes) are written once, in `cbindgen.toml`'s header: the top of
+//! `include/rdzv.h`. Each function's doc comment is its entry in that header.
 
-pub mod admin;
-mod backend;
-pub mod blocking;
-pub mod cancel;
-pub mod election;
-pub mod error;
-pub mod ffi;
-pub mod log;
-pub mod params;
-pub mod progress;
-pub mod rendezvous;
-pub mod store;
-mod util;
+#![allow(non_camel_case_types)]
+// Exported functions take raw pointers from C, where `unsafe` means nothing; each function's
+// documented contract is what makes the dereference sound. C signatures also run long.
+#![allow(clippy::not_unsafe_ptr_arg_deref, clippy::too_many_arguments)]
 
-pub use blocking::{BlockingAdmin, BlockingRendezvous, BlockingStore};
-pub use cancel::CancelToken;
-pub use error::{Error, ErrorKind, Result};
-pub use params::Params;
-pub use rendezvous::{ReleaseTicket, Rendezvous, RoundInfo};
-pub use store::Store;
-/// What rdzv's own tests and benchmarks reach inside the library for (the records a round
-/// writes to etcd, to check them from outside). Not part of the API: it may change in any
-/// release.
-#[doc(hidden)]
-pub mod test_support {
-    pub use crate::rendezvous::records::{
-        chunk_count, inline_members, lane_values, members_from_chunks, parse_rank_chunk,
-        FinalRecord, JoinRecord,
-    };
+/// Each area of the C ABI, one file under src/ffi/.
+mod ffi {
+    pub mod admin;
+    pub mod boundary;
+    pub mod cancel;
+    pub mod log;
+    pub mod params;
+    pub mod progress;
+    pub mod rendezvous;
+    pub mod store;
+    pub mod version;
 }
 
-/// A port for MASTER_PORT: free a moment ago, outside the kernel's ephemeral range (what a
-/// node publishes for rank 0 when it joins; the launcher's standalone mode uses it too).
-pub use util::free_port as free_master_port;
+pub use ffi::admin::*;
+pub use ffi::boundary::*;
+pub use ffi::cancel::*;
+pub use ffi::log::*;
+pub use ffi::params::*;
+pub use ffi::progress::*;
+pub use ffi::rendezvous::*;
+pub use ffi::store::*;
+pub use ffi::version::*;

@@ -1,4 +1,5 @@
-//! Log records reach a host's handler set through the C ABI (`rdzv_set_log_handler`) with the
+//! Log records reach a host's handler (`rdzv::log::set_handler`, what the C ABI's
+//! `rdzv_set_log_handler` installs a C function with; tests/c/log_test.c checks that part) with the
 //! fields an operator needs; a flood of them from many threads, while the handler is being
 //! replaced, neither deadlocks nor loses, reorders or misroutes a record; handlers that call
 //! back into rdzv or panic do no harm. Real etcd. One test function, since the handler and the
@@ -7,16 +8,16 @@
 mod common;
 
 use common::{on_threads, Etcd};
-use rdzv::ffi::{rdzv_log_level_t, rdzv_set_log_handler, rdzv_status_name};
+use rdzv::log::{set_handler, Record};
 use rdzv::{BlockingRendezvous, Params};
 use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use tracing::Level;
 
 struct Line {
-    level: rdzv_log_level_t,
+    level: Level,
     target: String,
     text: String,
 }
@@ -25,7 +26,7 @@ static LINES: Mutex<Vec<Line>> = Mutex::new(Vec::new());
 /// Notified after each record kept, for tests that wait for one.
 static NEW_LINE: Condvar = Condvar::new();
 
-/// One handler's `user_data`: the test retires it once `rdzv_set_log_handler` replaced it; a
+/// One handler's own data: the test retires it once `set_handler` replaced it; a
 /// call after that is a broken promise.
 struct Generation {
     retired: AtomicBool,
@@ -33,23 +34,16 @@ struct Generation {
 
 static CALLS_AFTER_RETIREMENT: AtomicUsize = AtomicUsize::new(0);
 
-unsafe extern "C" fn collect(
-    level: rdzv_log_level_t,
-    target: *const c_char,
-    line: *const c_char,
-    user_data: *mut c_void,
-) {
-    let generation = unsafe { &*(user_data as *const Generation) };
+fn collect(record: &Record<'_>, generation: &Generation) {
     if generation.retired.load(Ordering::SeqCst) {
         CALLS_AFTER_RETIREMENT.fetch_add(1, Ordering::SeqCst);
     }
     // Calling back into rdzv from the handler is allowed.
-    assert!(!rdzv_status_name(0).is_null());
-    let text = |p: *const c_char| unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
+    assert!(Params::from_url("etcd://127.0.0.1:1/probe").is_ok());
     LINES.lock().unwrap().push(Line {
-        level,
-        target: text(target),
-        text: text(line),
+        level: record.level,
+        target: record.target.to_string(),
+        text: record.line.to_string(),
     });
     NEW_LINE.notify_all();
 }
@@ -74,7 +68,11 @@ fn install_collect(previous: Option<&'static Generation>) -> &'static Generation
     let generation: &'static Generation = Box::leak(Box::new(Generation {
         retired: AtomicBool::new(false),
     }));
-    rdzv_set_log_handler(Some(collect), generation as *const _ as *mut c_void);
+    // What the C ABI's rdzv_set_log_handler does first: rdzv's subscriber, filtered by RDZV_LOG.
+    rdzv::log::install_default();
+    set_handler(Some(Arc::new(move |record: &Record<'_>| {
+        collect(record, generation)
+    })));
     if let Some(previous) = previous {
         previous.retired.store(true, Ordering::SeqCst);
     }
@@ -105,7 +103,7 @@ fn records_reach_the_host_handler_in_order_without_deadlock() {
         handlers_that_reenter_or_panic_do_no_harm();
         replacing_from_inside_returns_when_the_other_thread_leaves();
         a_handler_may_make_blocking_calls(&etcd);
-        rdzv_set_log_handler(None, std::ptr::null_mut());
+        set_handler(None);
         let _ = done.send(());
     });
     match finished.recv_timeout(Duration::from_secs(240)) {
@@ -156,7 +154,7 @@ fn a_round_names_run_node_and_round(etcd: &Etcd) {
                 .filter(|l| field(&l.text, "node") == Some(id))
                 .collect();
             assert_eq!(mine.len(), per_node, "{msg:?} of node {id}");
-            assert_eq!(mine[0].level, rdzv_log_level_t::RDZV_LOG_INFO);
+            assert_eq!(mine[0].level, Level::INFO);
             if msg != "connected to etcd" && msg != "shut down" {
                 assert_eq!(field(&mine[0].text, "round"), Some("0"), "{}", mine[0].text);
             }
@@ -268,13 +266,11 @@ fn retries_are_logged_and_a_lasting_one_warns(etcd: &mut Etcd) {
         .filter(|l| mine(l, "etcd request failed; retrying"))
         .collect();
     assert!(!retries.is_empty());
-    assert!(retries
-        .iter()
-        .all(|l| l.level == rdzv_log_level_t::RDZV_LOG_DEBUG));
+    assert!(retries.iter().all(|l| l.level == Level::DEBUG));
     assert_eq!(field(&retries[0].text, "attempt"), Some("1"));
     let warnings = lines
         .iter()
-        .filter(|l| mine(l, "etcd keeps failing") && l.level == rdzv_log_level_t::RDZV_LOG_WARN)
+        .filter(|l| mine(l, "etcd keeps failing") && l.level == Level::WARN)
         .count();
     assert_eq!(warnings, 1, "one warning per lasting failure");
     drop(lines);
@@ -327,7 +323,7 @@ fn a_flood_while_the_handler_changes_keeps_order(etcd: &Etcd, first: &'static Ge
     assert_eq!(
         CALLS_AFTER_RETIREMENT.load(Ordering::SeqCst),
         0,
-        "a handler was called after rdzv_set_log_handler replaced it"
+        "a handler was called after set_handler replaced it"
     );
 
     let lines = take_lines();
@@ -377,24 +373,18 @@ static REENTERED: AtomicUsize = AtomicUsize::new(0);
 
 /// Calls rdzv from inside: logs (dropped: a handler never runs inside itself) and replaces
 /// itself (must not wait for itself).
-unsafe extern "C" fn reenter(
-    _level: rdzv_log_level_t,
-    _target: *const c_char,
-    line: *const c_char,
-    user_data: *mut c_void,
-) {
-    let line = unsafe { CStr::from_ptr(line) }.to_string_lossy();
-    if line.starts_with("inside") {
+fn reenter(record: &Record<'_>) {
+    if record.line.starts_with("inside") {
         REENTERED.fetch_add(1000, Ordering::SeqCst); // must never happen
         return;
     }
     REENTERED.fetch_add(1, Ordering::SeqCst);
     tracing::info!(target: "rdzv::reenter", "inside the handler");
-    rdzv_set_log_handler(Some(reenter), user_data);
+    set_handler(Some(Arc::new(reenter)));
 }
 
 fn handlers_that_reenter_or_panic_do_no_harm() {
-    rdzv_set_log_handler(Some(reenter), std::ptr::null_mut());
+    set_handler(Some(Arc::new(reenter)));
     on_threads(4, |_| {
         for _ in 0..50 {
             tracing::info!(target: "rdzv::reenter", "outside");
@@ -435,13 +425,8 @@ static AFTER_HOLD: AtomicUsize = AtomicUsize::new(0);
 
 /// Thread "b" stays inside until released; thread "a", once "b" is inside, replaces the
 /// handler from inside it (and must then wait for "b" only).
-unsafe extern "C" fn hold(
-    _level: rdzv_log_level_t,
-    _target: *const c_char,
-    line: *const c_char,
-    _user_data: *mut c_void,
-) {
-    let who = match unsafe { CStr::from_ptr(line) }.to_str().unwrap() {
+fn hold(record: &Record<'_>) {
+    let who = match record.line {
         "hold b" => "b",
         "hold a" => "a",
         _ => return,
@@ -459,17 +444,12 @@ unsafe extern "C" fn hold(
         hold = HOLD_CHANGED.wait(hold).unwrap();
     }
     drop(hold);
-    rdzv_set_log_handler(Some(after_hold), std::ptr::null_mut());
+    set_handler(Some(Arc::new(after_hold)));
     HOLD.lock().unwrap().replaced_by_a = true;
     HOLD_CHANGED.notify_all();
 }
 
-unsafe extern "C" fn after_hold(
-    _level: rdzv_log_level_t,
-    _target: *const c_char,
-    _line: *const c_char,
-    _user_data: *mut c_void,
-) {
+fn after_hold(_: &Record<'_>) {
     AFTER_HOLD.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -485,7 +465,7 @@ fn thread_state(tid: i32) -> char {
 /// when nobody was left inside, which "a" itself never is). Made deterministic by watching
 /// "a" fall asleep in that wait before "b" is let go.
 fn replacing_from_inside_returns_when_the_other_thread_leaves() {
-    rdzv_set_log_handler(Some(hold), std::ptr::null_mut());
+    set_handler(Some(Arc::new(hold)));
     let b = std::thread::spawn(|| tracing::info!(target: "rdzv::hold", "hold b"));
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -516,7 +496,7 @@ fn replacing_from_inside_returns_when_the_other_thread_leaves() {
     HOLD.lock().unwrap().release = true;
     HOLD_CHANGED.notify_all();
     done_rx.recv_timeout(Duration::from_secs(30)).expect(
-        "rdzv_set_log_handler, called from inside the handler, still waits after the only \
+        "set_handler, called from inside the handler, still waits after the only \
          other thread inside left: a lost wake-up",
     );
     a.join().unwrap();

@@ -1,14 +1,12 @@
 //! A Rust program that installs its own `tracing` subscriber gets rdzv's records there, with
-//! their fields, and keeps them even when it also calls the C ABI (rdzv then installs nothing
-//! and calls no C handler). A test binary of its own: the global subscriber is per process.
+//! their fields, and keeps them even when it also sets a log handler as the C ABI does (rdzv
+//! then installs nothing and calls no handler). A test binary of its own: the global subscriber is per process.
 
 mod common;
 
 use common::{on_threads, Etcd};
-use rdzv::ffi::{rdzv_log_level_t, rdzv_set_log_handler};
 use rdzv::{BlockingRendezvous, Params};
 use std::collections::BTreeMap;
-use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tracing::field::{Field, Visit};
@@ -50,15 +48,15 @@ impl<S: Subscriber> Layer<S> for Keep {
     }
 }
 
-static C_HANDLER_CALLS: AtomicUsize = AtomicUsize::new(0);
+static HANDLER_CALLS: AtomicUsize = AtomicUsize::new(0);
 
-unsafe extern "C" fn c_handler(
-    _: rdzv_log_level_t,
-    _: *const c_char,
-    _: *const c_char,
-    _: *mut c_void,
-) {
-    C_HANDLER_CALLS.fetch_add(1, Ordering::SeqCst);
+/// What the C ABI's rdzv_set_log_handler does with a C function: rdzv's subscriber (unless
+/// the host has one), then the handler.
+fn set_a_handler() {
+    rdzv::log::install_default();
+    rdzv::log::set_handler(Some(Arc::new(|_: &rdzv::log::Record<'_>| {
+        HANDLER_CALLS.fetch_add(1, Ordering::SeqCst);
+    })));
 }
 
 #[test]
@@ -70,7 +68,7 @@ fn a_rust_host_gets_the_records_in_its_own_subscriber() {
     .unwrap();
     // RDZV_LOG is for C ABI users: a Rust host's subscriber decides alone.
     std::env::set_var("RDZV_LOG", "off");
-    rdzv_set_log_handler(Some(c_handler), std::ptr::null_mut());
+    set_a_handler();
 
     let etcd = Etcd::start();
     let url = etcd.url("subscriber", "min_nodes=2&max_nodes=2");
@@ -82,7 +80,7 @@ fn a_rust_host_gets_the_records_in_its_own_subscriber() {
         node.shutdown().unwrap();
         id
     });
-    rdzv_set_log_handler(None, std::ptr::null_mut());
+    rdzv::log::set_handler(None);
 
     let kept = kept.lock().unwrap();
     let of = |msg: &str| -> Vec<&Kept> {
@@ -111,5 +109,5 @@ fn a_rust_host_gets_the_records_in_its_own_subscriber() {
     assert_eq!(sealed[0].fields["trigger"], "max_nodes");
     assert_eq!(sealed[0].fields["world_size"], "2");
     assert_eq!(of("round complete").len(), 2);
-    assert_eq!(C_HANDLER_CALLS.load(Ordering::SeqCst), 0);
+    assert_eq!(HANDLER_CALLS.load(Ordering::SeqCst), 0);
 }

@@ -16,7 +16,7 @@ import (
 // The page is mapped on a process's first progress call, from RDZV_PROGRESS_FILE as it is
 // then, so the monitored cases run in a child: this test binary again, with
 // RDZV_GO_TEST_PROGRESS_CHILD naming what it does. init runs before TestMain, so a child
-// starts no etcd; the test reads the page it wrote at the offsets src/progress/layout.rs
+// starts no etcd; the test reads the page it wrote at the offsets core/src/progress/layout.rs
 // documents.
 
 const progressChildEnv = "RDZV_GO_TEST_PROGRESS_CHILD"

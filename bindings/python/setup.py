@@ -16,7 +16,7 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 from setuptools_rust import Binding, RustBin, RustExtension, Strip
 
-# The library's crate is the repository's root, the command's is cli/; build from a checkout
+# The C library's crate is the repository's root, the command's is cli/; build from a checkout
 # (or its sdist made there).
 CARGO_TOML = Path(__file__).resolve().parent.parent.parent / "Cargo.toml"
 CLI_CARGO_TOML = CARGO_TOML.parent / "cli" / "Cargo.toml"
@@ -62,10 +62,9 @@ if os.environ.get("RDZV_PYTHON_ONLY") != "1":
             binding=Binding.NoBinding,
             strip=Strip.Debug,  # the release profile keeps line tables for profiling
             # Cargo.toml's crate types ([lib] crate-type), not setuptools-rust's default of
-            # cdylib alone: the library is then the same build as the one the command below
-            # and scripts/install.sh use, so a build compiles the crate once. With cdylib
-            # alone each of those recompiled it (about a minute each).
-            args=["--crate-type", "rlib", "--crate-type", "cdylib", "--crate-type", "staticlib"],
+            # cdylib alone: the library is then the same build as scripts/install.sh's, so a
+            # build compiles the crate once. With cdylib alone each recompiled it.
+            args=["--crate-type", "cdylib", "--crate-type", "staticlib"],
         ),
         # The launcher (the rdzv-cli crate), installed as a script: `rdzv run ...` on PATH.
         RustBin("rdzv", path=str(CLI_CARGO_TOML), args=["--bin", "rdzv"], strip=Strip.Debug),

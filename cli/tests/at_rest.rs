@@ -84,7 +84,7 @@ fn a_job_at_rest_costs_etcd_its_lease_refreshes_alone_0_6_per_node_per_second() 
         l.wait_line(60, |line| line.contains("formed:"));
     }
     // A watch stream left without watches closes 5 s after its last one (`IDLE` in
-    // src/backend/watch.rs), which etcd counts as messages: quiet for longer than that.
+    // core/src/backend/watch.rs), which etcd counts as messages: quiet for longer than that.
     at_rest(&etcd, Duration::from_secs(6), Duration::from_secs(60));
     let (before, started) = (served(&etcd), Instant::now());
     std::thread::sleep(WINDOW);

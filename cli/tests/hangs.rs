@@ -307,12 +307,13 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// The library the `rdzv` under test was built with (beside it in the target directory).
+/// The C library built with these tests (the C library's crate is a dev-dependency of the
+/// launcher's for this): in deps/ beside the `rdzv` under test.
 fn library() -> PathBuf {
-    let lib = Path::new(RDZV).with_file_name("librdzv.so");
+    let lib = Path::new(RDZV).with_file_name("deps").join("librdzv.so");
     assert!(
         lib.exists(),
-        "{} is missing: cargo build -p rdzv first",
+        "{} is missing: cargo build -p rdzv-c first",
         lib.display()
     );
     lib

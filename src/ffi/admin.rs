@@ -6,9 +6,9 @@ use super::boundary::{
 };
 use super::cancel::{arg_cancel, rdzv_cancel_token_t};
 use super::params::{params_ref, rdzv_params_t};
-use crate::admin::{Purge, RunStatus};
-use crate::blocking::BlockingAdmin;
-use crate::error::Error;
+use rdzv::admin::{Purge, RunStatus};
+use rdzv::blocking::BlockingAdmin;
+use rdzv::error::Error;
 use std::ffi::{c_char, CString};
 
 /// An operator's handle on one run (the run id and key prefix of its params): reads its
@@ -430,7 +430,7 @@ pub extern "C" fn rdzv_run_status_free(status: *mut rdzv_run_status_t) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admin::{Joiner, Member, SealedRound};
+    use rdzv::admin::{Joiner, Member, SealedRound};
     use std::ffi::CStr;
 
     #[test]

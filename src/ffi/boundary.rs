@@ -1,6 +1,6 @@
 //! The panic and argument boundary shared by every exported function, and the error object.
 
-use crate::error::{Error, ErrorKind, Result};
+use rdzv::error::{Error, ErrorKind, Result};
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -65,7 +65,7 @@ pub(crate) fn boundary(
     body: impl FnOnce() -> Result<()>,
 ) -> rdzv_status_t {
     // A program that reaches rdzv through the C ABI gets rdzv's log routing (once).
-    crate::log::install_default();
+    rdzv::log::install_default();
     let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()

@@ -1,7 +1,7 @@
 //! `rdzv_cancel_token_t`: a cancel that cannot be lost, handed to any call that talks to etcd.
 
 use super::boundary::{arg_out, arg_ref, boundary, rdzv_error_t, rdzv_status_t};
-use crate::cancel::CancelToken;
+use rdzv::cancel::CancelToken;
 
 /// A cancel token: the caller makes one, passes it to the `_with_cancel` form of any call that
 /// talks to etcd (`rdzv_next_with_cancel`, `rdzv_num_lost_with_cancel`,

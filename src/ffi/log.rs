@@ -1,6 +1,6 @@
 //! `rdzv_set_log_handler`: the library's log records, handed to the host's own logging.
 
-use crate::log::{set_handler, Record};
+use rdzv::log::{set_handler, Record};
 use std::ffi::{c_char, c_void, CString};
 use tracing::Level;
 
@@ -72,7 +72,7 @@ impl UserData {
 /// panic in it is caught and the record dropped.
 #[no_mangle]
 pub extern "C" fn rdzv_set_log_handler(handler: rdzv_log_handler_t, user_data: *mut c_void) {
-    crate::log::install_default();
+    rdzv::log::install_default();
     let Some(handler) = handler else {
         set_handler(None);
         return;

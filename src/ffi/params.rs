@@ -1,7 +1,7 @@
 //! `rdzv_params_t`: building the description of a rendezvous.
 
 use super::boundary::{arg_out, arg_ref, arg_str, boundary, rdzv_error_t, rdzv_status_t};
-use crate::params::Params;
+use rdzv::params::Params;
 use std::ffi::c_char;
 
 /// Parameters of a rendezvous. Created by `rdzv_params_from_url` or `rdzv_params_new`, changed
@@ -86,6 +86,6 @@ pub extern "C" fn rdzv_params_free(params: *mut rdzv_params_t) {
     }
 }
 
-pub(crate) fn params_ref<'a>(params: *const rdzv_params_t) -> crate::Result<&'a Params> {
+pub(crate) fn params_ref<'a>(params: *const rdzv_params_t) -> rdzv::Result<&'a Params> {
     Ok(&arg_ref(params, "params")?.0)
 }

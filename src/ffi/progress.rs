@@ -1,7 +1,7 @@
 //! `rdzv_heartbeat` and sections: a worker's progress, for `rdzv run`'s hang monitor.
 
 use super::boundary::{arg_str, boundary, rdzv_error_t, rdzv_status_t};
-use crate::progress;
+use rdzv::progress;
 use std::ffi::c_char;
 use std::panic::catch_unwind;
 

@@ -4,7 +4,7 @@ use super::boundary::{arg_out, arg_ref, boundary, optional_str, rdzv_error_t, rd
 use super::cancel::{arg_cancel, rdzv_cancel_token_t};
 use super::params::{params_ref, rdzv_params_t};
 use super::store::rdzv_store_t;
-use crate::blocking::BlockingRendezvous;
+use rdzv::blocking::BlockingRendezvous;
 use std::ffi::{c_char, CString};
 
 /// Capacity of `rdzv_round_t.master_addr`, including the terminating NUL.

@@ -5,10 +5,20 @@ use super::boundary::{
     rdzv_status_t, to_timeout,
 };
 use super::cancel::{arg_cancel, rdzv_cancel_token_t};
-use crate::blocking::BlockingStore;
-use crate::error::Error;
+use rdzv::blocking::BlockingStore;
+use rdzv::error::Error;
 use std::ffi::c_char;
 use std::time::Duration;
+
+/// The longest value the store takes, in bytes: etcd's default request limit (1.5 MiB) less
+/// headroom for keys and framing.
+// Written out for cbindgen, which cannot read another crate's constants; the asserts hold
+// both to the Rust library's.
+pub const RDZV_MAX_VALUE_BYTES: usize = 1024 * 1024 + 512 * 1024 - 4096;
+/// The longest key the store takes: etcd keeps keys in memory and in every index.
+pub const RDZV_MAX_KEY_BYTES: usize = 4096;
+const _: () = assert!(RDZV_MAX_VALUE_BYTES == rdzv::store::MAX_VALUE_BYTES);
+const _: () = assert!(RDZV_MAX_KEY_BYTES == rdzv::store::MAX_KEY_BYTES);
 
 /// The store of one round, under the run's prefix and the round number: a node of an old round
 /// cannot touch a newer round's store. The run's store (`rdzv_run_store`) is the same type,
@@ -37,7 +47,7 @@ use std::time::Duration;
 /// timeout, clamped to 5-30 s).
 pub struct rdzv_store_t(pub(crate) BlockingStore);
 
-fn store_ref<'a>(s: *const rdzv_store_t) -> crate::Result<&'a BlockingStore> {
+fn store_ref<'a>(s: *const rdzv_store_t) -> rdzv::Result<&'a BlockingStore> {
     Ok(&arg_ref(s, "store")?.0)
 }
 

@@ -2,7 +2,7 @@
 
 The library maps the progress page on a process's first progress call, from
 RDZV_PROGRESS_FILE as it is then, so the monitored cases run in a child Python with the page
-in its environment; the test reads the page at the offsets src/progress/layout.rs documents.
+in its environment; the test reads the page at the offsets core/src/progress/layout.rs documents.
 Stack dumps are checked with a real signal sent to a real child."""
 
 from __future__ import annotations

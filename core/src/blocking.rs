@@ -150,7 +150,9 @@ impl BlockingRendezvous {
     }
     /// `run_store`, ended by `cancel`.
     pub fn run_store_with(&self, cancel: &CancelToken) -> Result<BlockingStore> {
-        let store = self.owned.run(self.inner.run_store_with(cancel))?;
+        let store = self
+            .owned
+            .run(cancel.run("run_store", self.inner.run_store()))?;
         Ok(BlockingStore {
             owned: Owned::new()?,
             inner: store,
@@ -161,28 +163,32 @@ impl BlockingRendezvous {
     }
     /// `is_closed`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it is.
     pub fn is_closed_with(&self, cancel: &CancelToken) -> Result<bool> {
-        self.owned.run(self.inner.is_closed_with(cancel))
+        self.owned
+            .run(cancel.run("is_closed", self.inner.is_closed()))
     }
     pub fn set_closed(&self) -> Result<()> {
         self.owned.run(self.inner.set_closed())
     }
     /// `set_closed`, ended by `cancel` (a close on its way may still be applied).
     pub fn set_closed_with(&self, cancel: &CancelToken) -> Result<()> {
-        self.owned.run(self.inner.set_closed_with(cancel))
+        self.owned
+            .run(cancel.run("set_closed", self.inner.set_closed()))
     }
     pub fn num_waiting(&self) -> Result<u32> {
         self.owned.run(self.inner.num_waiting())
     }
     /// `num_waiting`, ended by `cancel`.
     pub fn num_waiting_with(&self, cancel: &CancelToken) -> Result<u32> {
-        self.owned.run(self.inner.num_waiting_with(cancel))
+        self.owned
+            .run(cancel.run("num_waiting", self.inner.num_waiting()))
     }
     pub fn num_lost(&self) -> Result<u32> {
         self.owned.run(self.inner.num_lost())
     }
     /// `num_lost`, ended by `cancel`.
     pub fn num_lost_with(&self, cancel: &CancelToken) -> Result<u32> {
-        self.owned.run(self.inner.num_lost_with(cancel))
+        self.owned
+            .run(cancel.run("num_lost", self.inner.num_lost()))
     }
     /// The members of this node's last round in rank order (read once, on first use).
     pub fn members(&self) -> Result<Arc<[String]>> {
@@ -190,21 +196,23 @@ impl BlockingRendezvous {
     }
     /// `members`, ended by `cancel`.
     pub fn members_with(&self, cancel: &CancelToken) -> Result<Arc<[String]>> {
-        self.owned.run(self.inner.members_with(cancel))
+        self.owned.run(cancel.run("members", self.inner.members()))
     }
     pub fn drain(&self, reason: &str) -> Result<()> {
         self.owned.run(self.inner.drain(reason))
     }
     /// `drain`, ended by `cancel` (a mark on its way may still be written).
     pub fn drain_with(&self, reason: &str, cancel: &CancelToken) -> Result<()> {
-        self.owned.run(self.inner.drain_with(reason, cancel))
+        self.owned
+            .run(cancel.run("drain", self.inner.drain(reason)))
     }
     pub fn is_draining(&self) -> Result<bool> {
         self.owned.run(self.inner.is_draining())
     }
     /// `is_draining`, ended by `cancel`.
     pub fn is_draining_with(&self, cancel: &CancelToken) -> Result<bool> {
-        self.owned.run(self.inner.is_draining_with(cancel))
+        self.owned
+            .run(cancel.run("is_draining", self.inner.is_draining()))
     }
     /// Ends the `next` running on this handle or, if none is, the next one to start
     /// (`Rendezvous::cancel`). Never lost; the handle stays usable.
@@ -260,7 +268,7 @@ impl BlockingAdmin {
     }
     /// `status`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it is.
     pub fn status_with(&self, cancel: &CancelToken) -> Result<RunStatus> {
-        self.owned.run(self.inner.status_with(cancel))
+        self.owned.run(cancel.run("status", self.inner.status()))
     }
     /// The current status on the first call, then each change, in order (see
     /// `StatusWatch::next`). `Timeout` when nothing changed within `timeout`; the watch stays
@@ -312,21 +320,22 @@ impl BlockingAdmin {
     }
     /// `close`, ended by `cancel` (a close on its way may still be applied).
     pub fn close_with(&self, cancel: &CancelToken) -> Result<()> {
-        self.owned.run(self.inner.close_with(cancel))
+        self.owned.run(cancel.run("close", self.inner.close()))
     }
     pub fn purge(&self, force: bool) -> Result<Purge> {
         self.owned.run(self.inner.purge(force))
     }
     /// `purge`, ended by `cancel` (a purge on its way may still be applied).
     pub fn purge_with(&self, force: bool, cancel: &CancelToken) -> Result<Purge> {
-        self.owned.run(self.inner.purge_with(force, cancel))
+        self.owned.run(cancel.run("purge", self.inner.purge(force)))
     }
     pub fn drain(&self, node: &str, reason: &str) -> Result<()> {
         self.owned.run(self.inner.drain(node, reason))
     }
     /// `drain`, ended by `cancel` (a mark on its way may still be written).
     pub fn drain_with(&self, node: &str, reason: &str, cancel: &CancelToken) -> Result<()> {
-        self.owned.run(self.inner.drain_with(node, reason, cancel))
+        self.owned
+            .run(cancel.run("drain", self.inner.drain(node, reason)))
     }
     pub fn params(&self) -> &Params {
         self.inner.params()
@@ -356,7 +365,8 @@ impl BlockingStore {
     /// `set`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it is (a
     /// write on its way may still be applied).
     pub fn set_with(&self, key: &str, value: &[u8], cancel: &CancelToken) -> Result<()> {
-        self.owned.run(self.inner.set_with(key, value, cancel))
+        self.owned
+            .run(cancel.run("store set", self.inner.set(key, value)))
     }
     pub fn get(&self, key: &str, timeout: Option<Duration>) -> Result<Vec<u8>> {
         self.owned.run(self.inner.get(key, timeout))
@@ -375,7 +385,8 @@ impl BlockingStore {
     }
     /// `add`, ended by `cancel` (an add on its way may still be applied).
     pub fn add_with(&self, key: &str, delta: i64, cancel: &CancelToken) -> Result<i64> {
-        self.owned.run(self.inner.add_with(key, delta, cancel))
+        self.owned
+            .run(cancel.run("store add", self.inner.add(key, delta)))
     }
     pub fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
         self.owned
@@ -389,8 +400,10 @@ impl BlockingStore {
         desired: &[u8],
         cancel: &CancelToken,
     ) -> Result<Vec<u8>> {
-        self.owned
-            .run(self.inner.compare_set_with(key, expected, desired, cancel))
+        self.owned.run(cancel.run(
+            "store compare_set",
+            self.inner.compare_set(key, expected, desired),
+        ))
     }
     pub fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<()> {
         self.owned.run(self.inner.wait(keys, timeout))
@@ -408,21 +421,24 @@ impl BlockingStore {
     }
     /// `check`, ended by `cancel`.
     pub fn check_with(&self, keys: &[&str], cancel: &CancelToken) -> Result<bool> {
-        self.owned.run(self.inner.check_with(keys, cancel))
+        self.owned
+            .run(cancel.run("store check", self.inner.check(keys)))
     }
     pub fn delete_key(&self, key: &str) -> Result<bool> {
         self.owned.run(self.inner.delete_key(key))
     }
     /// `delete_key`, ended by `cancel` (a delete on its way may still be applied).
     pub fn delete_key_with(&self, key: &str, cancel: &CancelToken) -> Result<bool> {
-        self.owned.run(self.inner.delete_key_with(key, cancel))
+        self.owned
+            .run(cancel.run("store delete_key", self.inner.delete_key(key)))
     }
     pub fn num_keys(&self) -> Result<i64> {
         self.owned.run(self.inner.num_keys())
     }
     /// `num_keys`, ended by `cancel`.
     pub fn num_keys_with(&self, cancel: &CancelToken) -> Result<i64> {
-        self.owned.run(self.inner.num_keys_with(cancel))
+        self.owned
+            .run(cancel.run("store num_keys", self.inner.num_keys()))
     }
     pub fn multi_get(&self, keys: &[&str], timeout: Option<Duration>) -> Result<Vec<Vec<u8>>> {
         self.owned.run(self.inner.multi_get(keys, timeout))
@@ -447,7 +463,7 @@ impl BlockingStore {
         cancel: &CancelToken,
     ) -> Result<()> {
         self.owned
-            .run(self.inner.multi_set_with(keys, values, cancel))
+            .run(cancel.run("store multi_set", self.inner.multi_set(keys, values)))
     }
     pub fn timeout(&self) -> Duration {
         self.inner.timeout()

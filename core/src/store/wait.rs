@@ -62,7 +62,7 @@ impl Store {
     }
 
     /// `get`, which also ends (`Cancelled`) once `cancel` is cancelled, at once if it already is.
-    pub fn get_with<'a>(
+    pub(crate) fn get_with<'a>(
         &'a self,
         key: &'a str,
         timeout: Option<Duration>,
@@ -89,7 +89,7 @@ impl Store {
     }
 
     /// `wait`, which also ends (`Cancelled`) once `cancel` is cancelled.
-    pub fn wait_with<'a>(
+    pub(crate) fn wait_with<'a>(
         &'a self,
         keys: &'a [&'a str],
         timeout: Option<Duration>,
@@ -109,7 +109,7 @@ impl Store {
     }
 
     /// `multi_get`, which also ends (`Cancelled`) once `cancel` is cancelled.
-    pub fn multi_get_with<'a>(
+    pub(crate) fn multi_get_with<'a>(
         &'a self,
         keys: &'a [&'a str],
         timeout: Option<Duration>,

@@ -17,7 +17,6 @@ use view::View;
 
 use crate::backend::keys::Keys;
 use crate::backend::{ranges, Etcd, Target};
-use crate::cancel::CancelToken;
 use crate::error::Result;
 use crate::params::Params;
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
@@ -354,36 +353,6 @@ impl Admin {
         .await?;
         tracing::info!(run = %self.params.run_id(), "closed the run (operator)");
         Ok(())
-    }
-
-    // The calls above with a cancel token of the caller's: each returns `Cancelled` once the
-    // token is cancelled (at once, without touching etcd, if it already is), whatever etcd is
-    // doing. A write cancelled on its way (close, purge, drain, release) may or may not have
-    // been applied, as one that times out.
-
-    /// `status`, ended by `token`.
-    pub async fn status_with(&self, token: &CancelToken) -> Result<RunStatus> {
-        token.run("status", self.status()).await
-    }
-    /// `close`, ended by `token`.
-    pub async fn close_with(&self, token: &CancelToken) -> Result<()> {
-        token.run("close", self.close()).await
-    }
-    /// `purge`, ended by `token`.
-    pub async fn purge_with(&self, force: bool, token: &CancelToken) -> Result<Purge> {
-        token.run("purge", self.purge(force)).await
-    }
-    /// `drain`, ended by `token`.
-    pub async fn drain_with(&self, node: &str, reason: &str, token: &CancelToken) -> Result<()> {
-        token.run("drain", self.drain(node, reason)).await
-    }
-    /// `release`, ended by `token`.
-    pub async fn release_with(
-        &self,
-        ticket: &crate::ReleaseTicket,
-        token: &CancelToken,
-    ) -> Result<bool> {
-        token.run("release", self.release(ticket)).await
     }
 
     /// Deletes every key of the run (rounds, stores, round counter, `closed` marker), so its id

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 const LOG_TARGET: &str = module_path!();
 
 /// etcd's default `--max-request-bytes` is 1.5 MiB; keep headroom for keys and framing.
-pub const RDZV_MAX_VALUE_BYTES: usize = 1024 * 1024 + 512 * 1024 - 4096;
+pub const MAX_VALUE_BYTES: usize = 1024 * 1024 + 512 * 1024 - 4096;
 
 /// Retrying is routine (an etcd leader change, a restart); retrying for longer than this is
 /// logged as a warning.

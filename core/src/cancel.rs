@@ -1,6 +1,7 @@
-//! Cancels. A `CancelToken` is made by the caller, handed to any call that talks to etcd
-//! (`next_with`, the store's `get_with`, `is_closed_with`, `set_with`, ...) and cancelled from
-//! any thread. Once cancelled it stays cancelled, so a cancel is never lost to timing: a call
+//! Cancels. A `CancelToken` is made by the caller, handed to any blocking call that talks to
+//! etcd (`BlockingRendezvous::next_with`, the blocking store's `get_with`, `set_with`, ...; the
+//! C ABI's `_with_cancel` calls) and cancelled from any thread. An async caller needs none: it
+//! drops the call's future, or uses the handle's own cancel below. Once cancelled it stays cancelled, so a cancel is never lost to timing: a call
 //! made with a token that is already cancelled returns `Cancelled` at once, and one that is
 //! running returns as soon as the token is cancelled. This is the shape of a Go `context`
 //! (etcd's client takes one in every call).

@@ -30,8 +30,11 @@ mod wait;
 mod add;
 
 use crate::backend::keys::Keys;
-use crate::backend::{ranges, Etcd, RDZV_MAX_VALUE_BYTES};
-use crate::cancel::{CancelToken, HandleCancel};
+/// etcd's default `--max-request-bytes` is 1.5 MiB; a value (or a `multi_set`'s values
+/// together) may be this long, which leaves headroom for keys and framing.
+pub use crate::backend::MAX_VALUE_BYTES;
+use crate::backend::{ranges, Etcd};
+use crate::cancel::HandleCancel;
 use crate::error::{Error, ErrorKind, Result};
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnResponse};
 use std::sync::{Arc, Mutex};
@@ -44,7 +47,7 @@ use tokio::time::Instant;
 const LOG_TARGET: &str = module_path!();
 
 /// Keys longer than this are refused: etcd keeps keys in memory and in every index.
-pub const RDZV_MAX_KEY_BYTES: usize = 4096;
+pub const MAX_KEY_BYTES: usize = 4096;
 
 /// Longer waits are capped here, so "forever" (e.g. `i64::MAX` ms) cannot overflow a clock.
 pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -180,9 +183,9 @@ impl Store {
         if key.is_empty() {
             return Err(Error::invalid("key: expected a non-empty string"));
         }
-        if key.len() > RDZV_MAX_KEY_BYTES {
+        if key.len() > MAX_KEY_BYTES {
             return Err(Error::invalid(format!(
-                "key: {} bytes is longer than the limit of {RDZV_MAX_KEY_BYTES}",
+                "key: {} bytes is longer than the limit of {MAX_KEY_BYTES}",
                 key.len()
             )));
         }
@@ -366,9 +369,9 @@ impl Store {
             total += key.len() + value.len();
             ops.push(self.put(self.key(key)?, value.to_vec())?);
         }
-        if total > RDZV_MAX_VALUE_BYTES {
+        if total > MAX_VALUE_BYTES {
             return Err(Error::invalid(format!(
-                "multi_set: {total} bytes in one call exceeds etcd's request limit of {RDZV_MAX_VALUE_BYTES} bytes"
+                "multi_set: {total} bytes in one call exceeds etcd's request limit of {MAX_VALUE_BYTES} bytes"
             )));
         }
         // etcd takes at most 128 operations per transaction (`--max-txn-ops`): more keys go
@@ -382,63 +385,14 @@ impl Store {
         }
         Ok(())
     }
-
-    // The calls that do not wait, with a cancel token of the caller's: each returns
-    // `Cancelled` once the token is cancelled (at once, without touching etcd, if it already
-    // is), whatever etcd is doing. A write cancelled on its way may or may not have been
-    // applied, as one that times out (an `add` so cancelled may have added).
-
-    /// `set`, ended by `token`.
-    pub async fn set_with(&self, key: &str, value: &[u8], token: &CancelToken) -> Result<()> {
-        token.run("store set", self.set(key, value)).await
-    }
-    /// `add`, ended by `token`.
-    pub async fn add_with(&self, key: &str, delta: i64, token: &CancelToken) -> Result<i64> {
-        token.run("store add", self.add(key, delta)).await
-    }
-    /// `compare_set`, ended by `token`.
-    pub async fn compare_set_with(
-        &self,
-        key: &str,
-        expected: &[u8],
-        desired: &[u8],
-        token: &CancelToken,
-    ) -> Result<Vec<u8>> {
-        let call = self.compare_set(key, expected, desired);
-        token.run("store compare_set", call).await
-    }
-    /// `check`, ended by `token`.
-    pub async fn check_with(&self, keys: &[&str], token: &CancelToken) -> Result<bool> {
-        token.run("store check", self.check(keys)).await
-    }
-    /// `delete_key`, ended by `token`.
-    pub async fn delete_key_with(&self, key: &str, token: &CancelToken) -> Result<bool> {
-        token.run("store delete_key", self.delete_key(key)).await
-    }
-    /// `num_keys`, ended by `token`.
-    pub async fn num_keys_with(&self, token: &CancelToken) -> Result<i64> {
-        token.run("store num_keys", self.num_keys()).await
-    }
-    /// `multi_set`, ended by `token` (with more than 128 keys, the transactions sent before
-    /// the cancel stay applied).
-    pub async fn multi_set_with(
-        &self,
-        keys: &[&str],
-        values: &[&[u8]],
-        token: &CancelToken,
-    ) -> Result<()> {
-        token
-            .run("store multi_set", self.multi_set(keys, values))
-            .await
-    }
 }
 
 fn check_value(key: &str, value: &[u8]) -> Result<()> {
-    if value.len() > RDZV_MAX_VALUE_BYTES {
+    if value.len() > MAX_VALUE_BYTES {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             format!(
-                "value for key {key:?} is {} bytes; etcd accepts at most {RDZV_MAX_VALUE_BYTES} bytes per request",
+                "value for key {key:?} is {} bytes; etcd accepts at most {MAX_VALUE_BYTES} bytes per request",
                 value.len()
             ),
         ));

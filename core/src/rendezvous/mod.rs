@@ -238,7 +238,7 @@ impl Rendezvous {
 
     /// `next`, which also ends (`Cancelled`, withdrawing as a cancel does) once `token` is
     /// cancelled: at once, joining nothing, if it already is.
-    pub fn next_with(
+    pub(crate) fn next_with(
         &self,
         token: &CancelToken,
     ) -> impl std::future::Future<Output = Result<(RoundInfo, Store)>> + '_ {
@@ -461,11 +461,6 @@ impl Rendezvous {
         ))
     }
 
-    /// `run_store`, ended by `token`.
-    pub async fn run_store_with(&self, token: &CancelToken) -> Result<Store> {
-        token.run("run_store", self.run_store()).await
-    }
-
     fn member_of(&self, mut sealed: FinalRecord, rank: u32) -> (RoundInfo, Store) {
         // The lane's ranks were for finding this node's own: not kept.
         sealed.lane = None;
@@ -641,52 +636,11 @@ impl Rendezvous {
     /// ended with `Cancelled` because of it (a `next` that returned its round just as the
     /// cancel came leaves it for the next call). Then it is used up and the handle stays
     /// usable: the `next` after that one runs normally. "Running" starts when `next` is called,
-    /// not when its future is first polled. Reaches `next` only (with or without a token of
-    /// the caller's); the other calls take a token. Never blocks; needs no runtime.
+    /// not when its future is first polled. Reaches `next` only: the other calls end when
+    /// their future is dropped (the blocking API's take a cancel token, since a blocked thread
+    /// has no future to drop). Never blocks; needs no runtime.
     pub fn cancel(&self) {
         self.cancel.cancel();
-    }
-
-    // The calls of `close`, `drain` and `membership` with a cancel token of the caller's: each returns `Cancelled` once the
-    // token is cancelled (at once, without touching etcd, if it already is), whatever etcd is
-    // doing. A write cancelled while it was on its way (`set_closed`, `set_failed`, `drain`)
-    // may or may not have been applied, as one that times out; calling it again is safe.
-
-    /// `is_closed`, ended by `token`.
-    pub async fn is_closed_with(&self, token: &CancelToken) -> Result<bool> {
-        token.run("is_closed", self.is_closed()).await
-    }
-    /// `set_closed`, ended by `token` (the close may still have been applied).
-    pub async fn set_closed_with(&self, token: &CancelToken) -> Result<()> {
-        token.run("set_closed", self.set_closed()).await
-    }
-    /// `set_failed`, ended by `token` (the close may still have been applied).
-    pub async fn set_failed_with(&self, reason: &str, token: &CancelToken) -> Result<()> {
-        token.run("set_failed", self.set_failed(reason)).await
-    }
-    /// `failure`, ended by `token`.
-    pub async fn failure_with(&self, token: &CancelToken) -> Result<Option<String>> {
-        token.run("failure", self.failure()).await
-    }
-    /// `num_waiting`, ended by `token`.
-    pub async fn num_waiting_with(&self, token: &CancelToken) -> Result<u32> {
-        token.run("num_waiting", self.num_waiting()).await
-    }
-    /// `num_lost`, ended by `token`.
-    pub async fn num_lost_with(&self, token: &CancelToken) -> Result<u32> {
-        token.run("num_lost", self.num_lost()).await
-    }
-    /// `members`, ended by `token`.
-    pub async fn members_with(&self, token: &CancelToken) -> Result<Arc<[String]>> {
-        token.run("members", self.members()).await
-    }
-    /// `drain`, ended by `token` (the mark may still have been written).
-    pub async fn drain_with(&self, reason: &str, token: &CancelToken) -> Result<()> {
-        token.run("drain", self.drain(reason)).await
-    }
-    /// `is_draining`, ended by `token`.
-    pub async fn is_draining_with(&self, token: &CancelToken) -> Result<bool> {
-        token.run("is_draining", self.is_draining()).await
     }
 
     pub(crate) fn etcd(&self) -> &Etcd {
