@@ -5,7 +5,7 @@
 # library's crate's (rdzv-c, the repository's root); each published crate ships what it should
 # and nothing of the repository around it (`cargo package --list`), and all three build from
 # their packages as `cargo publish` would upload them (`--dry-run`). The tests' and the
-# benchmarks' crates are not published.
+# benchmarks' crates (and the tests' harness) are not published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,7 +64,7 @@ publish=$(cargo metadata --no-deps --format-version 1 | python3 -c '
 import json, sys
 for p in json.load(sys.stdin)["packages"]:
     print(p["name"], "unpublished" if p["publish"] == [] else "published")')
-for private in rdzv-tests rdzv-bench; do
+for private in rdzv-tests rdzv-test-support rdzv-bench; do
   grep -qx "$private unpublished" <<<"$publish" || { echo "$private must not be published: $publish" >&2; exit 1; }
 done
 

@@ -5,7 +5,7 @@
 //! back into rdzv or panic do no harm. Real etcd. One test function, since the handler and the
 //! filter are process-wide; a watchdog fails it instead of hanging if anything deadlocks.
 
-mod common;
+use rdzv_test_support as common;
 
 use common::{on_threads, Etcd};
 use rdzv::log::{set_handler, Record};

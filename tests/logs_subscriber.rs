@@ -2,7 +2,7 @@
 //! their fields, and keeps them even when it also sets a log handler as the C ABI does (rdzv
 //! then installs nothing and calls no handler). A test binary of its own: the global subscriber is per process.
 
-mod common;
+use rdzv_test_support as common;
 
 use common::{on_threads, Etcd};
 use rdzv::{BlockingRendezvous, Params};

@@ -2,8 +2,7 @@
 //! real etcd, measured from etcd's own metrics (requests it served: unary calls handled, and
 //! messages received on its streams, such as a lease refresh or a new watch).
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use rdzv_test_support as common;
 #[path = "support/launch.rs"]
 mod launch;
 

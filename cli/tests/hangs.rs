@@ -4,8 +4,7 @@
 //! workers (Python through rdzv's binding, C through the C ABI), a real etcd; every wait is
 //! bounded and waits for a line or an exit.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use rdzv_test_support as common;
 #[path = "support/launch.rs"]
 mod launch;
 

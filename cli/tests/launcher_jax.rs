@@ -5,8 +5,7 @@
 //! (`RDZV_JAX_PYTHON` names its python, else it is looked up in the cache); skipped, saying
 //! so, where there is none.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use rdzv_test_support as common;
 #[path = "support/launch.rs"]
 mod launch;
 

@@ -3,8 +3,7 @@
 //! PyTorch environment made by `scripts/torch-env.sh` (`RDZV_TORCH_PYTHON` names its python,
 //! else it is looked up in the cache); skipped, saying so, where there is none.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use rdzv_test_support as common;
 #[path = "support/launch.rs"]
 mod launch;
 

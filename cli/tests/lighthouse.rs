@@ -6,19 +6,15 @@
 //! (each lighthouse's /status and etcd's leader key, every 20 ms), never one instant; a call
 //! held back must end as its deadline ends it, not with any error.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use rdzv_test_support as common;
 
 mod proto {
     #![allow(clippy::all)]
     tonic::include_proto!("torchft");
 }
 
-#[path = "support/lighthouse.rs"]
-mod harness;
-
-#[path = "lighthouse/failover.rs"]
 mod failover;
+mod harness;
 
 use common::Etcd;
 use harness::{

@@ -4,8 +4,7 @@
 //! alarm; a running node keeps its lease and one that leaves still cleans up; and the way out
 //! that OPERATIONS.md gives (compact, defragment, disarm) makes the run write again.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use rdzv_test_support as common;
 
 use common::{etcd_client, Etcd};
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, CompactionOptions};

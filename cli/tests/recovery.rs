@@ -12,8 +12,7 @@
 //!
 //! Timings are not asserted here (`scripts/bench.sh --launcher` prints them).
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use rdzv_test_support as common;
 #[path = "support/launch.rs"]
 mod launch;
 

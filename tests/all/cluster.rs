@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use common::node::{joiners_of_round, run_of, Node, NODE_BIN};
+use common::node::{joiners_of_round, node_bin, run_of, Node};
 use common::{on_threads, Etcd, EtcdCluster, NetNs};
 use rdzv::{BlockingRendezvous, Params};
 use serde_json::Value;
@@ -53,7 +53,7 @@ fn round_survives_the_death_of_the_etcd_leader(early: usize) {
     // Each node's records at info level on the test's stderr: leases created, lost and
     // revoked, rounds sealed and deleted, so a failure here says which of them undid the round.
     let spawn = || {
-        let mut command = std::process::Command::new(NODE_BIN);
+        let mut command = std::process::Command::new(node_bin());
         command.env("RDZV_LOG", "info");
         Node::spawn_command(command, &url, &["--exchange"])
     };
@@ -207,7 +207,7 @@ fn a_partitioned_node_is_dropped_and_gets_an_error() {
 
     // The node in the namespace joins first (and so leads round 0): proof that it reaches
     // etcd across the veth.
-    let inside = Node::spawn_command(ns.command(NODE_BIN), &inside_url, &args);
+    let inside = Node::spawn_command(ns.command(node_bin()), &inside_url, &args);
     common::wait_for_leader(&etcd.endpoint(0), &format!("/rdzv/{}/", run_of(&url)));
     let outside: Vec<Node> = (0..2).map(|_| Node::spawn(&url, &args)).collect();
     let first: Vec<Value> = std::iter::once(&inside)

@@ -8,10 +8,8 @@
 //! the library does with the process's global logging, which the tests here share
 //! (`records`).
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/records.rs"]
-mod records;
+use rdzv_test_support as common;
+use rdzv_test_support::records;
 
 mod admin;
 mod c_api;

@@ -3,8 +3,7 @@
 //! users whose roles confine them to one run's prefix.
 
 use crate::common;
-#[path = "../common/tls.rs"]
-mod tls;
+use rdzv_test_support::tls;
 
 use common::{on_threads, Etcd};
 use etcd_client::{Client, ConnectOptions, GetOptions, Permission};

@@ -3,7 +3,6 @@
 //! (tests/fixtures/etcd-test-server.rs), which wraps it. A real etcd (the first on PATH) on
 //! free loopback ports with a temporary data directory, ready when etcd says so, killed on drop
 //! and with the process that started it, however that process ends.
-#![allow(dead_code)] // the program uses a part of it
 
 use super::leftovers;
 use std::io::{BufRead, BufReader};

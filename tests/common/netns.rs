@@ -52,8 +52,9 @@ fn ip_output(args: &[&str]) -> Result<String, String> {
 }
 
 /// Held while a namespace is created: no two test processes pick the same /30, and none
-/// removes what another is still setting up.
-struct CreateLock(std::fs::File);
+/// removes what another is still setting up. The file is never read: its open descriptor is
+/// the lock, let go when it is dropped.
+struct CreateLock(#[allow(dead_code)] std::fs::File);
 
 impl CreateLock {
     fn take() -> Result<CreateLock, String> {

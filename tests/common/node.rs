@@ -7,12 +7,22 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// The node fixture, built with the tests of its package (rdzv-tests). Empty where this harness
-/// is shared by another package's tests (the `rdzv` command's), which start no node.
-pub const NODE_BIN: &str = match option_env!("CARGO_BIN_EXE_rdzv-node") {
-    Some(path) => path,
-    None => "",
-};
+/// The node fixture, built with the tests of its package (rdzv-tests) into the target
+/// directory, beside the deps/ folder the test program runs from.
+pub fn node_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test program's path");
+    let bin = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("a test program lives in target/<profile>/deps")
+        .join("rdzv-node");
+    assert!(
+        bin.exists(),
+        "{} is missing: rdzv-node is built with rdzv-tests' tests",
+        bin.display()
+    );
+    bin
+}
 
 pub struct Node {
     pub child: Child,
@@ -21,15 +31,11 @@ pub struct Node {
 
 impl Node {
     pub fn spawn(url: &str, args: &[&str]) -> Node {
-        Node::spawn_command(Command::new(NODE_BIN), url, args)
+        Node::spawn_command(Command::new(node_bin()), url, args)
     }
 
     /// Runs `command` (for example `ip netns exec NS rdzv-node`) with the node's arguments.
     pub fn spawn_command(mut command: Command, url: &str, args: &[&str]) -> Node {
-        assert!(
-            !NODE_BIN.is_empty(),
-            "rdzv-node is built only with rdzv-tests' tests"
-        );
         command
             .arg(url)
             .args(args)

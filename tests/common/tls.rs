@@ -1,6 +1,5 @@
 //! Test PKI made with the `openssl` command line, and an etcd launcher that takes extra
 //! arguments and a client URL scheme (for `https` with client-certificate authentication).
-#![allow(dead_code)]
 
 use std::ffi::OsString;
 
@@ -166,10 +165,10 @@ impl EtcdWith {
         let name = unique("etcd");
         let data_dir = std::env::temp_dir().join(&name);
         let _ = std::fs::remove_dir_all(&data_dir);
-        let client_port = crate::common::free_port();
+        let client_port = crate::free_port();
         let client = format!("{scheme}://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{}", crate::common::free_port());
-        let (child, ready_rx) = crate::common::spawn_etcd(crate::common::EtcdCommand {
+        let peer = format!("http://127.0.0.1:{}", crate::free_port());
+        let (child, ready_rx) = crate::spawn_etcd(crate::EtcdCommand {
             program: None,
             name: &name,
             data_dir: &data_dir,

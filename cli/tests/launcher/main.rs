@@ -9,8 +9,7 @@
 //! files), `flags` (the command line), `devices` (GPUs and NUMA nodes of a made-up machine);
 //! what they share in `support`.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use rdzv_test_support as common;
 #[path = "../support/launch.rs"]
 mod launch;
 

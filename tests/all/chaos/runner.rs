@@ -8,7 +8,7 @@
 use super::checker::{self, Report, Violation};
 use super::history::{self, now, parse_history, Fault, FaultKind, Process, Run, Time};
 use super::schedule::{self, Episode};
-use crate::common::node::NODE_BIN;
+use crate::common::node::node_bin;
 use crate::common::{EtcdCluster, NetNs, SpawnTied};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -281,10 +281,10 @@ impl Runner {
         let log = std::fs::File::create(&s.log).unwrap();
         let (mut command, url) = match &s.ns {
             Some(ns) => (
-                ns.command(NODE_BIN),
+                ns.command(node_bin()),
                 self.url.replace("127.0.0.1", &ns.host_addr),
             ),
-            None => (Command::new(NODE_BIN), self.url.clone()),
+            None => (Command::new(node_bin()), self.url.clone()),
         };
         let churn = format!("{}", self.config.churn.as_secs_f64());
         let child = command

@@ -1,17 +1,21 @@
-//! Test harness: a real etcd server (`etcd::Etcd`, started per test binary or per test) or a
-//! cluster of them, with what tests do to them and helpers that wait on them.
-#![allow(dead_code)]
+//! Test harness (the crate `rdzv-test-support`, shared by the tests of `rdzv-tests`, of the
+//! `rdzv` command and by the `etcd-test-server` fixture): a real etcd server (`etcd::Etcd`,
+//! started per test binary or per test) or a cluster of them, with what tests do to them and
+//! helpers that wait on them; `rdzv-node` processes (`node`); network namespaces (`netns`); a
+//! proxy that holds traffic (`slow_proxy`); test PKI and etcd over TLS (`tls`); the library's
+//! log records kept in the test process (`records`); what killed runs left behind
+//! (`leftovers`).
 
 pub mod etcd;
 pub mod leftovers;
 pub mod netns;
 pub mod node;
+pub mod records;
 pub mod slow_proxy;
+pub mod tls;
 
 pub use etcd::*;
-#[allow(unused_imports)]
 pub use netns::NetNs;
-#[allow(unused_imports)]
 pub use slow_proxy::{Hold, SlowProxy};
 
 use std::path::PathBuf;
