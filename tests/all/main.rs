@@ -21,6 +21,7 @@ mod faults;
 mod harness;
 mod interrupt;
 mod lifetime;
+mod peers;
 mod processes;
 mod races;
 mod rendezvous;

@@ -24,6 +24,7 @@ const BLOCKS: u32 = 16384;
 pub struct NetNs {
     pub name: String,
     host_veth: String,
+    ns_veth: String,
     pub host_addr: String,
     pub ns_addr: String,
     created_ns: bool,
@@ -173,12 +174,13 @@ impl NetNs {
             name: format!("{NS_PREFIX}{pid}-{seq}"),
             // Interface names are limited to 15 bytes.
             host_veth: format!("{VETH_PREFIX}{}h{seq}", pid % 10_000_000),
+            ns_veth: format!("{VETH_PREFIX}{}n{seq}", pid % 10_000_000),
             host_addr: host.to_string(),
             ns_addr: guest.to_string(),
             created_ns: false,
             created_veth: false,
         };
-        let ns_veth = format!("{VETH_PREFIX}{}n{seq}", pid % 10_000_000);
+        let ns_veth = ns.ns_veth.clone();
         ip(&["netns", "add", &ns.name])?;
         ns.created_ns = true;
         ip(&[
@@ -219,6 +221,16 @@ impl NetNs {
     /// way (no resets, no errors: packets are simply not delivered).
     pub fn cut(&self) {
         ip(&["link", "set", &self.host_veth, "down"]).expect("cannot cut the veth link");
+    }
+
+    /// Cuts the namespace off as a pulled cable or a dead machine does: the namespace's end of
+    /// the veth goes down, and the host keeps its route there (its end has only lost the
+    /// carrier), so what the host sends to the namespace is lost without a reset or an error.
+    /// (After `cut`, the host has no route to the namespace: a connection to it may be refused
+    /// by whatever the host's default route leads to.)
+    pub fn pull_cable(&self) {
+        ip(&["netns", "exec", &self.name, "ip", "link", "set", &self.ns_veth, "down"])
+            .expect("cannot take the namespace's end of the veth down");
     }
 
     /// Undoes `cut`: the link comes back up, and connections that were cut off carry on.

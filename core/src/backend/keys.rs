@@ -7,6 +7,8 @@
 //! current                      the number of the round open for joining; absent means 0
 //! alive/{node}                 one per live node, bound to the node's lease
 //! drain/{node}                 the node is leaving (planned): bound to the node's lease
+//! suspect/{node}               a peer cannot reach the node: the node deletes it if it can
+//!                              (rendezvous/peers.rs); bound to the suspecting node's lease
 //! r/{round:020}/join/{node}    a node's request to join the round, bound to its lease
 //! r/{round:020}/gone/{node}    a node that withdrew its join request (cancel, timeout)
 //! r/{round:020}/seal/leader    the node that seals the round, bound to its lease
@@ -85,6 +87,9 @@ impl Keys {
     }
     pub fn drain(&self, node: &str) -> String {
         format!("{}drain/{node}", self.namespace)
+    }
+    pub fn suspect(&self, node: &str) -> String {
+        format!("{}suspect/{node}", self.namespace)
     }
     pub fn rounds_prefix(&self) -> String {
         format!("{}r/", self.namespace)

@@ -28,6 +28,7 @@ pub const KNOWN_OPTIONS: &[&str] = &[
     "last_call_timeout",
     "close_timeout",
     "lease_ttl|keep_alive_ttl",
+    "peer_timeout",
     "connect_timeout",
     "store_timeout",
     "retention",
@@ -85,6 +86,7 @@ pub struct Params {
     last_call_timeout: Duration,
     close_timeout: Duration,
     lease_ttl: Duration,
+    peer_timeout: Duration,
     connect_timeout: Duration,
     store_timeout: Duration,
     retention: Duration,
@@ -108,6 +110,7 @@ impl fmt::Debug for Params {
             .field("join_timeout", &self.join_timeout)
             .field("last_call_timeout", &self.last_call_timeout)
             .field("lease_ttl", &self.lease_ttl)
+            .field("peer_timeout", &self.peer_timeout)
             .field("key_prefix", &self.key_prefix)
             .field("https", &self.security.https)
             .field("client_cert", &self.security.cert.is_some())
@@ -158,6 +161,7 @@ impl Params {
             last_call_timeout: Duration::from_secs(30),
             close_timeout: Duration::from_secs(30),
             lease_ttl: Duration::from_secs(10),
+            peer_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(10),
             store_timeout: Duration::from_secs(300),
             retention: Duration::from_secs(3600),
@@ -224,6 +228,7 @@ impl Params {
             "last_call_timeout" => self.last_call_timeout = seconds(value)?,
             "close_timeout" => self.close_timeout = seconds(value)?,
             "lease_ttl" | "keep_alive_ttl" => self.lease_ttl = seconds(value)?,
+            "peer_timeout" => self.peer_timeout = seconds(value)?,
             "connect_timeout" => self.connect_timeout = seconds(value)?,
             "store_timeout" => self.store_timeout = seconds(value)?,
             "retention" => self.retention = seconds(value)?,
@@ -385,9 +390,18 @@ impl Params {
     pub fn close_timeout(&self) -> Duration {
         self.close_timeout
     }
-    /// A dead node is noticed within about this (`lease_ttl`).
+    /// A node cut off from etcd is dropped after this (`lease_ttl`); one whose processes are
+    /// all gone, or that no peer can reach, sooner (`peer_timeout`).
     pub fn lease_ttl(&self) -> Duration {
         self.lease_ttl
+    }
+    /// How long a member of a round may go unreachable by its peer before it is suspected
+    /// (`peer_timeout`, 1 s by default; 0 turns peer watching off, leaving `lease_ttl`). A
+    /// member whose processes are gone is suspected at the next probe. A suspect that still
+    /// reaches etcd answers and keeps its place; one that does not is evicted (its lease is
+    /// revoked) half a second later.
+    pub fn peer_timeout(&self) -> Duration {
+        self.peer_timeout
     }
     /// etcd must answer within this (`connect_timeout`).
     pub fn connect_timeout(&self) -> Duration {

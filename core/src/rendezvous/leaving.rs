@@ -113,6 +113,7 @@ impl Rendezvous {
         // Wait for a running next to notice and let go of the join key.
         let _next = self.next_running.lock().await;
         self.state().lost = None;
+        self.state().peers = None;
         let deadline = Instant::now() + self.params.close_timeout();
         // Stops refreshing the run's lease first: once this node's `alive` key is gone, another
         // node leaving at the same moment may be the last one out and revoke it, and a refresh

@@ -163,6 +163,23 @@ impl Rendezvous {
             let tracker = lost::LostTracker::start(etcd, self.keys.clone(), sealed.clone());
             state.lost = Some(tracker);
         }
+        // The peer watch starts with the tracker: a supervisor polling num_lost is running
+        // the round.
+        if state.peers.is_none() && self.listener.is_some() {
+            let rank = state.last.as_ref().map_or(0, |(_, rank)| *rank);
+            if let Ok(run_lease) = self.run_lease_id() {
+                state.peers = Some(super::peers::PeerWatch::start(super::peers::Ring {
+                    run: self.params.run_id().to_string(),
+                    etcd: self.etcd.in_round(sealed.round),
+                    keys: self.keys.clone(),
+                    sealed: sealed.clone(),
+                    node: self.node.clone(),
+                    rank,
+                    run_lease,
+                    timeout: self.params.peer_timeout(),
+                }));
+            }
+        }
         Some(sealed)
     }
 

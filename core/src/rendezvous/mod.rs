@@ -38,6 +38,8 @@ pub(crate) mod drain;
 mod round;
 
 mod leaving;
+// Members watching each other directly, to find a dead machine before its lease expires.
+mod peers;
 
 pub use ticket::ReleaseTicket;
 
@@ -95,6 +97,9 @@ pub struct Rendezvous {
     writes: Arc<tokio::sync::Mutex<()>>,
     /// Turned on while a failed `next` withdraws: a write still retrying stops retrying.
     give_up: watch::Sender<bool>,
+    /// The port this node's peers probe while it runs in a round (`peers`); None with
+    /// `peer_timeout=0`.
+    listener: Option<peers::Listener>,
     /// The receipts of this node's store adds not deleted yet (`Store::add`). The last one is
     /// left when the node leaves, for the run's end: deleting it then would cost every node
     /// one more revision of etcd's history (`scripts/bench.sh --history`).
@@ -110,6 +115,8 @@ struct NodeState {
     joined: Option<u64>,
     /// Tracks which members of `last` are gone.
     lost: Option<lost::LostTracker>,
+    /// Probes the next member of `last` and answers suspicions of this node (`peers`).
+    peers: Option<peers::PeerWatch>,
     /// The member list of `last`, once `members` has read it.
     members: Option<(u64, Arc<[String]>)>,
     /// The waiting and lost counts last logged (logged again only when they change).
@@ -151,7 +158,14 @@ impl Rendezvous {
         tracing::info!(run = %params.run_id(), node = %node, endpoints = %etcd.endpoints(),
             etcd_version = %etcd.server_version(), "connected to etcd");
         let keys = Keys::new(params.key_prefix(), params.run_id());
+        let listener = match params.peer_timeout().is_zero() {
+            true => None,
+            false => Some(peers::Listener::start().map_err(|e| {
+                Error::internal(format!("cannot listen for peer probes (peer_timeout): {e}"))
+            })?),
+        };
         let rdzv = Rendezvous {
+            listener,
             addr: params.advertised_addr(),
             params,
             etcd,
@@ -484,6 +498,7 @@ impl Rendezvous {
         state.last = Some((sealed, rank));
         // Started on the first num_lost, so forming a round does not pay for it.
         state.lost = None;
+        state.peers = None;
         drop(state);
         (info, store)
     }
@@ -496,6 +511,7 @@ impl Rendezvous {
             addr: self.addr.clone(),
             port: crate::util::free_port(),
             last,
+            probe: self.listener.as_ref().map(peers::Listener::port),
         };
         let current = self.keys.current();
         let round_is_open = wake::is_open(&self.keys, round);

@@ -13,6 +13,10 @@ pub struct JoinRecord {
     pub port: u16,
     /// The round this node last completed and its rank there, for stable ranks.
     pub last: Option<(u64, u32)>,
+    /// The TCP port on `addr` its peers probe while it runs in a round (`peers.rs`); `None`
+    /// from a node that watches no peer (older, or `peer_timeout=0`), which is then probed by
+    /// no one.
+    pub probe: Option<u16>,
 }
 
 /// The value of `r/{round}/seal/final`: the round's size, rank 0's bootstrap address and its
@@ -155,6 +159,9 @@ impl JoinRecord {
             v["last_round"] = json!(round);
             v["last_rank"] = json!(rank);
         }
+        if let Some(probe) = self.probe {
+            v["probe"] = json!(probe);
+        }
         v.to_string()
     }
 
@@ -169,10 +176,20 @@ impl JoinRecord {
             )),
             _ => None,
         };
+        let probe = match v.get("probe") {
+            None => None,
+            Some(p) => Some(
+                p.as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| corrupt(key, "probe is not a port"))?,
+            ),
+        };
         Ok(JoinRecord {
             addr: str_field(key, &v, "addr")?,
             port: port_field(key, &v)?,
             last,
+            probe,
         })
     }
 }
@@ -368,8 +385,16 @@ mod tests {
             addr: "h1".into(),
             port: 29500,
             last: Some((3, 1)),
+            probe: Some(40123),
         };
         assert_eq!(JoinRecord::parse(b"k", j.to_json().as_bytes()).unwrap(), j);
+        let without = JoinRecord { probe: None, ..j };
+        assert_eq!(
+            JoinRecord::parse(b"k", without.to_json().as_bytes()).unwrap(),
+            without
+        );
+        let bad = br#"{"addr":"h1","port":29500,"probe":70000}"#;
+        assert!(JoinRecord::parse(b"k", bad).is_err());
         let f = FinalRecord {
             round: 4,
             world_size: 3,

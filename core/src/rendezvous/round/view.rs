@@ -538,6 +538,7 @@ mod tests {
                 addr: node.to_string(),
                 port: 1,
                 last: last.map(|rank| (0, rank as u32)),
+                probe: None,
             };
             let rev = i as i64 + 1;
             view.revision_of.insert(node.to_string(), rev);

@@ -1,0 +1,349 @@
+//! Peers watched directly, so that a machine that dies whole (power, kernel panic, every process
+//! killed, its network cut) is out of the round in about a second instead of one `lease_ttl`.
+//!
+//! Each node listens on a TCP port of its own (`Listener`, published in its join records as
+//! `probe`). While it runs in a round, each member connects to the next member in rank order
+//! (the last to the first) every `peer_timeout / 5`: a ring, so each node sends and receives a
+//! constant number of probes whatever the round's size, and none of them reaches etcd.
+//!
+//! The kernel answers a connection, not the process: a node whose processes are stopped
+//! (SIGSTOP, a debugger, a long pause) or starved of CPU keeps answering and keeps its place.
+//! A node is suspected when its port refuses (its processes are gone: a machine that is up
+//! answers a closed port with a reset) or when nothing answered for `peer_timeout` (the machine
+//! or its network is gone). Then, as SWIM's suspicion and Lifeguard's refutation do, the
+//! suspicion is checked before anyone is evicted, through etcd: the prober writes
+//! `suspect/{node}`; the suspect, if it still reaches etcd, deletes it (`answer_suspicions`) and
+//! stays; if the key is still there after `ANSWER_WINDOW`, the prober revokes the suspect's
+//! lease, which ends its membership exactly as an expired lease would (its join keys go, and
+//! every member's `num_lost` sees it). A node cut off from its peers but not from etcd thus
+//! keeps its place (its workers' own traffic then fails, which their monitors report); a node
+//! cut off from etcd but not from its peers is dropped by its lease, as before.
+
+use super::records::{members_from_chunks, JoinRecord};
+use super::{FinalRecord, LOG_TARGET};
+use crate::backend::keys::Keys;
+use crate::backend::{backoff, ranges, Etcd, Target};
+use etcd_client::{Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How long a suspect has to answer through etcd before it is evicted: a node that reaches
+/// etcd sees its suspicion by watch in a round trip or two.
+pub(crate) const ANSWER_WINDOW: Duration = Duration::from_millis(500);
+/// After a suspect answered, how long before the same prober may suspect it again: a node its
+/// peer cannot reach but etcd can stays, and is not asked again and again.
+const AFTER_AN_ANSWER: Duration = Duration::from_secs(5);
+/// Failed probes in a row, at the least, before a silent peer is suspected: one late wake-up
+/// of this node (its own CPU saturated) is not its peer's silence.
+const SILENT_PROBES: u32 = 3;
+
+/// The port a node's peers probe: every connection is accepted and closed at once. Bound on
+/// every address of the host, so the address the node publishes (`local_addr` or its host
+/// name) reaches it.
+pub(crate) struct Listener {
+    port: u16,
+    task: JoinHandle<()>,
+}
+
+impl Listener {
+    /// Must be called inside the runtime.
+    pub(crate) fn start() -> std::io::Result<Listener> {
+        // IPv6's any address takes IPv4 too on Linux; a host without IPv6 takes IPv4's.
+        let bound = std::net::TcpListener::bind(("::", 0))
+            .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", 0)))?;
+        bound.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(bound)?;
+        let port = listener.local_addr()?.port();
+        let task = tokio::spawn(async move {
+            loop {
+                if listener.accept().await.is_err() {
+                    // Out of file descriptors, most likely: a probe missed is not fatal.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        });
+        Ok(Listener { port, task })
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a member's peer watch needs: its round, its place in it, and etcd.
+pub(crate) struct Ring {
+    pub run: String,
+    pub etcd: Etcd,
+    pub keys: Keys,
+    pub sealed: FinalRecord,
+    pub node: String,
+    pub rank: u32,
+    /// The run's lease, which a suspicion is bound to (it goes with the run).
+    pub run_lease: i64,
+    pub timeout: Duration,
+}
+
+/// A member's two tasks for one round: probing its successor, and answering suspicions of
+/// itself. Both end when it is dropped (a new round, shutdown).
+pub(crate) struct PeerWatch {
+    probe: JoinHandle<()>,
+    answer: JoinHandle<()>,
+}
+
+impl PeerWatch {
+    /// Must be called inside the runtime.
+    pub(crate) fn start(ring: Ring) -> PeerWatch {
+        let answer = tokio::spawn(answer_suspicions(
+            ring.etcd.clone(),
+            ring.keys.clone(),
+            ring.run.clone(),
+            ring.node.clone(),
+        ));
+        let probe = tokio::spawn(probe_successor(ring));
+        PeerWatch { probe, answer }
+    }
+}
+
+impl Drop for PeerWatch {
+    fn drop(&mut self) {
+        self.probe.abort();
+        self.answer.abort();
+    }
+}
+
+/// The member after this one in rank order, and where it listens. None when there is no one
+/// to probe (a round of one, a successor that publishes no port) or etcd does not say.
+async fn successor(ring: &Ring) -> Option<(String, SocketAddr)> {
+    let world = ring.sealed.world_size;
+    if world < 2 {
+        return None;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let next = (ring.rank + 1) % world;
+    let round = ring.sealed.round;
+    let members = match &ring.sealed.members {
+        Some(members) => members.clone(),
+        None => {
+            let resp = ring
+                .etcd
+                .get(
+                    deadline,
+                    "peer watch: the member list",
+                    ring.keys.lanes_prefix(round),
+                    GetOptions::new().with_prefix(),
+                )
+                .await
+                .ok()?;
+            let chunks = resp.kvs().iter().map(|kv| (kv.key(), kv.value()));
+            members_from_chunks(&ring.sealed, chunks).ok()?
+        }
+    };
+    let peer = members.get(next as usize)?.clone();
+    let resp = ring
+        .etcd
+        .get(
+            deadline,
+            "peer watch: the next member's join record",
+            ring.keys.join(round, &peer),
+            GetOptions::new(),
+        )
+        .await
+        .ok()?;
+    let kv = resp.kvs().first()?;
+    let record = JoinRecord::parse(kv.key(), kv.value()).ok()?;
+    let port = record.probe?;
+    let addr = tokio::net::lookup_host((record.addr.as_str(), port))
+        .await
+        .ok()?
+        .next()?;
+    Some((peer, addr))
+}
+
+/// Probes the successor until it is evicted, or this watch ends.
+async fn probe_successor(ring: Ring) {
+    let Some((peer, addr)) = successor(&ring).await else {
+        return;
+    };
+    let (run, round) = (&ring.run, ring.sealed.round);
+    tracing::debug!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer = %peer,
+        addr = %addr, "peer watch: probing the next member");
+    let every = (ring.timeout / 5).max(Duration::from_millis(10));
+    let mut answered = Instant::now();
+    let mut silent = 0u32;
+    let mut quiet_until = None::<Instant>;
+    loop {
+        let started = Instant::now();
+        // Polled before its deadline, so a connection made while this node was not running
+        // counts as an answer.
+        let why = match tokio::time::timeout(every, TcpStream::connect(addr)).await {
+            Ok(Ok(_connected)) => {
+                answered = Instant::now();
+                silent = 0;
+                None
+            }
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Some("its port refused: no process of it listens".to_string())
+            }
+            _ => {
+                silent += 1;
+                let quiet = answered.elapsed();
+                (quiet >= ring.timeout && silent >= SILENT_PROBES)
+                    .then(|| format!("no answer for {} ms", quiet.as_millis()))
+            }
+        };
+        let held_off = quiet_until.is_some_and(|t| Instant::now() < t);
+        if let (Some(why), false) = (why, held_off) {
+            match suspect(&ring, &peer, &why).await {
+                Suspicion::Evicted | Suspicion::Gone => return,
+                Suspicion::Answered => quiet_until = Some(Instant::now() + AFTER_AN_ANSWER),
+                Suspicion::Unknown => {}
+            }
+        }
+        tokio::time::sleep_until(started + every).await;
+    }
+}
+
+enum Suspicion {
+    /// Its lease was revoked: it is out of the round.
+    Evicted,
+    /// It answered through etcd: it stays.
+    Answered,
+    /// It was out of the round already.
+    Gone,
+    /// etcd did not answer this node: nothing was decided.
+    Unknown,
+}
+
+/// Writes the suspicion, gives the suspect `ANSWER_WINDOW` to delete it, and evicts it if it
+/// did not.
+async fn suspect(ring: &Ring, peer: &str, why: &str) -> Suspicion {
+    let (etcd, keys) = (&ring.etcd, &ring.keys);
+    let (run, round) = (&ring.run, ring.sealed.round);
+    let join = keys.join(round, peer);
+    let key = keys.suspect(peer);
+    let deadline = Instant::now() + ANSWER_WINDOW;
+    let asked = Instant::now();
+    let txn = Txn::new()
+        .when([Compare::version(join.clone(), CompareOp::Greater, 0)])
+        .and_then([TxnOp::put(
+            key.clone(),
+            ring.node.clone(),
+            Some(PutOptions::new().with_lease(ring.run_lease)),
+        )]);
+    match etcd.txn(deadline, "peer watch: suspect", txn).await {
+        Ok(resp) if !resp.succeeded() => return Suspicion::Gone,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer,
+                error = %e, "peer watch: the next member is unreachable ({why}), and so is etcd: nothing decided");
+            return Suspicion::Unknown;
+        }
+    }
+    tracing::info!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer, why,
+        "peer watch: the next member is unreachable: suspected, waiting for it to answer through etcd");
+    // Its answer is the key's deletion. Read a few times rather than watched: this runs only
+    // on a suspicion, and reads are simpler to bound.
+    let answer_by = asked + ANSWER_WINDOW;
+    loop {
+        let left = answer_by.saturating_duration_since(Instant::now());
+        tokio::time::sleep(left.min(ANSWER_WINDOW / 5)).await;
+        let read = Txn::new().and_then([
+            TxnOp::get(key.clone(), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(join.clone(), None),
+        ]);
+        let Ok(resp) = etcd
+            .txn(Instant::now() + ANSWER_WINDOW, "peer watch: the answer", read)
+            .await
+        else {
+            return Suspicion::Unknown;
+        };
+        let got = ranges(&resp);
+        let still_suspected = got.first().is_some_and(|g| g.count() > 0);
+        let Some(lease) = got.get(1).and_then(|g| g.kvs().first()).map(|kv| kv.lease()) else {
+            return Suspicion::Gone;
+        };
+        if !still_suspected {
+            tracing::info!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer,
+                answered_ms = asked.elapsed().as_millis() as u64,
+                "peer watch: the suspect answered through etcd: it keeps its place");
+            return Suspicion::Answered;
+        }
+        if Instant::now() < answer_by {
+            continue;
+        }
+        let revoked =
+            crate::backend::lease::revoke(etcd, lease, Instant::now() + Duration::from_secs(2))
+                .await;
+        let _ = etcd
+            .txn(
+                Instant::now() + Duration::from_secs(1),
+                "peer watch: the suspicion done",
+                Txn::new().and_then([TxnOp::delete(key.clone(), None)]),
+            )
+            .await;
+        return match revoked {
+            Ok(()) => {
+                tracing::warn!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer, why,
+                    lease, "peer watch: evicted the next member (unreachable, and it did not answer through etcd): revoked its lease");
+                Suspicion::Evicted
+            }
+            Err(e) => {
+                tracing::warn!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer,
+                    error = %e, "peer watch: could not revoke the suspect's lease");
+                Suspicion::Unknown
+            }
+        };
+    }
+}
+
+/// Deletes every suspicion of this node as soon as it appears: a node that reaches etcd is
+/// alive, whatever its peer could not reach. One watch, so it costs etcd nothing at rest.
+async fn answer_suspicions(etcd: Etcd, keys: Keys, run: String, node: String) {
+    let key = keys.suspect(&node);
+    let mut attempt = 0u32;
+    loop {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        if let Ok(mut watch) = etcd.watch(&[Target::Key(key.clone())], deadline).await {
+            attempt = 0;
+            // Watched, then read: one written before the watch is answered too.
+            let mut pending = etcd
+                .get(deadline, "peer watch: suspicions", key.clone(), GetOptions::new())
+                .await
+                .map(|r| r.kvs().first().map(|kv| kv.value().to_vec()))
+                .unwrap_or(None);
+            loop {
+                if let Some(by) = pending.take() {
+                    let answered = etcd
+                        .txn(
+                            Instant::now() + ANSWER_WINDOW,
+                            "peer watch: answer",
+                            Txn::new().and_then([TxnOp::delete(key.clone(), None)]),
+                        )
+                        .await;
+                    tracing::info!(target: LOG_TARGET, run = %run, node = %node,
+                        by = %String::from_utf8_lossy(&by), answered = answered.is_ok(),
+                        "peer watch: a peer could not reach this node; answered through etcd");
+                }
+                let Some(events) = watch.events().await else {
+                    break;
+                };
+                pending = events
+                    .iter()
+                    .filter(|ev| ev.event_type() == EventType::Put)
+                    .filter_map(|ev| ev.kv())
+                    .map(|kv| kv.value().to_vec())
+                    .last();
+            }
+        }
+        backoff(&mut attempt, Instant::now() + Duration::from_secs(1)).await;
+    }
+}
