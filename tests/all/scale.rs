@@ -120,10 +120,11 @@ fn nodes_leaving_one_by_one_cost_one_watch_event_each() {
         assert_eq!(node.num_lost().unwrap(), 0);
     }
     // Each node's tracker watches the round's `join/` (losses) and `drain/` (departures), the
-    // next round's `join/` (nodes waiting) and `closed`.
+    // next round's `join/` (nodes waiting) and `closed`; its peer watch, its own `suspect/`
+    // key (to answer a peer that cannot reach it).
     wait_for_watchers(
         &etcd,
-        idle + 4 * n as i64,
+        idle + 5 * n as i64,
         "num_lost never started its watches",
     );
     let before = etcd.metric("etcd_debugging_mvcc_events_total");

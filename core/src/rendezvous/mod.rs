@@ -158,11 +158,16 @@ impl Rendezvous {
         tracing::info!(run = %params.run_id(), node = %node, endpoints = %etcd.endpoints(),
             etcd_version = %etcd.server_version(), "connected to etcd");
         let keys = Keys::new(params.key_prefix(), params.run_id());
+        // Without a port (out of file descriptors, say) the node is watched by its lease
+        // alone, as with peer_timeout=0: a warning, not a failure.
         let listener = match params.peer_timeout().is_zero() {
             true => None,
-            false => Some(peers::Listener::start().map_err(|e| {
-                Error::internal(format!("cannot listen for peer probes (peer_timeout): {e}"))
-            })?),
+            false => peers::Listener::start()
+                .inspect_err(|e| {
+                    tracing::warn!(run = %params.run_id(), node = %node, error = %e,
+                        "cannot listen for peer probes: this node's death is noticed by its lease alone")
+                })
+                .ok(),
         };
         let rdzv = Rendezvous {
             listener,

@@ -19,7 +19,7 @@
 //! keeps its place (its workers' own traffic then fails, which their monitors report); a node
 //! cut off from etcd but not from its peers is dropped by its lease, as before.
 
-use super::records::{members_from_chunks, JoinRecord};
+use super::records::{parse_rank_chunk, JoinRecord};
 use super::{FinalRecord, LOG_TARGET};
 use crate::backend::keys::Keys;
 use crate::backend::{backoff, ranges, Etcd, Target};
@@ -120,34 +120,29 @@ impl Drop for PeerWatch {
     }
 }
 
-/// The member after this one in rank order, and where it listens. None when there is no one
-/// to probe (a round of one, a successor that publishes no port) or etcd does not say.
+/// The member after this one in rank order, and where it listens. In a round of several lanes
+/// (over 64 members), the next member of this node's lane, the last probing the first: each
+/// node reads its own lane's ranks only (about 64), never the whole member list, which would
+/// cost a round of N nodes N² bytes. None when there is no one to probe (alone in the round or
+/// in its lane, a successor that publishes no port) or etcd does not say.
 async fn successor(ring: &Ring) -> Option<(String, SocketAddr)> {
-    let world = ring.sealed.world_size;
-    if world < 2 {
-        return None;
-    }
     let deadline = Instant::now() + Duration::from_secs(10);
-    let next = (ring.rank + 1) % world;
     let round = ring.sealed.round;
-    let members = match &ring.sealed.members {
-        Some(members) => members.clone(),
+    let peer = match &ring.sealed.members {
+        Some(members) => next_of(members.iter().cloned().zip(0..), ring.rank)?,
         None => {
+            let lane = ring
+                .keys
+                .lane_sealed(round, ring.sealed.chunk_of(&ring.node));
             let resp = ring
                 .etcd
-                .get(
-                    deadline,
-                    "peer watch: the member list",
-                    ring.keys.lanes_prefix(round),
-                    GetOptions::new().with_prefix(),
-                )
+                .get(deadline, "peer watch: the lane's ranks", lane, GetOptions::new())
                 .await
                 .ok()?;
-            let chunks = resp.kvs().iter().map(|kv| (kv.key(), kv.value()));
-            members_from_chunks(&ring.sealed, chunks).ok()?
+            let kv = resp.kvs().first()?;
+            next_of(parse_rank_chunk(kv.key(), kv.value()).ok()?, ring.rank)?
         }
     };
-    let peer = members.get(next as usize)?.clone();
     let resp = ring
         .etcd
         .get(
@@ -166,6 +161,19 @@ async fn successor(ring: &Ring) -> Option<(String, SocketAddr)> {
         .ok()?
         .next()?;
     Some((peer, addr))
+}
+
+/// The member after `rank` among `members` (each with its rank), the last one's being the
+/// first; None when `rank` has no one else beside it.
+fn next_of(members: impl IntoIterator<Item = (String, u32)>, rank: u32) -> Option<String> {
+    let mut ranked: Vec<(u32, String)> = members.into_iter().map(|(m, r)| (r, m)).collect();
+    if ranked.len() < 2 {
+        return None;
+    }
+    ranked.sort();
+    let after = ranked.iter().position(|(r, _)| *r > rank).unwrap_or(0);
+    let (r, peer) = ranked.swap_remove(after);
+    (r != rank).then_some(peer)
 }
 
 /// Probes the successor until it is evicted, or this watch ends.
@@ -345,5 +353,32 @@ async fn answer_suspicions(etcd: Etcd, keys: Keys, run: String, node: String) {
             }
         }
         backoff(&mut attempt, Instant::now() + Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_of;
+
+    fn ranked(ranks: &[u32]) -> Vec<(String, u32)> {
+        ranks.iter().map(|r| (format!("n{r}"), *r)).collect()
+    }
+
+    #[test]
+    fn each_member_probes_the_next_in_rank_order_and_the_last_the_first() {
+        let ring = ranked(&[0, 1, 2, 3]);
+        let probed: Vec<_> = (0..4).map(|r| next_of(ring.clone(), r).unwrap()).collect();
+        assert_eq!(probed, ["n1", "n2", "n3", "n0"]);
+        // A lane holds some ranks of the round, in any order: the ring is over those.
+        let lane = ranked(&[17, 3, 40]);
+        assert_eq!(next_of(lane.clone(), 3).as_deref(), Some("n17"));
+        assert_eq!(next_of(lane.clone(), 17).as_deref(), Some("n40"));
+        assert_eq!(next_of(lane, 40).as_deref(), Some("n3"));
+    }
+
+    #[test]
+    fn a_member_alone_probes_no_one() {
+        assert_eq!(next_of(ranked(&[5]), 5), None);
+        assert_eq!(next_of(ranked(&[]), 0), None);
     }
 }
