@@ -2,7 +2,8 @@
 # Installs what building and testing rdzv needs, from Debian's packages, when it is missing:
 # etcd (the server the tests start), protoc (etcd-client's build), cmake/g++/GoogleTest (C++),
 # Gloo (the C++ binding's Gloo adapter, its example and test), libabigail's abidw and abidiff
-# (the ABI check, scripts/abi-check.sh).
+# (the ABI check, scripts/abi-check.sh), stress-ng (a CPU-starved peer keeps its place:
+# tests/all/peers.rs).
 set -euo pipefail
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
@@ -15,6 +16,7 @@ command -v valgrind >/dev/null || need+=(valgrind)
 command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)
 command -v abidiff >/dev/null || need+=(abigail-tools)
+command -v stress-ng >/dev/null || need+=(stress-ng)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"

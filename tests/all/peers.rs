@@ -121,13 +121,11 @@ fn a_suspected_node_that_reaches_etcd_answers_and_keeps_its_place() {
     let (me, _others, url) = round_of(&etcd, "answers", 2);
     let key = format!("/rdzv/{}/suspect/{}", run_of(&url), me.node_id());
     let (rt, mut client) = common::etcd_client(&etcd);
-    rt.block_on(client.put(key.as_str(), "a test", None)).unwrap();
+    rt.block_on(client.put(key.as_str(), "a test", None))
+        .unwrap();
     let asked = Instant::now();
     loop {
-        let left = rt
-            .block_on(client.get(key.as_str(), None))
-            .unwrap()
-            .count();
+        let left = rt.block_on(client.get(key.as_str(), None)).unwrap().count();
         if left == 0 {
             break;
         }

@@ -229,8 +229,17 @@ impl NetNs {
     /// (After `cut`, the host has no route to the namespace: a connection to it may be refused
     /// by whatever the host's default route leads to.)
     pub fn pull_cable(&self) {
-        ip(&["netns", "exec", &self.name, "ip", "link", "set", &self.ns_veth, "down"])
-            .expect("cannot take the namespace's end of the veth down");
+        ip(&[
+            "netns",
+            "exec",
+            &self.name,
+            "ip",
+            "link",
+            "set",
+            &self.ns_veth,
+            "down",
+        ])
+        .expect("cannot take the namespace's end of the veth down");
     }
 
     /// Undoes `cut`: the link comes back up, and connections that were cut off carry on.

@@ -136,7 +136,12 @@ async fn successor(ring: &Ring) -> Option<(String, SocketAddr)> {
                 .lane_sealed(round, ring.sealed.chunk_of(&ring.node));
             let resp = ring
                 .etcd
-                .get(deadline, "peer watch: the lane's ranks", lane, GetOptions::new())
+                .get(
+                    deadline,
+                    "peer watch: the lane's ranks",
+                    lane,
+                    GetOptions::new(),
+                )
                 .await
                 .ok()?;
             let kv = resp.kvs().first()?;
@@ -269,14 +274,22 @@ async fn suspect(ring: &Ring, peer: &str, why: &str) -> Suspicion {
             TxnOp::get(join.clone(), None),
         ]);
         let Ok(resp) = etcd
-            .txn(Instant::now() + ANSWER_WINDOW, "peer watch: the answer", read)
+            .txn(
+                Instant::now() + ANSWER_WINDOW,
+                "peer watch: the answer",
+                read,
+            )
             .await
         else {
             return Suspicion::Unknown;
         };
         let got = ranges(&resp);
         let still_suspected = got.first().is_some_and(|g| g.count() > 0);
-        let Some(lease) = got.get(1).and_then(|g| g.kvs().first()).map(|kv| kv.lease()) else {
+        let Some(lease) = got
+            .get(1)
+            .and_then(|g| g.kvs().first())
+            .map(|kv| kv.lease())
+        else {
             return Suspicion::Gone;
         };
         if !still_suspected {
@@ -324,7 +337,12 @@ async fn answer_suspicions(etcd: Etcd, keys: Keys, run: String, node: String) {
             attempt = 0;
             // Watched, then read: one written before the watch is answered too.
             let mut pending = etcd
-                .get(deadline, "peer watch: suspicions", key.clone(), GetOptions::new())
+                .get(
+                    deadline,
+                    "peer watch: suspicions",
+                    key.clone(),
+                    GetOptions::new(),
+                )
                 .await
                 .map(|r| r.kvs().first().map(|kv| kv.value().to_vec()))
                 .unwrap_or(None);
