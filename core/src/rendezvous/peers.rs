@@ -364,10 +364,10 @@ async fn answer_suspicions(etcd: Etcd, keys: Keys, run: String, node: String) {
                 };
                 pending = events
                     .iter()
+                    .rev()
                     .filter(|ev| ev.event_type() == EventType::Put)
-                    .filter_map(|ev| ev.kv())
-                    .map(|kv| kv.value().to_vec())
-                    .last();
+                    .find_map(|ev| ev.kv())
+                    .map(|kv| kv.value().to_vec());
             }
         }
         backoff(&mut attempt, Instant::now() + Duration::from_secs(1)).await;
