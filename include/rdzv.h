@@ -667,7 +667,9 @@ rdzv_status_t rdzv_params_new(const char *backend,
  * Sets one option. Names (aliases after `|`): `min_nodes|min_workers`,
  * `max_nodes|max_workers`, `nnodes` (`N` or `MIN:MAX`), `local_addr`,
  * `join_timeout|timeout` (s, default 600), `last_call_timeout` (30), `close_timeout` (30),
- * `lease_ttl|keep_alive_ttl` (10, at least 2), `connect_timeout` (10), `store_timeout` (300),
+ * `lease_ttl|keep_alive_ttl` (10, at least 2), `peer_timeout` (1: how long a member may go
+ * unreachable by its peer before it is suspected; 0 leaves dead nodes to `lease_ttl`),
+ * `connect_timeout` (10), `store_timeout` (300),
  * `retention` (3600: how long a closed run's marker stays), `key_prefix|etcd_prefix`
  * (`/rdzv`), `protocol` (`http`|`https`), `cacert`, `cert`, `key` (PEM file paths),
  * `username`, `password`. Times are seconds as plain decimals (`30`, `0.5`). An unknown name or
@@ -892,15 +894,20 @@ rdzv_status_t rdzv_num_waiting_with_cancel(const rdzv_t *rdzv,
                                            rdzv_error_t **error);
 
 /**
- * Sets `*count` to the number of members of this node's last round whose lease expired
- * (killed, hung or cut off for longer than `lease_ttl`) or that are leaving (drained by
- * `rdzv_admin_drain` or `rdzv_drain`), including this node if its own lease is gone or it is
- * drained. Non-zero means the round is broken: survivors should call `rdzv_next` (a drained
- * node's own `rdzv_next` then ends with `RDZV_ERR_GRACEFUL_EXIT`). A death is visible here
- * within about one `lease_ttl`, a drain at once. Answered from memory while a watch is in sync
+ * Sets `*count` to the number of members of this node's last round that are gone (their
+ * lease expired or was revoked: killed, cut off, or found dead by a peer) or that are leaving
+ * (drained by `rdzv_admin_drain` or `rdzv_drain`), including this node if its own lease is
+ * gone or it is drained. Non-zero means the round is broken: survivors should call
+ * `rdzv_next` (a drained node's own `rdzv_next` then ends with `RDZV_ERR_GRACEFUL_EXIT`). The
+ * first call after a round starts this node's peer watch: at default settings a member whose
+ * processes are all gone is counted within 1.5 s, one no peer can reach within 2 s (it keeps
+ * its place if it still reaches etcd), one cut off from etcd alone within `lease_ttl`; a
+ * frozen member keeps its place. A drain is counted at once. Answered from memory while a watch is in sync
  * (polling is free); one count-only etcd read otherwise, whatever the round's size.
  */
-rdzv_status_t rdzv_num_lost(const rdzv_t *rdzv, uint32_t *count, rdzv_error_t **error);
+rdzv_status_t rdzv_num_lost(const rdzv_t *rdzv,
+                            uint32_t *count,
+                            rdzv_error_t **error);
 
 /**
  * `rdzv_num_lost`, which also returns `RDZV_ERR_CANCELLED` once `cancel` is cancelled (at

@@ -57,7 +57,9 @@ pub extern "C" fn rdzv_params_new(
 /// Sets one option. Names (aliases after `|`): `min_nodes|min_workers`,
 /// `max_nodes|max_workers`, `nnodes` (`N` or `MIN:MAX`), `local_addr`,
 /// `join_timeout|timeout` (s, default 600), `last_call_timeout` (30), `close_timeout` (30),
-/// `lease_ttl|keep_alive_ttl` (10, at least 2), `connect_timeout` (10), `store_timeout` (300),
+/// `lease_ttl|keep_alive_ttl` (10, at least 2), `peer_timeout` (1: how long a member may go
+/// unreachable by its peer before it is suspected; 0 leaves dead nodes to `lease_ttl`),
+/// `connect_timeout` (10), `store_timeout` (300),
 /// `retention` (3600: how long a closed run's marker stays), `key_prefix|etcd_prefix`
 /// (`/rdzv`), `protocol` (`http`|`https`), `cacert`, `cert`, `key` (PEM file paths),
 /// `username`, `password`. Times are seconds as plain decimals (`30`, `0.5`). An unknown name or

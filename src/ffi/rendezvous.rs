@@ -302,12 +302,15 @@ pub extern "C" fn rdzv_num_waiting_with_cancel(
     })
 }
 
-/// Sets `*count` to the number of members of this node's last round whose lease expired
-/// (killed, hung or cut off for longer than `lease_ttl`) or that are leaving (drained by
-/// `rdzv_admin_drain` or `rdzv_drain`), including this node if its own lease is gone or it is
-/// drained. Non-zero means the round is broken: survivors should call `rdzv_next` (a drained
-/// node's own `rdzv_next` then ends with `RDZV_ERR_GRACEFUL_EXIT`). A death is visible here
-/// within about one `lease_ttl`, a drain at once. Answered from memory while a watch is in sync
+/// Sets `*count` to the number of members of this node's last round that are gone (their
+/// lease expired or was revoked: killed, cut off, or found dead by a peer) or that are leaving
+/// (drained by `rdzv_admin_drain` or `rdzv_drain`), including this node if its own lease is
+/// gone or it is drained. Non-zero means the round is broken: survivors should call
+/// `rdzv_next` (a drained node's own `rdzv_next` then ends with `RDZV_ERR_GRACEFUL_EXIT`). The
+/// first call after a round starts this node's peer watch: at default settings a member whose
+/// processes are all gone is counted within 1.5 s, one no peer can reach within 2 s (it keeps
+/// its place if it still reaches etcd), one cut off from etcd alone within `lease_ttl`; a
+/// frozen member keeps its place. A drain is counted at once. Answered from memory while a watch is in sync
 /// (polling is free); one count-only etcd read otherwise, whatever the round's size.
 #[no_mangle]
 pub extern "C" fn rdzv_num_lost(

@@ -21,7 +21,7 @@ const CUT_OFF_WITHIN: Duration = Duration::from_secs(2);
 
 /// `n` nodes in one round: this process's (returned) and `n - 1` rdzv-node processes that stay
 /// in the round, polling it, as an agent does.
-fn round_of(etcd: &Etcd, run: &str, n: usize) -> (BlockingRendezvous, Vec<Node>, String) {
+fn round_of(etcd: &Etcd, run: &str, n: usize) -> (BlockingRendezvous, Vec<(Node, u64)>, String) {
     let url = etcd.url(run, &format!("min_nodes={n}&max_nodes={n}"));
     let others: Vec<Node> = (1..n)
         .map(|_| Node::spawn(&url, &["--rounds", "2", "--follow"]))
@@ -29,9 +29,15 @@ fn round_of(etcd: &Etcd, run: &str, n: usize) -> (BlockingRendezvous, Vec<Node>,
     let me = BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap();
     let (round, _) = me.next().unwrap();
     assert_eq!(round.world_size as usize, n);
-    for other in &others {
-        assert_eq!(other.round(30)["world_size"], n);
-    }
+    let others: Vec<(Node, u64)> = others
+        .into_iter()
+        .map(|other| {
+            let line = other.round(30);
+            assert_eq!(line["world_size"], n);
+            let rank = line["rank"].as_u64().unwrap();
+            (other, rank)
+        })
+        .collect();
     // The watch starts with the first count asked for, as in an agent's loop.
     assert_eq!(me.num_lost().unwrap(), 0);
     (me, others, url)
@@ -72,7 +78,7 @@ fn a_node_whose_processes_are_all_killed_is_out_of_the_round_within_1_5_s() {
     let etcd = Etcd::start();
     for n in [2, 8] {
         let (me, mut others, _) = round_of(&etcd, &format!("killed-{n}"), n);
-        let victim = others.pop().unwrap();
+        let (victim, _) = others.pop().unwrap();
         signal(&victim, libc::SIGKILL);
         let killed = Instant::now();
         let noticed = lost_after(&me, killed, Duration::from_secs(10));
@@ -88,10 +94,42 @@ fn a_node_whose_processes_are_all_killed_is_out_of_the_round_within_1_5_s() {
 }
 
 #[test]
+fn two_neighbours_killed_together_are_both_out_within_two_bounds() {
+    // A rack that fails whole: the first is found by its predecessor, which then probes the
+    // one after it, found the same way.
+    let etcd = Etcd::start();
+    let (me, others, _) = round_of(&etcd, "neighbours", 8);
+    let rank_of = |r: u64| others.iter().position(|(_, rank)| *rank == r);
+    let first = (0..8)
+        .find(|&r| rank_of(r).is_some() && rank_of((r + 1) % 8).is_some())
+        .unwrap();
+    let pair = [rank_of(first).unwrap(), rank_of((first + 1) % 8).unwrap()];
+    for &i in &pair {
+        signal(&others[i].0, libc::SIGKILL);
+    }
+    let killed = Instant::now();
+    let deadline = killed + 2 * KILLED_WITHIN;
+    while me.num_lost().unwrap() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "two neighbours killed: {} counted lost after {:?}",
+            me.num_lost().unwrap(),
+            killed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!(
+        "two neighbours killed: both lost after {:?}",
+        killed.elapsed()
+    );
+    me.shutdown().unwrap();
+}
+
+#[test]
 fn a_node_frozen_for_3_s_or_starved_of_cpu_keeps_its_place() {
     let etcd = Etcd::start();
     let (me, others, _) = round_of(&etcd, "frozen", 2);
-    let victim = &others[0];
+    let victim = &others[0].0;
     signal(victim, libc::SIGSTOP);
     keeps_everyone_for(&me, Duration::from_secs(3), "frozen for 3 s");
     signal(victim, libc::SIGCONT);

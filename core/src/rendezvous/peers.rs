@@ -120,16 +120,15 @@ impl Drop for PeerWatch {
     }
 }
 
-/// The member after this one in rank order, and where it listens. In a round of several lanes
-/// (over 64 members), the next member of this node's lane, the last probing the first: each
-/// node reads its own lane's ranks only (about 64), never the whole member list, which would
-/// cost a round of N nodes N² bytes. None when there is no one to probe (alone in the round or
-/// in its lane, a successor that publishes no port) or etcd does not say.
-async fn successor(ring: &Ring) -> Option<(String, SocketAddr)> {
+/// The other members in ring order, starting with the one after this one in rank order. In a
+/// round of several lanes (over 64 members), the members of this node's lane: each node reads
+/// its own lane's ranks only (about 64), never the whole member list, which would cost a round
+/// of N nodes N² bytes. None when etcd does not say.
+async fn members_after(ring: &Ring) -> Option<Vec<String>> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let round = ring.sealed.round;
-    let peer = match &ring.sealed.members {
-        Some(members) => next_of(members.iter().cloned().zip(0..), ring.rank)?,
+    let ranked: Vec<(String, u32)> = match &ring.sealed.members {
+        Some(members) => members.iter().cloned().zip(0..).collect(),
         None => {
             let lane = ring
                 .keys
@@ -145,15 +144,35 @@ async fn successor(ring: &Ring) -> Option<(String, SocketAddr)> {
                 .await
                 .ok()?;
             let kv = resp.kvs().first()?;
-            next_of(parse_rank_chunk(kv.key(), kv.value()).ok()?, ring.rank)?
+            parse_rank_chunk(kv.key(), kv.value()).ok()?
         }
     };
+    Some(ring_after(ranked, ring.rank))
+}
+
+/// The members but `rank` (each given with its rank) in ring order: those after it by rank,
+/// then those before it.
+fn ring_after(members: impl IntoIterator<Item = (String, u32)>, rank: u32) -> Vec<String> {
+    let mut ranked: Vec<(u32, String)> = members
+        .into_iter()
+        .filter(|(_, r)| *r != rank)
+        .map(|(m, r)| (r, m))
+        .collect();
+    ranked.sort();
+    let after = ranked.partition_point(|(r, _)| *r < rank);
+    ranked.rotate_left(after);
+    ranked.into_iter().map(|(_, m)| m).collect()
+}
+
+/// Where `peer` listens for probes, from its join record of the round; None if it publishes no
+/// port (an older node, or `peer_timeout=0`) or etcd does not say.
+async fn probe_address(ring: &Ring, peer: &str) -> Option<SocketAddr> {
     let resp = ring
         .etcd
         .get(
-            deadline,
+            Instant::now() + Duration::from_secs(10),
             "peer watch: the next member's join record",
-            ring.keys.join(round, &peer),
+            ring.keys.join(ring.sealed.round, peer),
             GetOptions::new(),
         )
         .await
@@ -161,31 +180,48 @@ async fn successor(ring: &Ring) -> Option<(String, SocketAddr)> {
     let kv = resp.kvs().first()?;
     let record = JoinRecord::parse(kv.key(), kv.value()).ok()?;
     let port = record.probe?;
-    let addr = tokio::net::lookup_host((record.addr.as_str(), port))
+    let mut found = tokio::net::lookup_host((record.addr.as_str(), port))
         .await
-        .ok()?
-        .next()?;
-    Some((peer, addr))
+        .ok()?;
+    found.next()
 }
 
-/// The member after `rank` among `members` (each with its rank), the last one's being the
-/// first; None when `rank` has no one else beside it.
-fn next_of(members: impl IntoIterator<Item = (String, u32)>, rank: u32) -> Option<String> {
-    let mut ranked: Vec<(u32, String)> = members.into_iter().map(|(m, r)| (r, m)).collect();
-    if ranked.len() < 2 {
-        return None;
-    }
-    ranked.sort();
-    let after = ranked.iter().position(|(r, _)| *r > rank).unwrap_or(0);
-    let (r, peer) = ranked.swap_remove(after);
-    (r != rank).then_some(peer)
-}
-
-/// Probes the successor until it is evicted, or this watch ends.
+/// Probes the next member until it is evicted, then the one after it (a rack that fails
+/// whole is found member by member, not left to its leases), until none is left or this
+/// watch ends.
 async fn probe_successor(ring: Ring) {
-    let Some((peer, addr)) = successor(&ring).await else {
+    let Some(after) = members_after(&ring).await else {
         return;
     };
+    for peer in after {
+        // A member that is gone already (its join key too) publishes no address: the next.
+        let Some(addr) = probe_address(&ring, &peer).await else {
+            match member_gone(&ring, &peer).await {
+                true => continue,
+                false => return,
+            }
+        };
+        // Returns once the peer is out of the round: on to the next.
+        probe(&ring, &peer, addr).await;
+    }
+}
+
+/// Whether `peer`'s join key of the round is gone (read from etcd; an error is not "gone").
+async fn member_gone(ring: &Ring, peer: &str) -> bool {
+    let read = ring
+        .etcd
+        .get(
+            Instant::now() + Duration::from_secs(10),
+            "peer watch: a member's join key",
+            ring.keys.join(ring.sealed.round, peer),
+            GetOptions::new().with_count_only(),
+        )
+        .await;
+    read.is_ok_and(|r| r.count() == 0)
+}
+
+/// Probes `peer` at `addr` until it is evicted or found gone.
+async fn probe(ring: &Ring, peer: &str, addr: SocketAddr) {
     let (run, round) = (&ring.run, ring.sealed.round);
     tracing::debug!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer = %peer,
         addr = %addr, "peer watch: probing the next member");
@@ -215,7 +251,7 @@ async fn probe_successor(ring: Ring) {
         };
         let held_off = quiet_until.is_some_and(|t| Instant::now() < t);
         if let (Some(why), false) = (why, held_off) {
-            match suspect(&ring, &peer, &why).await {
+            match suspect(ring, peer, &why).await {
                 Suspicion::Evicted | Suspicion::Gone => return,
                 Suspicion::Answered => quiet_until = Some(Instant::now() + AFTER_AN_ANSWER),
                 Suspicion::Unknown => {}
@@ -376,7 +412,7 @@ async fn answer_suspicions(etcd: Etcd, keys: Keys, run: String, node: String) {
 
 #[cfg(test)]
 mod tests {
-    use super::next_of;
+    use super::ring_after;
 
     fn ranked(ranks: &[u32]) -> Vec<(String, u32)> {
         ranks.iter().map(|r| (format!("n{r}"), *r)).collect()
@@ -385,18 +421,19 @@ mod tests {
     #[test]
     fn each_member_probes_the_next_in_rank_order_and_the_last_the_first() {
         let ring = ranked(&[0, 1, 2, 3]);
-        let probed: Vec<_> = (0..4).map(|r| next_of(ring.clone(), r).unwrap()).collect();
-        assert_eq!(probed, ["n1", "n2", "n3", "n0"]);
+        assert_eq!(ring_after(ring.clone(), 0), ["n1", "n2", "n3"]);
+        assert_eq!(ring_after(ring.clone(), 2), ["n3", "n0", "n1"]);
+        assert_eq!(ring_after(ring, 3), ["n0", "n1", "n2"]);
         // A lane holds some ranks of the round, in any order: the ring is over those.
         let lane = ranked(&[17, 3, 40]);
-        assert_eq!(next_of(lane.clone(), 3).as_deref(), Some("n17"));
-        assert_eq!(next_of(lane.clone(), 17).as_deref(), Some("n40"));
-        assert_eq!(next_of(lane, 40).as_deref(), Some("n3"));
+        assert_eq!(ring_after(lane.clone(), 3), ["n17", "n40"]);
+        assert_eq!(ring_after(lane.clone(), 17), ["n40", "n3"]);
+        assert_eq!(ring_after(lane, 40), ["n3", "n17"]);
     }
 
     #[test]
     fn a_member_alone_probes_no_one() {
-        assert_eq!(next_of(ranked(&[5]), 5), None);
-        assert_eq!(next_of(ranked(&[]), 0), None);
+        assert!(ring_after(ranked(&[5]), 5).is_empty());
+        assert!(ring_after(ranked(&[]), 0).is_empty());
     }
 }
