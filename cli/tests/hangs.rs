@@ -1086,11 +1086,12 @@ fn a_restart_refunded_for_a_lost_peer_is_not_charged_again() {
     // before B's lease expires, so A spends its one restart; the next round, without B,
     // gives it back. A real failure then still has that restart. The lease is long enough
     // (6 s) that a loaded machine still sees the failure first: with 2 s, 2 runs of 5 beside
-    // stress-ng saw the loss first, spent nothing, and had nothing to refund.
+    // stress-ng saw the loss first, spent nothing, and had nothing to refund. The peer watch
+    // is off (peer_timeout=0): it would find B dead within a second, before A's worker fails.
     let etcd = Etcd::start();
     let url = etcd.url(
         "refund",
-        "min_nodes=1&max_nodes=2&lease_ttl=6&last_call_timeout=0.5",
+        "min_nodes=1&max_nodes=2&lease_ttl=6&last_call_timeout=0.5&peer_timeout=0",
     );
     let s = Scratch::new();
     let flags = ["--rdzv", &url, "--max-restarts", "1", "--no-watchdog"];

@@ -215,6 +215,8 @@ fn a_node_cut_off_by_its_network_is_out_of_the_round_within_2_s() {
     let noticed = lost_after(&me, cut, Duration::from_secs(10));
     eprintln!("a node cut off was counted lost after {noticed:?}");
     let run = run_of(&url);
+    // Logged once the revoke is done, which the survivor may see first.
+    records.await_line(0, &format!("run={run} "), "evicted the next member");
     let evicted: Vec<String> = records
         .lines()
         .into_iter()

@@ -340,14 +340,7 @@ async fn suspect(ring: &Ring, peer: &str, why: &str) -> Suspicion {
         let revoked =
             crate::backend::lease::revoke(etcd, lease, Instant::now() + Duration::from_secs(2))
                 .await;
-        let _ = etcd
-            .txn(
-                Instant::now() + Duration::from_secs(1),
-                "peer watch: the suspicion done",
-                Txn::new().and_then([TxnOp::delete(key.clone(), None)]),
-            )
-            .await;
-        return match revoked {
+        let outcome = match revoked {
             Ok(()) => {
                 tracing::warn!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer, why,
                     lease, "peer watch: evicted the next member (unreachable, and it did not answer through etcd): revoked its lease");
@@ -359,6 +352,14 @@ async fn suspect(ring: &Ring, peer: &str, why: &str) -> Suspicion {
                 Suspicion::Unknown
             }
         };
+        let _ = etcd
+            .txn(
+                Instant::now() + Duration::from_secs(1),
+                "peer watch: the suspicion done",
+                Txn::new().and_then([TxnOp::delete(key.clone(), None)]),
+            )
+            .await;
+        return outcome;
     }
 }
 
