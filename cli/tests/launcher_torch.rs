@@ -171,6 +171,65 @@ fn ddp_survives_the_loss_of_a_node() {
     let _ = std::fs::remove_dir_all(&results);
 }
 
+/// `--in-process-restart` with real DDP workers: two nodes train; one is SIGKILLed whole
+/// (launcher and worker, no watchdog: a machine that dies); the survivor's worker, whose
+/// all_reduce fails on the dead peer, leaves its function, and runs it again in the same
+/// process in a world of one, the model it built kept.
+#[test]
+fn ddp_survivor_keeps_its_process_when_a_node_dies_in_process_restart() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no PyTorch environment (scripts/torch-env.sh makes one)");
+        return;
+    };
+    let etcd = Etcd::start();
+    // Default lease: the peer watch finds the dead node, not its lease.
+    let url = etcd.url("ddp-in-process", "last_call_timeout=1");
+    let results = fresh_dir("ddp-in-process");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let worker = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../bindings/python/tests/torch_workers/inprocess_ddp.py");
+    let args = [
+        "--rdzv",
+        &url,
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--max-restarts=0",
+        "--monitor-interval=0.1",
+        "--local-addr=127.0.0.1",
+        "--in-process-restart",
+        "--no-watchdog",
+    ];
+    let env = [
+        ("RESULT_DIR", results.to_str().unwrap()),
+        ("FINAL_WORLD", "1"),
+    ];
+    let a = Launcher::run(&python, &args, &worker, &env);
+    let mut b = Launcher::run(&python, &args, &worker, &env);
+    let pair = launch::records(&results, 2, 2, deadline);
+    let survivor = pair
+        .iter()
+        .find(|r| r["agent"] == a.id())
+        .expect("the first node's worker trains in the world of two")
+        .clone();
+    b.kill_node();
+    let killed = std::time::SystemTime::now();
+    let alone = launch::records(&results, 1, 1, deadline);
+    let (code, out) = a.finish(deadline);
+    assert_eq!(code, Some(0), "survivor failed:\n{out}");
+    assert_eq!(alone[0]["pid"], survivor["pid"], "the same process: {out}");
+    assert_eq!(alone[0]["again"], 1, "its function ran once more: {out}");
+    assert_eq!(alone[0]["restart"], "0", "no restart spent: {out}");
+    let first_step = alone[0]["t"].as_f64().unwrap()
+        - killed
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+    eprintln!(
+        "in process: the survivor's first step alone came {first_step:.2} s after the SIGKILL"
+    );
+    let _ = std::fs::remove_dir_all(&results);
+}
+
 /// The names of the worker environment the installed torch's agent always sets: the keys of
 /// the dict literal assigned to `worker_env` in `local_elastic_agent.py`, read with Python's
 /// own parser, plus LOCAL_RANK (set on both branches of `_set_local_rank_env`).

@@ -112,6 +112,9 @@ struct Carried {
     failed: Option<Vec<Failure>>,
     /// The round whose failure spent the last restart, and its members.
     charged: Option<Charged>,
+    /// `--in-process-restart`: the group whose workers left their function, for the next
+    /// round to hand its place to.
+    kept: Option<Group>,
 }
 
 pub struct Agent {
@@ -255,7 +258,12 @@ impl Agent {
         ));
         let round = match source.next_round(signals).await {
             Ok(round) => round,
-            Err(stop) => return Err(self.stopped(stop, carried.failed.as_deref())),
+            Err(stop) => {
+                if let Some(mut kept) = carried.kept.take() {
+                    self.stop_group(&mut kept, libc::SIGTERM, signals).await?;
+                }
+                return Err(self.stopped(stop, carried.failed.as_deref()));
+            }
         };
         if let Some(before) = carried.charged.take() {
             failure::refund_if_lost(source, &mut self.restarts, &before).await;
@@ -310,11 +318,32 @@ impl Agent {
             virtual_local_rank: self.cfg.virtual_local_rank,
             cpu_binding: &self.cpu_binding,
             progress: self.cfg.monitor.pages(),
+            in_process: self.cfg.in_process.is_some(),
         };
-        let mut group = Group::start(&spec, &workers, &self.logs).map_err(|e| {
-            output::error(e);
-            Exit::Failure
-        })?;
+        let kept = carried.kept.take().map(|mut kept| {
+            let takes = kept.can_take(&workers);
+            (kept, takes)
+        });
+        let mut group = match kept {
+            Some((mut kept, true)) => {
+                kept.resume(&spec, &workers).map_err(|e| {
+                    output::error(e);
+                    Exit::Failure
+                })?;
+                say("the workers run the new round in their processes (in-process restart)");
+                kept
+            }
+            kept => {
+                if let Some((mut kept, _)) = kept {
+                    say("the kept workers cannot take this round: starting them again");
+                    self.stop_group(&mut kept, libc::SIGTERM, signals).await?;
+                }
+                Group::start(&spec, &workers, &self.logs).map_err(|e| {
+                    output::error(e);
+                    Exit::Failure
+                })?
+            }
+        };
         let watched = pages::watch(&group);
         self.outcome.ranks = workers
             .iter()
@@ -372,10 +401,44 @@ impl Agent {
                 self.stop_group(&mut group, libc::SIGTERM, signals).await?;
                 Err(Exit::Failure)
             }
+            Outcome::Event(Event::Stop(Stop::Changed(why))) if self.cfg.in_process.is_some() => {
+                self.leave_in_process(group, &why, carried, signals).await
+            }
             Outcome::Event(Event::Stop(stop)) => {
                 self.stop_for(&mut group, stop, carried, signals).await
             }
         }
+    }
+
+    /// `--in-process-restart`, after a membership change: the workers leave their training
+    /// function and stay for the next round; one that does not within the bound has the group
+    /// stopped (and started again next round), as without the flag.
+    async fn leave_in_process(
+        &mut self,
+        mut group: Group,
+        why: &str,
+        carried: &mut Carried,
+        signals: &mut Signals,
+    ) -> Result<(), Exit> {
+        let bound = self.cfg.in_process.expect("in-process restart is on");
+        say(format_args!(
+            "{why}: asking the workers to leave their training function for a new round (in process, no restart spent)"
+        ));
+        carried.failed = None;
+        let asked = std::time::Instant::now();
+        if group.leave(bound).await {
+            say(format_args!(
+                "the workers left in {} ms: they stay in their processes for the next round",
+                asked.elapsed().as_millis()
+            ));
+            carried.kept = Some(group);
+            return Ok(());
+        }
+        say(format_args!(
+            "a worker did not leave its function within {:.1} s: stopping the group to start it again",
+            bound.as_secs_f64()
+        ));
+        self.stop_group(&mut group, libc::SIGTERM, signals).await
     }
 
     /// After an attempt, with `auto` timeouts: what its workers showed (and the job's,

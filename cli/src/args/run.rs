@@ -285,6 +285,22 @@ pub struct RunArgs {
     /// in Python) or a scheduler; written whole (renamed into place).
     #[arg(long, value_name = "FILE")]
     pub outcome_file: Option<PathBuf>,
+    /// Keep healthy workers' processes across rounds: when a round ends (a node lost or
+    /// admitted, another node's failure), each worker is asked to leave its training function
+    /// (`rdzv.inprocess.run` in Python), and runs it again with the new round's environment,
+    /// instead of being stopped and started again. A worker that does not leave within
+    /// --in-process-timeout is stopped, and the group started again, as without this flag.
+    #[arg(long, env = "RDZV_IN_PROCESS_RESTART", value_parser = FalseyValueParser::new())]
+    pub in_process_restart: bool,
+    /// Seconds a worker gets to leave its training function (--in-process-restart) before
+    /// the group is stopped and started again.
+    #[arg(
+        long,
+        default_value = "3",
+        value_name = "SECONDS",
+        value_parser = values::in_process_timeout
+    )]
+    pub in_process_timeout: Duration,
     #[command(flatten)]
     pub monitor: MonitorFlags,
     /// The program to start and its arguments. Everything from PROGRAM on is the program's,

@@ -147,6 +147,10 @@ pub fn exit_barrier_timeout(s: &str) -> Result<Duration, Usage> {
     seconds("--exit-barrier-timeout", s, true)
 }
 
+pub fn in_process_timeout(s: &str) -> Result<Duration, Usage> {
+    seconds("--in-process-timeout", s, false)
+}
+
 /// `--numa-binding`: one of torchrun's policy names, which clap lists in the help and in the
 /// error for another.
 pub fn numa_binding() -> impl TypedValueParser<Value = Policy> {

@@ -60,6 +60,8 @@ pub struct RunConfig {
     pub duplicate_stderr_filters: Vec<String>,
     /// Start the watchdog that releases this node if the launcher is killed (`watchdog.rs`).
     pub watchdog: bool,
+    /// `--in-process-restart`: how long a worker gets to leave its function, when set.
+    pub in_process: Option<Duration>,
     /// Hangs, progress and health (`--hang-timeout`, `--health-check`, ...).
     pub monitor: MonitorConfig,
     /// `--outcome-file`: where the agent writes how the command ended.
@@ -148,6 +150,7 @@ impl RunConfig {
             duplicate_stdout_filters: a.duplicate_stdout_filters.unwrap_or_default().0,
             duplicate_stderr_filters: a.duplicate_stderr_filters.unwrap_or_default().0,
             watchdog: !a.no_watchdog,
+            in_process: a.in_process_restart.then_some(a.in_process_timeout),
             monitor: MonitorConfig::from_flags(a.monitor)?,
             notes,
         })

@@ -29,6 +29,8 @@ pub struct GroupSpec<'a> {
     /// Each worker gets a progress page (RDZV_PROGRESS_FILE) and a stacks file
     /// (RDZV_STACKS_FILE) in its directory: the hang monitor reads them.
     pub progress: bool,
+    /// `--in-process-restart`: each worker gets a control file (RDZV_INPROCESS_FILE).
+    pub in_process: bool,
 }
 
 /// The prefix of torch's Flight Recorder pipe and dump for a worker whose directory holds
@@ -131,6 +133,20 @@ pub fn worker_env(
             }
         }
     }
+    if spec.in_process {
+        let control = super::inprocess::control_file(error_file);
+        env.push((
+            super::inprocess::CONTROL_FILE_ENV.into(),
+            control.display().to_string(),
+        ));
+        // NCCL's watchdog tears the process down when a collective fails (1, torch's
+        // default); 2 aborts the communicators and raises instead, which a worker that stays
+        // for the next round needs.
+        if std::env::var_os("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
+            env.retain(|(k, _)| k != "TORCH_NCCL_ASYNC_ERROR_HANDLING");
+            env.push(("TORCH_NCCL_ASYNC_ERROR_HANDLING".into(), "2".into()));
+        }
+    }
     env.extend(spec.extra_env.iter().cloned());
     env
 }
@@ -206,6 +222,7 @@ mod tests {
             virtual_local_rank: false,
             cpu_binding: &[],
             progress: false,
+            in_process: false,
         }
     }
 

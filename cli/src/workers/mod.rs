@@ -13,7 +13,7 @@
 //! Submodules, each using only those listed before it: `logs` (the log layout, where each
 //! stream goes), `env` (the worker's environment), `process` (starting, waiting for and
 //! signalling a worker), `error_file` (torchelastic's error file: read, written, copied),
-//! `report` (the failure report).
+//! `inprocess` (the control file of `--in-process-restart`), `report` (the failure report).
 
 pub mod logs;
 
@@ -22,6 +22,8 @@ pub mod env;
 pub mod process;
 
 pub mod error_file;
+
+pub mod inprocess;
 
 pub mod report;
 
@@ -58,6 +60,8 @@ pub struct Group {
     /// Bytes the pumps have read or written so far (`output::pump`).
     pumped: std::sync::Arc<std::sync::atomic::AtomicU64>,
     stop_sent: bool,
+    /// `--in-process-restart`: the generation of the last control file written.
+    generation: u64,
 }
 
 /// After the workers exited, their output is waited for while it keeps moving, and for at most
@@ -82,6 +86,7 @@ impl Group {
             pumps: 0,
             pumped: Default::default(),
             stop_sent: false,
+            generation: 0,
         };
         let attempt = AttemptLogs::open(logs, spec.restart_count)?;
         for (index, r) in ranks.iter().enumerate() {
@@ -90,6 +95,11 @@ impl Group {
                 let (page, stacks) = env::progress_files(&error_file);
                 rdzv::progress::create_page(&page)?;
                 let _ = std::fs::remove_file(stacks);
+            }
+            if spec.in_process {
+                let control = inprocess::control_file(&error_file);
+                inprocess::clear(&control);
+                inprocess::run(&control, 0, &env::worker_env(spec, r, &error_file))?;
             }
             let mut child = match process::spawn(spec, r, &error_file, &routes) {
                 Ok(child) => child,
@@ -120,6 +130,83 @@ impl Group {
             });
         }
         Ok(group)
+    }
+
+    /// `--in-process-restart`: asks every worker to leave its training function for the next
+    /// round, and waits up to `bound` for each to answer. False when one did not answer in
+    /// time, or a worker ended meanwhile (the group must then be started again).
+    pub async fn leave(&mut self, bound: Duration) -> bool {
+        self.collect_exits();
+        if self.running() != self.workers.len() {
+            return false;
+        }
+        self.generation += 1;
+        let generation = self.generation;
+        let controls: Vec<PathBuf> = self
+            .workers
+            .iter()
+            .map(|w| inprocess::control_file(&w.error_file))
+            .collect();
+        if controls
+            .iter()
+            .any(|c| inprocess::leave(c, generation).is_err())
+        {
+            return false;
+        }
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            if controls.iter().all(|c| inprocess::has_left(c, generation)) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            // The answers are files: looked at every few milliseconds, and a worker's exit
+            // ends the wait at once.
+            tokio::select! {
+                _ = self.next_exit() => return false,
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+    }
+
+    /// Whether this group's processes can take the round `ranks` describes: as many workers,
+    /// the same local ranks, none ended.
+    pub fn can_take(&mut self, ranks: &[WorkerRanks]) -> bool {
+        self.collect_exits();
+        self.running() == self.workers.len()
+            && self.workers.len() == ranks.len()
+            && self
+                .workers
+                .iter()
+                .zip(ranks)
+                .all(|(w, r)| w.ranks.local_rank == r.local_rank)
+    }
+
+    /// `--in-process-restart`: hands each worker its place in the next round (`can_take`).
+    pub fn resume(&mut self, spec: &GroupSpec<'_>, ranks: &[WorkerRanks]) -> std::io::Result<()> {
+        self.generation += 1;
+        for (w, r) in self.workers.iter_mut().zip(ranks) {
+            w.ranks = r.clone();
+            let control = inprocess::control_file(&w.error_file);
+            inprocess::run(
+                &control,
+                self.generation,
+                &env::worker_env(spec, r, &w.error_file),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Takes the exits that arrived while nobody waited for them (between two rounds).
+    fn collect_exits(&mut self) {
+        while let Ok((index, status)) = self.exits.try_recv() {
+            let worker = &mut self.workers[index];
+            worker.ended = Some((Ended::of(status), SystemTime::now()));
+            worker
+                .exited
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     pub fn running(&self) -> usize {

@@ -17,6 +17,7 @@ mod backends;
 mod devices;
 mod failures;
 mod flags;
+mod inprocess;
 mod logs;
 mod operators;
 mod rendezvous;

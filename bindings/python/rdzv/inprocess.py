@@ -1,0 +1,230 @@
+"""In-process restart: a training function that runs again in the same process with each new
+round, instead of the worker being stopped and started again (``rdzv run
+--in-process-restart``).
+
+    import torch.distributed as dist
+    import rdzv.inprocess
+
+    def train():
+        dist.init_process_group("gloo")  # reads RANK, WORLD_SIZE, MASTER_ADDR... as usual
+        model = DDP(build_model())         # wrapped again on each round's process group
+        for step in range(load_checkpoint(), steps):
+            rdzv.inprocess.check()         # leaves at once when a new round is forming
+            train_step(model)
+            rdzv.heartbeat(step=step)
+
+    rdzv.inprocess.run(train)
+
+When a round ends (a node lost or admitted, a worker of another node failed or hung), the
+launcher asks each healthy worker to leave: ``check()`` raises ``Restart``, and so does a
+collective that fails because its peer is gone. ``run`` catches it, tears down the default
+process group (``destroy_process_group``; NCCL's communicators are aborted first, from a
+thread of its own, so a collective blocked on a dead peer returns), tells the launcher, waits
+for the next round and calls the function again with that round's ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RESTART_COUNT`` in
+``os.environ``. What the function built (a model on the GPU, data loaders, compiled graphs)
+stays in the process for the next call to reuse. A worker that does not leave within the
+launcher's bound (``--in-process-timeout``: a gloo collective blocked on a peer that is cut
+off, not dead, returns only at its own timeout) is stopped and started again, as without the
+flag.
+
+An exception that is not ``Restart`` is the function's own failure, unless the launcher asks
+the worker to leave within ``RDZV_INPROCESS_GRACE`` seconds (3 by default) after it: a
+collective usually fails a moment before the launcher learns that a peer is gone. Otherwise
+it propagates and the process fails, as it would without the wrapper.
+
+Outside ``rdzv run --in-process-restart`` (no ``RDZV_INPROCESS_FILE``), ``run(fn)`` calls
+``fn`` once and ``check()`` does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, TypeVar
+
+__all__ = ["Restart", "check", "enabled", "restarts", "run"]
+
+#: The variable that names this worker's control file (set by ``rdzv run``).
+CONTROL_FILE_ENV = "RDZV_INPROCESS_FILE"
+
+T = TypeVar("T")
+
+
+class Restart(Exception):
+    """The launcher asked this worker to leave its training function: a new round is forming."""
+
+
+class _Control:
+    """The control file as last read: its generation, state and environment."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seen_mtime = -1
+        self.generation = -1
+        self.state = ""
+        self.env: Dict[str, str] = {}
+
+    def refresh(self) -> None:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            return
+        if mtime == self.seen_mtime:
+            return
+        try:
+            with open(self.path) as f:
+                control = json.load(f)
+        except (OSError, ValueError):
+            return  # renamed into place, so never half written: try again at the next look
+        self.seen_mtime = mtime
+        self.generation = int(control.get("generation", -1))
+        self.state = str(control.get("state", ""))
+        if self.state == "run":
+            self.env = {str(k): str(v) for k, v in control.get("env", {}).items()}
+
+    def answer(self, generation: int) -> None:
+        tmp = self.path + ".left.tmp"
+        with open(tmp, "w") as f:
+            f.write(str(generation))
+        os.replace(tmp, self.path + ".left")
+
+
+_control: Optional[_Control] = None
+# The generation the function is running in; a leave of a later one ends it.
+_running = -1
+_restarts = 0
+
+
+def enabled() -> bool:
+    """Whether this process runs under ``rdzv run --in-process-restart``."""
+    return bool(os.environ.get(CONTROL_FILE_ENV))
+
+
+def _the_control() -> Optional[_Control]:
+    global _control
+    if _control is None and enabled():
+        _control = _Control(os.environ[CONTROL_FILE_ENV])
+    return _control
+
+
+def _leave_asked() -> bool:
+    control = _the_control()
+    if control is None:
+        return False
+    control.refresh()
+    return control.state == "leave" and control.generation > _running
+
+
+def check() -> None:
+    """Raises ``Restart`` when the launcher asks this worker to leave (a ``stat`` of the
+    control file; it is read only when it changed). Call it once a step."""
+    if _leave_asked():
+        raise Restart("a new round is forming")
+
+
+def restarts() -> int:
+    """How many times ``run`` has called the function again in this process."""
+    return _restarts
+
+
+def _grace() -> float:
+    try:
+        return float(os.environ.get("RDZV_INPROCESS_GRACE", "3"))
+    except ValueError:
+        return 3.0
+
+
+def _wait(until: Callable[[], bool], timeout: Optional[float]) -> bool:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not until():
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _torch_distributed() -> Any:
+    """torch.distributed if the program imported it, else None (never imported here)."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available():
+        return None
+    return dist
+
+
+def _abort_nccl() -> None:
+    """Aborts NCCL's communicators, which ends a collective blocked in them (from any thread).
+    Gloo has no such call: a collective on a dead peer fails on its own, one on a peer cut off
+    waits for its timeout."""
+    dist = _torch_distributed()
+    if dist is None or not dist.is_initialized():
+        return
+    try:
+        if dist.get_backend() != "nccl":
+            return
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        if abort is not None:
+            abort()
+    except Exception:  # noqa: BLE001 - best effort: the launcher's bound is the backstop
+        pass
+
+
+def _tear_down() -> None:
+    dist = _torch_distributed()
+    if dist is None or not dist.is_initialized():
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - an aborted group may refuse: it is gone either way
+        pass
+
+
+def _watch_for_leave(stop: threading.Event) -> None:
+    """Beside the function: on a leave, aborts NCCL so that a blocked collective returns."""
+    while not stop.wait(0.02):
+        if _leave_asked():
+            _abort_nccl()
+            return
+
+
+def _next_round(control: _Control) -> bool:
+    """Whether the launcher has handed out a round after the one the function ran in."""
+    control.refresh()
+    return control.state == "run" and control.generation > _running
+
+
+def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Calls ``fn(*args, **kwargs)``, and again in each new round the launcher forms, until it
+    returns; returns its value. See the module's documentation."""
+    global _running, _restarts
+    control = _the_control()
+    if control is None:
+        return fn(*args, **kwargs)
+    control.refresh()
+    while True:
+        _wait(lambda: _next_round(control), None)
+        _running = control.generation
+        os.environ.update(control.env)
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch_for_leave, args=(stop,), daemon=True)
+        watcher.start()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if not isinstance(e, Restart) and not _wait(_leave_asked, _grace()):
+                raise
+            print(
+                f"rdzv.inprocess: leaving the training function for the next round ({type(e).__name__}: {e})",
+                file=sys.stderr,
+                flush=True,
+            )
+        finally:
+            stop.set()
+        _abort_nccl()
+        _tear_down()
+        control.answer(control.generation)
+        _restarts += 1

@@ -1,0 +1,122 @@
+//! `--in-process-restart`: a node admitted to the job ends the round, and the first node's
+//! worker leaves its training function and runs it again in the same process with the new
+//! round's environment (`rdzv.inprocess.run`); without the wrapper in the worker, the group is
+//! stopped and started again once the bound passes.
+
+use crate::common::Etcd;
+use crate::launch::RDZV;
+use crate::support::{num, pid, rdzv_env, Scratch, WorkerLines, FAST};
+use std::path::{Path, PathBuf};
+
+/// A worker whose training function prints its START line (as the shell worker's, with its
+/// pid and how many times it ran again), then steps until the world has `want` workers.
+const TRAIN: &str = r#"
+import os, sys, time
+import rdzv.inprocess as ip
+
+want = int(sys.argv[1])
+
+def train():
+    e = os.environ
+    print(f"START rank={e['RANK']} world={e['WORLD_SIZE']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} master={e['MASTER_ADDR']}:{e['MASTER_PORT']} pid={os.getpid()}", flush=True)
+    while int(e["WORLD_SIZE"]) < want:
+        ip.check()
+        time.sleep(0.01)
+    time.sleep(0.5)
+
+ip.run(train)
+"#;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn python_env() -> Vec<(&'static str, String)> {
+    let library = Path::new(RDZV).with_file_name("deps").join("librdzv.so");
+    vec![
+        (
+            "PYTHONPATH",
+            repo().join("bindings/python").display().to_string(),
+        ),
+        ("RDZV_LIBRARY", library.display().to_string()),
+    ]
+}
+
+#[test]
+fn a_node_admitted_ends_the_round_and_the_first_nodes_worker_runs_again_in_its_process() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    std::fs::write(s.path("train.py"), TRAIN).unwrap();
+    let train = s.path("train.py").display().to_string();
+    let url = etcd.url("in-process", &format!("min_nodes=1&max_nodes=2&{FAST}"));
+    let env = python_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let node = |flags: &[&str]| {
+        let args = [
+            &["run", "--rdzv", &url, "--in-process-restart"],
+            flags,
+            &[&train, "2"],
+        ]
+        .concat();
+        rdzv_env(&args, &env)
+    };
+    let mut a = node(&[]);
+    let first = a.start(30);
+    assert_eq!(num(&first, "world"), 1, "{}", a.output());
+    let mut b = node(&[]);
+    let again = a.start(30);
+    let joined = b.start(30);
+    assert_eq!(num(&again, "world"), 2, "{}", a.output());
+    assert_eq!(num(&joined, "world"), 2);
+    assert_eq!(
+        pid(&again),
+        pid(&first),
+        "the worker ran the new round in its process: {}",
+        a.output()
+    );
+    assert_eq!(num(&again, "again"), 1, "called once more: {}", a.output());
+    assert_eq!(
+        num(&again, "restart"),
+        0,
+        "a membership change spends no restart"
+    );
+    assert_ne!(
+        again["master"],
+        first["master"].as_str(),
+        "the new round's bootstrap address"
+    );
+    assert!(
+        a.said("they stay in their processes for the next round"),
+        "{}",
+        a.output()
+    );
+    a.exits_with(0, 30);
+    b.exits_with(0, 30);
+}
+
+#[test]
+fn a_worker_that_does_not_leave_in_time_is_started_again() {
+    // The shell worker knows nothing of the control file: after --in-process-timeout the
+    // group is stopped and started, as without the flag.
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    let url = etcd.url(
+        "in-process-late",
+        &format!("min_nodes=1&max_nodes=2&{FAST}"),
+    );
+    let flags = ["--in-process-restart", "--in-process-timeout", "0.5"];
+    let mut a = s.node(&url, &flags, "hold");
+    let first = a.start(30);
+    let mut b = s.node(&url, &flags, "hold");
+    let again = a.start(30);
+    b.start(30);
+    assert_eq!(num(&again, "world"), 2);
+    assert_ne!(pid(&again), pid(&first), "a new process: {}", a.output());
+    assert!(
+        a.said("did not leave its function within 0.5 s"),
+        "{}",
+        a.output()
+    );
+    a.terminate();
+    b.terminate();
+}
