@@ -357,6 +357,50 @@ typedef struct {
 } rdzv_run_status_t;
 
 /**
+ * A worker's place in a round of in-process restart, filled by `rdzv_inprocess_next`: what
+ * torchrun gives a new worker process in its environment.
+ */
+typedef struct {
+  /**
+   * RANK: the worker's global rank.
+   */
+  uint32_t rank;
+  /**
+   * WORLD_SIZE: workers in the round, on every node.
+   */
+  uint32_t world_size;
+  /**
+   * LOCAL_RANK: the worker's rank on its node.
+   */
+  uint32_t local_rank;
+  /**
+   * LOCAL_WORLD_SIZE: workers on its node.
+   */
+  uint32_t local_world_size;
+  /**
+   * GROUP_RANK: its node's rank in the round.
+   */
+  uint32_t group_rank;
+  /**
+   * GROUP_WORLD_SIZE: nodes in the round.
+   */
+  uint32_t group_world_size;
+  /**
+   * TORCHELASTIC_RESTART_COUNT: restarts after failures so far (a membership change spends
+   * none).
+   */
+  uint32_t restart_count;
+  /**
+   * MASTER_PORT: rank 0's bootstrap port in this round.
+   */
+  uint16_t master_port;
+  /**
+   * MASTER_ADDR: rank 0's bootstrap address in this round; NUL-terminated.
+   */
+  char master_addr[RDZV_ADDR_CAPACITY];
+} rdzv_inprocess_round_t;
+
+/**
  * Receives one log record: its level, its target (the library module that made it, e.g.
  * `"rdzv::rendezvous"`) and its line (the message, then `name=value` fields such as
  * `run=`, `node=`, `round=`), both NUL-terminated UTF-8 valid only during the call, and the
@@ -608,6 +652,46 @@ rdzv_status_t rdzv_cancel_token_is_cancelled(const rdzv_cancel_token_t *token,
  * passed to have returned.
  */
 void rdzv_cancel_token_free(rdzv_cancel_token_t *token);
+
+/**
+ * Whether this process runs under `rdzv run --in-process-restart` (`RDZV_INPROCESS_FILE` was
+ * in its environment when it started). Never fails, never blocks.
+ */
+bool rdzv_inprocess_enabled(void);
+
+/**
+ * Whether the launcher asks this worker to leave its training function: a new round is
+ * forming (a node lost or admitted). Then tear down the communicators (NCCL: abort them,
+ * which also ends a collective blocked in them on another thread) and call
+ * `rdzv_inprocess_next`. One `stat` of the control file when nothing changed: call it every
+ * step. False outside `--in-process-restart`. Never fails, never blocks; safe from any thread.
+ */
+bool rdzv_inprocess_check(void);
+
+/**
+ * Tells the launcher this worker has left its round, if it was asked to (`rdzv_inprocess_check`),
+ * then waits up to `timeout_ms` (negative: no bound) for the next round, fills `*round` with
+ * it and sets its variables in the process environment (RANK, WORLD_SIZE, LOCAL_RANK,
+ * MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT and the rest of torchrun's), as a new
+ * worker process would have them: `setenv`, so call it while no other thread reads the
+ * environment. The first call returns the first round at once. `RDZV_ERR_TIMEOUT` when no
+ * round came in time (the launcher then stops this worker within its `--in-process-timeout`
+ * unless it answered); `RDZV_ERR_INVALID_ARGUMENT` outside `--in-process-restart` or for a
+ * NULL `round`. A loop:
+ *
+ * ```c
+ * rdzv_inprocess_round_t round;
+ * while (rdzv_inprocess_next(-1, &round, NULL) == RDZV_OK) {
+ *     setup(&round);                    // communicators of this round
+ *     while (!done && !rdzv_inprocess_check()) step();
+ *     teardown();                       // abort the communicators
+ *     if (done) break;
+ * }
+ * ```
+ */
+rdzv_status_t rdzv_inprocess_next(int64_t timeout_ms,
+                                  rdzv_inprocess_round_t *round,
+                                  rdzv_error_t **error);
 
 /**
  * Sends the library's log records to `handler` instead of stderr; NULL goes back to stderr.

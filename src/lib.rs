@@ -20,6 +20,7 @@ mod ffi {
     pub mod admin;
     pub mod boundary;
     pub mod cancel;
+    pub mod inprocess;
     pub mod log;
     pub mod params;
     pub mod progress;
@@ -31,6 +32,7 @@ mod ffi {
 pub use ffi::admin::*;
 pub use ffi::boundary::*;
 pub use ffi::cancel::*;
+pub use ffi::inprocess::*;
 pub use ffi::log::*;
 pub use ffi::params::*;
 pub use ffi::progress::*;

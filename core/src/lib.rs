@@ -8,7 +8,8 @@
 //! (one runtime, `block_on` per call, which the C ABI is built on). Beside them, `admin`
 //! reads, watches, closes and purges a run for operators without joining it; `election`
 //! elects a leader through an etcd lease (`rdzv lighthouse`); `progress` is the page a worker
-//! writes its heartbeats to and its launcher reads; `log` decides where the `tracing` records
+//! writes its heartbeats to and its launcher reads; `inprocess` is the control file of
+//! in-process restart, both sides; `log` decides where the `tracing` records
 //! go. `cancel` is the token a blocking caller hands to any call that asks etcd, to end it (an
 //! async caller drops the future instead). The `rdzv` command (cli/) is built on the public
 //! API alone.
@@ -39,6 +40,7 @@ pub mod blocking;
 pub mod cancel;
 pub mod election;
 pub mod error;
+pub mod inprocess;
 pub mod log;
 pub mod params;
 pub mod progress;

@@ -90,6 +90,65 @@ fn c_program_runs_a_rendezvous_end_to_end() {
     assert!(stdout.contains("1 passed, 0 failed"));
 }
 
+/// The C worker side of in-process restart against the launcher's side of the control file
+/// (`rdzv::inprocess`, what `rdzv run --in-process-restart` writes): a round handed out, a
+/// leave seen by `rdzv_inprocess_check` and answered by `rdzv_inprocess_next`, which then
+/// returns the next round and sets its variables in the environment.
+#[test]
+fn c_worker_runs_two_rounds_of_in_process_restart_in_one_process() {
+    use std::io::{BufRead, BufReader};
+    let dir = std::env::temp_dir().join(format!("rdzv-c-inprocess-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let control = dir.join("inprocess.json");
+    let round = |rank: &str, world: &str, port: &str| -> Vec<(String, String)> {
+        [
+            ("RANK", rank),
+            ("WORLD_SIZE", world),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "1"),
+            ("GROUP_RANK", rank),
+            ("GROUP_WORLD_SIZE", world),
+            ("TORCHELASTIC_RESTART_COUNT", "0"),
+            ("MASTER_ADDR", "host-a"),
+            ("MASTER_PORT", port),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    };
+    rdzv::inprocess::write_run(&control, 0, &round("0", "1", "29500")).unwrap();
+    let exe = compile("tests/c/inprocess_test.c", "rdzv_c_inprocess");
+    let mut child = Command::new(exe)
+        .env(rdzv::inprocess::CONTROL_FILE_ENV, &control)
+        .env_remove("RANK")
+        .stdout(std::process::Stdio::piped())
+        .spawn_tied()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut line = || lines.next().expect("a line").unwrap();
+    assert_eq!(
+        line(),
+        "ROUND rank=0 world=1 local=0 lws=1 group=0 groups=1 restart=0 master=host-a:29500 env_rank=0"
+    );
+    rdzv::inprocess::write_leave(&control, 1).unwrap();
+    assert_eq!(line(), "LEAVING");
+    let asked = std::time::Instant::now();
+    while !rdzv::inprocess::has_left(&control, 1) {
+        assert!(
+            asked.elapsed() < std::time::Duration::from_secs(10),
+            "no answer"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    rdzv::inprocess::write_run(&control, 2, &round("3", "4", "29600")).unwrap();
+    assert_eq!(
+        line(),
+        "ROUND rank=3 world=4 local=0 lws=1 group=3 groups=4 restart=0 master=host-a:29600 env_rank=3"
+    );
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn c_example_nodes_exchange_values() {
     let etcd = Etcd::start();

@@ -1240,3 +1240,13 @@ int main(int argc, char** argv) {
   ::testing::AddGlobalTestEnvironment(new EtcdEnvironment);
   return RUN_ALL_TESTS();
 }
+
+// Outside `rdzv run --in-process-restart` (this test process has no RDZV_INPROCESS_FILE): a
+// worker's loop is told so, and next() refuses. The rounds themselves are tested through the
+// same C functions in tests/all/c_api.rs and bindings/go/inprocess_test.go.
+TEST(InProcess, OutsideTheFlagNothingIsAskedAndNextRefuses) {
+  ASSERT_EQ(std::getenv("RDZV_INPROCESS_FILE"), nullptr);
+  EXPECT_FALSE(rdzv::inprocess::enabled());
+  EXPECT_FALSE(rdzv::inprocess::check());
+  EXPECT_THROW(rdzv::inprocess::next(std::chrono::milliseconds(10)), rdzv::InvalidArgumentError);
+}

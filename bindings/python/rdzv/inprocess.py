@@ -63,24 +63,27 @@ class _Control:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.seen_mtime = -1
+        self.seen_version: Optional[tuple] = None
         self.generation = -1
         self.state = ""
         self.env: Dict[str, str] = {}
 
     def refresh(self) -> None:
         try:
-            mtime = os.stat(self.path).st_mtime_ns
+            st = os.stat(self.path)
         except OSError:
             return
-        if mtime == self.seen_mtime:
+        # Every write is a new file renamed into place: its inode changes even when two
+        # writes fall in one tick of the file system's clock.
+        version = (st.st_ino, st.st_mtime_ns)
+        if version == self.seen_version:
             return
         try:
             with open(self.path) as f:
                 control = json.load(f)
         except (OSError, ValueError):
             return  # renamed into place, so never half written: try again at the next look
-        self.seen_mtime = mtime
+        self.seen_version = version
         self.generation = int(control.get("generation", -1))
         self.state = str(control.get("state", ""))
         if self.state == "run":

@@ -297,6 +297,53 @@ inline void set_log_handler(LogHandler handler) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// In-process restart: a worker's side of `rdzv run --in-process-restart`
+// ---------------------------------------------------------------------------------------------
+//
+// When a round ends because the membership changed, the launcher asks each healthy worker to
+// leave its training loop instead of stopping it:
+//
+//   for (;;) {
+//     rdzv::inprocess::Round round = rdzv::inprocess::next();  // and RANK, ... in the environment
+//     setup(round);
+//     while (!done && !rdzv::inprocess::check()) step();
+//     teardown();                                              // abort the communicators
+//     if (done) break;
+//   }
+namespace inprocess {
+
+/// A worker's place in a round: what torchrun gives a new worker process.
+struct Round {
+  uint32_t rank, world_size, local_rank, local_world_size, group_rank, group_world_size,
+      restart_count;
+  std::string master_addr;
+  uint16_t master_port;
+};
+
+/// Whether this process runs under `rdzv run --in-process-restart`. Never throws.
+inline bool enabled() noexcept { return rdzv_inprocess_enabled(); }
+
+/// Whether the launcher asks this worker to leave its training loop (one stat a call: call it
+/// every step). False outside `--in-process-restart`. Never throws; safe from any thread.
+inline bool check() noexcept { return rdzv_inprocess_check(); }
+
+/// Answers a pending leave, then waits up to `timeout` (negative: no bound) for the next round
+/// and sets its variables in the environment (setenv: while no other thread reads it). The
+/// first call returns the first round at once. Throws TimeoutError when none came,
+/// InvalidArgumentError outside `--in-process-restart`.
+inline Round next(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+  rdzv_inprocess_round_t r;
+  detail::call([&](rdzv_error_t** e) {
+    return rdzv_inprocess_next(static_cast<int64_t>(timeout.count()), &r, e);
+  });
+  return Round{r.rank,        r.world_size,       r.local_rank,    r.local_world_size,
+               r.group_rank,  r.group_world_size, r.restart_count, std::string(r.master_addr),
+               r.master_port};
+}
+
+}  // namespace inprocess
+
+// ---------------------------------------------------------------------------------------------
 // Progress: heartbeats and sections, for `rdzv run`'s hang monitor
 // ---------------------------------------------------------------------------------------------
 //
