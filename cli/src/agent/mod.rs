@@ -326,11 +326,16 @@ impl Agent {
         });
         let mut group = match kept {
             Some((mut kept, true)) => {
-                kept.resume(&spec, &workers).map_err(|e| {
+                let started = kept.resume(&spec, &workers, &self.logs).map_err(|e| {
                     output::error(e);
                     Exit::Failure
                 })?;
-                say("the workers run the new round in their processes (in-process restart)");
+                match started {
+                    0 => say("the workers run the new round in their processes (in-process restart)"),
+                    n => say(format_args!(
+                        "the workers run the new round in their processes (in-process restart); {n} that had failed started again"
+                    )),
+                }
                 kept
             }
             kept => {
@@ -367,8 +372,14 @@ impl Agent {
                 Err(source.exit_barrier(&round, timeout, signals).await)
             }
             Outcome::Failed => {
-                self.after_failure(source, &mut group, &watched, &round, carried, signals)
-                    .await
+                let kept = self.leave_after_failure(&mut group).await;
+                let next = self
+                    .after_failure(source, &mut group, &watched, &round, carried, kept, signals)
+                    .await;
+                if kept && next.is_ok() {
+                    carried.kept = Some(group);
+                }
+                next
             }
             Outcome::Event(Event::Hung(hung)) => {
                 let first = self
@@ -378,8 +389,10 @@ impl Agent {
                     carried.failed = None;
                     return Ok(());
                 }
-                self.after_failure(source, &mut group, &watched, &round, carried, signals)
-                    .await
+                self.after_failure(
+                    source, &mut group, &watched, &round, carried, false, signals,
+                )
+                .await
             }
             Outcome::Event(Event::PeerHung(what)) => {
                 self.after_peer_hang(source, &mut group, &watched, &round, what, signals)
@@ -569,7 +582,30 @@ impl Agent {
         }
     }
 
-    /// A worker failed: stops the others, then decides what it costs (`failure.rs`).
+    /// `--in-process-restart`, after a worker of this node failed: the others leave their
+    /// training function (their collectives with it have failed), so that only the failed
+    /// worker is started again. False without the flag, or when one did not leave in time.
+    async fn leave_after_failure(&mut self, group: &mut Group) -> bool {
+        let Some(bound) = self.cfg.in_process else {
+            return false;
+        };
+        if group.running() == 0 {
+            return false;
+        }
+        say("asking this node's other workers to leave their training function (in process)");
+        let left = group.leave(bound).await;
+        if !left {
+            say(format_args!(
+                "a worker did not leave its function within {:.1} s: stopping the group",
+                bound.as_secs_f64()
+            ));
+        }
+        left
+    }
+
+    /// A worker failed: stops the others (unless `kept`: they left their function and stay,
+    /// `--in-process-restart`), then decides what it costs (`failure.rs`).
+    #[allow(clippy::too_many_arguments)]
     async fn after_failure<S: Source>(
         &mut self,
         source: &S,
@@ -577,9 +613,12 @@ impl Agent {
         workers: &[Watched],
         round: &Round,
         carried: &mut Carried,
+        kept: bool,
         signals: &mut Signals,
     ) -> Result<(), Exit> {
-        self.stop_group(group, libc::SIGTERM, signals).await?;
+        if !kept {
+            self.stop_group(group, libc::SIGTERM, signals).await?;
+        }
         let failures = group.failures();
         let why = report::summary(&failures);
         if let Some(max) = self.cfg.monitor.max_no_progress_restarts {
@@ -590,6 +629,9 @@ impl Agent {
                     self.no_progress.describe()
                 );
                 output::error(format_args!("{stop}: the job failed"));
+                if kept {
+                    self.stop_group(group, libc::SIGTERM, signals).await?;
+                }
                 source.fail_job(&format!("{why}; {stop}")).await;
                 self.report(&failures);
                 return Err(Exit::Failure);
@@ -606,8 +648,14 @@ impl Agent {
             }
             Cost::Charged(members) => {
                 say(format_args!(
-                    "restarting the worker group (restart {} of {}) after rank {} failed",
-                    self.restarts.used, self.restarts.max, failures[0].global_rank
+                    "restarting the worker group (restart {} of {}) after rank {} failed{}",
+                    self.restarts.used,
+                    self.restarts.max,
+                    failures[0].global_rank,
+                    match kept {
+                        true => ": only the failed worker starts again, the others stay in their processes",
+                        false => "",
+                    }
                 ));
                 carried.charged = members;
                 self.no_progress.restarted();
@@ -615,9 +663,16 @@ impl Agent {
                 return Ok(());
             }
             Cost::Stop(stop @ (Stop::Signal(_) | Stop::Drained)) => {
-                return Err(self.stopped(stop, None))
+                if kept {
+                    self.stop_group(group, libc::SIGTERM, signals).await?;
+                }
+                return Err(self.stopped(stop, None));
             }
-            Cost::Stop(_) | Cost::Spent => {}
+            Cost::Stop(_) | Cost::Spent => {
+                if kept {
+                    self.stop_group(group, libc::SIGTERM, signals).await?;
+                }
+            }
         }
         say(format_args!(
             "restart budget spent ({} of {} restarts used): the job failed{}",

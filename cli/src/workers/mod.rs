@@ -55,7 +55,9 @@ pub struct Worker {
 pub struct Group {
     pub workers: Vec<Worker>,
     exits: mpsc::UnboundedReceiver<(usize, ExitStatus)>,
+    exit_tx: mpsc::UnboundedSender<(usize, ExitStatus)>,
     pumps_done: mpsc::UnboundedReceiver<()>,
+    pump_tx: mpsc::UnboundedSender<()>,
     pumps: usize,
     /// Bytes the pumps have read or written so far (`output::pump`).
     pumped: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -82,7 +84,9 @@ impl Group {
         let mut group = Group {
             workers: Vec::new(),
             exits,
+            exit_tx,
             pumps_done,
+            pump_tx,
             pumps: 0,
             pumped: Default::default(),
             stop_sent: false,
@@ -90,54 +94,70 @@ impl Group {
         };
         let attempt = AttemptLogs::open(logs, spec.restart_count)?;
         for (index, r) in ranks.iter().enumerate() {
-            let (error_file, routes) = attempt.worker(spec.role, r)?;
-            if spec.progress {
-                let (page, stacks) = env::progress_files(&error_file);
-                rdzv::progress::create_page(&page)?;
-                let _ = std::fs::remove_file(stacks);
-            }
-            if spec.in_process {
-                let control = inprocess::control_file(&error_file);
-                inprocess::clear(&control);
-                inprocess::run(&control, 0, &env::worker_env(spec, r, &error_file))?;
-            }
-            let mut child = match process::spawn(spec, r, &error_file, &routes) {
-                Ok(child) => child,
+            match group.spawn(spec, r, &attempt, index) {
+                Ok(worker) => group.workers.push(worker),
                 Err(e) => {
                     group.kill_all();
-                    return Err(std::io::Error::new(
-                        e.kind(),
-                        format!("cannot start {:?}: {e}", spec.command[0]),
-                    ));
+                    return Err(e);
                 }
-            };
-            group.pumps += process::pump_streams(&mut child, routes, &pump_tx, &group.pumped);
-            let pid = child.id();
-            output::debug(format_args!(
-                "started worker rank {} (local rank {}): pid {pid}, error file {}",
-                r.global_rank,
-                r.local_rank,
-                error_file.display()
-            ));
-            process::wait_in_thread(child, index, &exit_tx);
-            group.workers.push(Worker {
-                ranks: r.clone(),
-                pid,
-                error_file,
-                ended: None,
-                stopped: false,
-                exited: Default::default(),
-            });
+            }
         }
         Ok(group)
     }
 
-    /// `--in-process-restart`: asks every worker to leave its training function for the next
-    /// round, and waits up to `bound` for each to answer. False when one did not answer in
-    /// time, or a worker ended meanwhile (the group must then be started again).
+    /// Starts the worker of `r` as the group's worker number `index` (its exit is reported
+    /// under that number).
+    fn spawn(
+        &mut self,
+        spec: &GroupSpec<'_>,
+        r: &WorkerRanks,
+        attempt: &AttemptLogs<'_>,
+        index: usize,
+    ) -> std::io::Result<Worker> {
+        let (error_file, routes) = attempt.worker(spec.role, r)?;
+        if spec.progress {
+            let (page, stacks) = env::progress_files(&error_file);
+            rdzv::progress::create_page(&page)?;
+            let _ = std::fs::remove_file(stacks);
+        }
+        if spec.in_process {
+            let control = inprocess::control_file(&error_file);
+            inprocess::clear(&control);
+            inprocess::run(
+                &control,
+                self.generation,
+                &env::worker_env(spec, r, &error_file),
+            )?;
+        }
+        let mut child = process::spawn(spec, r, &error_file, &routes).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot start {:?}: {e}", spec.command[0]))
+        })?;
+        self.pumps += process::pump_streams(&mut child, routes, &self.pump_tx, &self.pumped);
+        let pid = child.id();
+        output::debug(format_args!(
+            "started worker rank {} (local rank {}): pid {pid}, error file {}",
+            r.global_rank,
+            r.local_rank,
+            error_file.display()
+        ));
+        process::wait_in_thread(child, index, &self.exit_tx);
+        Ok(Worker {
+            ranks: r.clone(),
+            pid,
+            error_file,
+            ended: None,
+            stopped: false,
+            exited: Default::default(),
+        })
+    }
+
+    /// `--in-process-restart`: asks every running worker to leave its training function for the
+    /// next round, and waits up to `bound` for each to answer. False when one did not answer in
+    /// time or ended meanwhile, or none is running (the group must then be started again).
+    /// Workers that had ended are started again by `resume`.
     pub async fn leave(&mut self, bound: Duration) -> bool {
         self.collect_exits();
-        if self.running() != self.workers.len() {
+        if self.running() == 0 {
             return false;
         }
         self.generation += 1;
@@ -145,6 +165,7 @@ impl Group {
         let controls: Vec<PathBuf> = self
             .workers
             .iter()
+            .filter(|w| w.ended.is_none())
             .map(|w| inprocess::control_file(&w.error_file))
             .collect();
         if controls
@@ -171,10 +192,10 @@ impl Group {
     }
 
     /// Whether this group's processes can take the round `ranks` describes: as many workers,
-    /// the same local ranks, none ended.
+    /// the same local ranks, one at least still running (those that ended are started again).
     pub fn can_take(&mut self, ranks: &[WorkerRanks]) -> bool {
         self.collect_exits();
-        self.running() == self.workers.len()
+        self.running() > 0
             && self.workers.len() == ranks.len()
             && self
                 .workers
@@ -183,19 +204,32 @@ impl Group {
                 .all(|(w, r)| w.ranks.local_rank == r.local_rank)
     }
 
-    /// `--in-process-restart`: hands each worker its place in the next round (`can_take`).
-    pub fn resume(&mut self, spec: &GroupSpec<'_>, ranks: &[WorkerRanks]) -> std::io::Result<()> {
+    /// `--in-process-restart`: hands each running worker its place in the next round, and
+    /// starts those that had ended (failed) again in theirs (`can_take`). Returns how many
+    /// were started again.
+    pub fn resume(
+        &mut self,
+        spec: &GroupSpec<'_>,
+        ranks: &[WorkerRanks],
+        logs: &LogPlan,
+    ) -> std::io::Result<usize> {
         self.generation += 1;
-        for (w, r) in self.workers.iter_mut().zip(ranks) {
-            w.ranks = r.clone();
-            let control = inprocess::control_file(&w.error_file);
-            inprocess::run(
-                &control,
-                self.generation,
-                &env::worker_env(spec, r, &w.error_file),
-            )?;
+        self.stop_sent = false;
+        let mut started = 0;
+        for (index, r) in ranks.iter().enumerate() {
+            let w = &mut self.workers[index];
+            if w.ended.is_none() {
+                w.ranks = r.clone();
+                let control = inprocess::control_file(&w.error_file);
+                let env = env::worker_env(spec, r, &w.error_file);
+                inprocess::run(&control, self.generation, &env)?;
+                continue;
+            }
+            let attempt = AttemptLogs::open(logs, spec.restart_count)?;
+            self.workers[index] = self.spawn(spec, r, &attempt, index)?;
+            started += 1;
         }
-        Ok(())
+        Ok(started)
     }
 
     /// Takes the exits that arrived while nobody waited for them (between two rounds).

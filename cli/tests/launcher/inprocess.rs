@@ -120,3 +120,77 @@ fn a_worker_that_does_not_leave_in_time_is_started_again() {
     a.terminate();
     b.terminate();
 }
+
+/// Local rank 1 fails in the first attempt; local rank 0 steps until the restart count moves.
+const FAIL_ONE: &str = r#"
+import os, sys, time
+import rdzv.inprocess as ip
+
+def train():
+    e = os.environ
+    print(f"START rank={e['RANK']} local={e['LOCAL_RANK']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} pid={os.getpid()}", flush=True)
+    if e["TORCHELASTIC_RESTART_COUNT"] == "0":
+        if e["LOCAL_RANK"] == "1":
+            time.sleep(0.3)
+            sys.exit(3)
+        while True:
+            ip.check()
+            time.sleep(0.01)
+
+ip.run(train)
+"#;
+
+#[test]
+fn a_failed_worker_alone_is_started_again_and_the_others_stay_in_their_processes() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    std::fs::write(s.path("fail_one.py"), FAIL_ONE).unwrap();
+    let program = s.path("fail_one.py").display().to_string();
+    let url = etcd.url(
+        "in-process-fail",
+        &format!("min_nodes=1&max_nodes=1&{FAST}"),
+    );
+    let env = python_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = [
+        "run",
+        "--rdzv",
+        &url,
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--in-process-restart",
+        &program,
+    ];
+    let mut a = rdzv_env(&args, &env);
+    let first: Vec<_> = (0..2).map(|_| a.start(30)).collect();
+    let second: Vec<_> = (0..2).map(|_| a.start(30)).collect();
+    a.exits_with(0, 30);
+    let of = |starts: &[crate::support::Fields], local: u32| {
+        starts
+            .iter()
+            .find(|f| num(f, "local") == local)
+            .unwrap_or_else(|| panic!("no START of local rank {local}: {starts:?}"))
+            .clone()
+    };
+    for f in &second {
+        assert_eq!(num(f, "restart"), 1, "{}", a.output());
+    }
+    assert_eq!(
+        pid(&of(&second, 0)),
+        pid(&of(&first, 0)),
+        "the worker that did not fail stayed in its process: {}",
+        a.output()
+    );
+    assert_eq!(num(&of(&second, 0), "again"), 1);
+    assert_ne!(
+        pid(&of(&second, 1)),
+        pid(&of(&first, 1)),
+        "the failed worker is a new process: {}",
+        a.output()
+    );
+    assert!(
+        a.said("only the failed worker starts again"),
+        "{}",
+        a.output()
+    );
+}
