@@ -14,6 +14,7 @@
 //! - `monitor`: what no exit reports beside a running group (hangs, progress, health);
 //! - `c10d`: the embedded etcd of `--rdzv-backend=c10d`;
 //! - `watchdog`: the helper that releases the node if the launcher is killed;
+//! - `events`: the job's events and metrics in torchelastic's shapes (`--events-file`);
 //! - `agent`: the elastic agent's state machine;
 //! - `ops`: the operator commands;
 //! - `lighthouse`: torchft's Lighthouse served from etcd (`rdzv lighthouse`).
@@ -39,6 +40,8 @@ mod monitor;
 mod c10d;
 
 mod watchdog;
+
+mod events;
 
 mod agent;
 

@@ -52,6 +52,7 @@ mod outcome_file;
 
 pub use signals::Signals;
 
+use crate::events::{Recorder, Source as EventSource};
 use crate::exit::{signal_name, Exit};
 use crate::host::cpus::Cpus;
 use crate::host::hostname;
@@ -134,6 +135,12 @@ pub struct Agent {
     learned: Learned,
     /// `--max-no-progress-restarts`: restarts in a row without progress.
     no_progress: NoProgress,
+    /// `--events-file`, `--metrics-file`.
+    record: Recorder,
+    /// When the agent started, for the events' `total_run_time`.
+    started: std::time::Instant,
+    /// This node's place in its last round (group rank, group world size), for the events.
+    place: (u32, u32),
 }
 
 impl Agent {
@@ -161,7 +168,11 @@ impl Agent {
             cfg.signals_to_handle.clone(),
         ));
         let logs = LogPlan::new(&cfg, run_dir);
+        let record = Recorder::open(cfg.events_file.as_ref(), cfg.metrics_file.as_ref())?;
         Ok(Agent {
+            record,
+            started: std::time::Instant::now(),
+            place: (0, 0),
             restarts: Budget {
                 used: 0,
                 max: cfg.max_restarts,
@@ -197,6 +208,7 @@ impl Agent {
                 self.rounds(&mut source, signals).await
             }
         };
+        self.record_the_end(exit);
         // A made-up log directory goes, unless the report points into it.
         if self.temporary_logs && !self.reported_error_file {
             let _ = std::fs::remove_dir_all(&self.logs.run_dir);
@@ -211,6 +223,108 @@ impl Agent {
             },
             None => exit,
         }
+    }
+
+    /// The rendezvous backend's name, as torch's events give it.
+    fn backend(&self) -> &str {
+        match &self.cfg.rendezvous {
+            Venue::Etcd(_) if self.cfg.c10d.is_some() => "c10d",
+            Venue::Etcd(params) => params.backend(),
+            Venue::Static(_) => "static",
+        }
+    }
+
+    /// torchelastic's event metadata (`_construct_event`): for a worker, or for the agent.
+    fn metadata(
+        &self,
+        worker: Option<&crate::workers::Worker>,
+        state: &str,
+        raw_error: Option<String>,
+    ) -> serde_json::Value {
+        let (group_rank, group_world_size) = self.place;
+        let mut md = serde_json::json!({
+            "group_world_size": group_world_size,
+            "entry_point": self.cfg.program.name(),
+        });
+        if let Some(w) = worker {
+            md["local_rank"] = serde_json::json!([w.ranks.local_rank]);
+            md["role_rank"] = serde_json::json!([w.ranks.role_rank]);
+            md["role_world_size"] = serde_json::json!([w.ranks.role_world_size]);
+        }
+        serde_json::json!({
+            "run_id": self.cfg.run_id,
+            "global_rank": worker.map(|w| w.ranks.global_rank),
+            "group_rank": group_rank,
+            "worker_id": worker.map(|w| w.pid.to_string()),
+            "role": self.cfg.role,
+            "hostname": hostname(),
+            "state": state,
+            "total_run_time": self.started.elapsed().as_secs(),
+            "rdzv_backend": self.backend(),
+            "raw_error": raw_error,
+            "metadata": md.to_string(),
+            "agent_restarts": self.restarts.used,
+        })
+    }
+
+    /// One `torchelastic.worker.status.STATE` event for each worker of `group` that has ended
+    /// and is not recorded yet: SUCCEEDED, FAILED (with its error file as `raw_error`) or
+    /// TERMINATED (stopped by the agent).
+    fn record_workers(&self, group: &mut Group) {
+        let ended: Vec<usize> = (0..group.workers.len())
+            .filter(|&i| group.workers[i].ended.is_some() && !group.workers[i].recorded)
+            .collect();
+        for i in ended {
+            let w = &group.workers[i];
+            let (how, _) = w.ended.expect("ended");
+            let state = if w.stopped && !w.error_file.exists() {
+                "TERMINATED"
+            } else if how.success() {
+                "SUCCEEDED"
+            } else {
+                "FAILED"
+            };
+            let raw_error = match state {
+                "FAILED" => std::fs::read_to_string(&w.error_file).ok(),
+                _ => None,
+            };
+            let metadata = self.metadata(Some(w), state, raw_error);
+            self.record.event(
+                &format!("torchelastic.worker.status.{state}"),
+                EventSource::Worker,
+                metadata,
+            );
+            group.workers[i].recorded = true;
+        }
+    }
+
+    /// The agent's event and torchelastic's run metrics (`_record_metrics`), when the
+    /// launcher leaves.
+    fn record_the_end(&self, exit: Exit) {
+        let failed = !matches!(exit, Exit::Success);
+        let state = if failed { "FAILED" } else { "SUCCEEDED" };
+        self.record.event(
+            &format!("torchelastic.worker.status.{state}"),
+            EventSource::Agent,
+            self.metadata(None, state, None),
+        );
+        let role = &self.cfg.role;
+        let retried = self.restarts.used > 0;
+        let metric =
+            |name: &str, value: i64| self.record.metric(&format!("workers.{role}.{name}"), value);
+        metric("run_total", 1);
+        metric("run_success_with_retries", i64::from(!failed && retried));
+        metric("run_success_no_retries", i64::from(!failed && !retried));
+        metric("run_failed_with_retries", i64::from(failed && retried));
+        metric("run_failed_no_retries", i64::from(failed && !retried));
+        let flakiness = match failed {
+            true => 100.0,
+            false => {
+                let (left, max) = (self.restarts.max - self.restarts.used, self.restarts.max);
+                100.0 - 100.0 * f64::from(left + 1) / f64::from(max + 1)
+            }
+        };
+        metric("flakiness", flakiness as i64);
     }
 
     /// Prints the failure report (torchrun's block) and keeps it for `--outcome-file`.
@@ -303,6 +417,26 @@ impl Agent {
             round.master_addr,
             round.master_port
         ));
+        self.place = (round.group_rank, round.group_world_size);
+        self.record.event(
+            "rdzv.round.formed",
+            EventSource::Agent,
+            serde_json::json!({
+                "run_id": self.cfg.run_id,
+                "round": round.number,
+                "group_rank": round.group_rank,
+                "group_world_size": round.group_world_size,
+                "world_size": first.world_size,
+                "master_addr": round.master_addr,
+                "master_port": round.master_port,
+                "hostname": hostname(),
+            }),
+        );
+        let role = &self.cfg.role;
+        let remaining = i64::from(self.restarts.max - self.restarts.used);
+        self.record
+            .metric(&format!("workers.{role}.remaining_restarts"), remaining);
+        self.record.metric(&format!("workers.{role}.HEALTHY"), 1);
         let spec = GroupSpec {
             command: &self.cfg.program.command,
             role: &self.cfg.role,
@@ -364,7 +498,14 @@ impl Agent {
             round.number,
             outcome.name()
         ));
-        match outcome {
+        // torchelastic's WorkerState of the group as it ended (`workers.ROLE.STATE` = 1).
+        let ended_as = match &outcome {
+            Outcome::Succeeded => "SUCCEEDED",
+            Outcome::Failed | Outcome::Event(Event::Hung(_)) => "FAILED",
+            Outcome::Event(_) => "STOPPED",
+        };
+        let mut keep = false;
+        let next = match outcome {
             Outcome::Succeeded => {
                 group.finish().await;
                 say("all workers of this node finished successfully");
@@ -376,9 +517,7 @@ impl Agent {
                 let next = self
                     .after_failure(source, &mut group, &watched, &round, carried, kept, signals)
                     .await;
-                if kept && next.is_ok() {
-                    carried.kept = Some(group);
-                }
+                keep = kept && next.is_ok();
                 next
             }
             Outcome::Event(Event::Hung(hung)) => {
@@ -415,12 +554,37 @@ impl Agent {
                 Err(Exit::Failure)
             }
             Outcome::Event(Event::Stop(Stop::Changed(why))) if self.cfg.in_process.is_some() => {
-                self.leave_in_process(group, &why, carried, signals).await
+                self.record_change(&why, round.number);
+                let (next, kept) = self
+                    .leave_in_process(&mut group, &why, carried, signals)
+                    .await;
+                keep = kept;
+                next
             }
             Outcome::Event(Event::Stop(stop)) => {
+                if let Stop::Changed(why) = &stop {
+                    self.record_change(why, round.number);
+                }
                 self.stop_for(&mut group, stop, carried, signals).await
             }
+        };
+        let role = &self.cfg.role;
+        self.record.metric(&format!("workers.{role}.{ended_as}"), 1);
+        self.record_workers(&mut group);
+        if keep {
+            carried.kept = Some(group);
         }
+        next
+    }
+
+    /// A membership change that ends the round: rdzv's event of it.
+    fn record_change(&self, why: &str, round: u64) {
+        self.record.event(
+            "rdzv.membership.changed",
+            EventSource::Agent,
+            serde_json::json!({"run_id": self.cfg.run_id, "round": round, "why": why,
+                "hostname": hostname()}),
+        );
     }
 
     /// `--in-process-restart`, after a membership change: the workers leave their training
@@ -428,30 +592,36 @@ impl Agent {
     /// stopped (and started again next round), as without the flag.
     async fn leave_in_process(
         &mut self,
-        mut group: Group,
+        group: &mut Group,
         why: &str,
         carried: &mut Carried,
         signals: &mut Signals,
-    ) -> Result<(), Exit> {
+    ) -> (Result<(), Exit>, bool) {
         let bound = self.cfg.in_process.expect("in-process restart is on");
         say(format_args!(
             "{why}: asking the workers to leave their training function for a new round (in process, no restart spent)"
         ));
         carried.failed = None;
         let asked = std::time::Instant::now();
-        if group.leave(bound).await {
+        let left = group.leave(bound).await;
+        self.record.event(
+            "rdzv.inprocess.left",
+            EventSource::Agent,
+            serde_json::json!({"run_id": self.cfg.run_id, "left": left,
+                "left_ms": asked.elapsed().as_millis() as u64, "hostname": hostname()}),
+        );
+        if left {
             say(format_args!(
                 "the workers left in {} ms: they stay in their processes for the next round",
                 asked.elapsed().as_millis()
             ));
-            carried.kept = Some(group);
-            return Ok(());
+            return (Ok(()), true);
         }
         say(format_args!(
             "a worker did not leave its function within {:.1} s: stopping the group to start it again",
             bound.as_secs_f64()
         ));
-        self.stop_group(&mut group, libc::SIGTERM, signals).await
+        (self.stop_group(group, libc::SIGTERM, signals).await, false)
     }
 
     /// After an attempt, with `auto` timeouts: what its workers showed (and the job's,
@@ -619,6 +789,8 @@ impl Agent {
         if !kept {
             self.stop_group(group, libc::SIGTERM, signals).await?;
         }
+        // Recorded with the restarts spent before this failure's.
+        self.record_workers(group);
         let failures = group.failures();
         let why = report::summary(&failures);
         if let Some(max) = self.cfg.monitor.max_no_progress_restarts {

@@ -285,6 +285,16 @@ pub struct RunArgs {
     /// in Python) or a scheduler; written whole (renamed into place).
     #[arg(long, value_name = "FILE")]
     pub outcome_file: Option<PathBuf>,
+    /// Append the job's events to FILE (`-`: stderr), one JSON object a line, as torchelastic's
+    /// agent records them (`torchelastic.worker.status.*` for each worker and for the agent)
+    /// and rdzv's own (rounds formed, membership changes): docs/EVENTS.md.
+    #[arg(long, value_name = "FILE")]
+    pub events_file: Option<PathBuf>,
+    /// Append the job's metrics to FILE (`-`: stderr), one JSON object a line, under
+    /// torchelastic's names (`workers.ROLE.run_total`, `flakiness`, `remaining_restarts`, ...):
+    /// docs/EVENTS.md.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_file: Option<PathBuf>,
     /// Keep healthy workers' processes across rounds: when a round ends (a node lost or
     /// admitted, another node's failure), each worker is asked to leave its training function
     /// (`rdzv.inprocess.run` in Python), and runs it again with the new round's environment,

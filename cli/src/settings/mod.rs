@@ -66,6 +66,9 @@ pub struct RunConfig {
     pub monitor: MonitorConfig,
     /// `--outcome-file`: where the agent writes how the command ended.
     pub outcome_file: Option<PathBuf>,
+    /// `--events-file`, `--metrics-file`: where the job's events and metrics go.
+    pub events_file: Option<PathBuf>,
+    pub metrics_file: Option<PathBuf>,
     /// Lines to tell the user before starting (notes on accepted aliases, defaults taken).
     pub notes: Vec<String>,
 }
@@ -131,6 +134,8 @@ impl RunConfig {
             program,
             log_dir: a.log_dir,
             outcome_file: a.outcome_file,
+            events_file: a.events_file,
+            metrics_file: a.metrics_file,
             redirects: a.redirects,
             tee: a.tee,
             local_ranks_filter: a.local_ranks_filter.map(|f| f.0).filter(|f| !f.is_empty()),

@@ -49,6 +49,8 @@ pub struct Worker {
     pub stopped: bool,
     /// Set when it has ended, for the monitors that run beside the group.
     pub exited: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Its end is in the job's events (`--events-file`).
+    pub recorded: bool,
 }
 
 /// One round's workers on this node.
@@ -148,6 +150,7 @@ impl Group {
             ended: None,
             stopped: false,
             exited: Default::default(),
+            recorded: false,
         })
     }
 

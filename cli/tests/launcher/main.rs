@@ -15,6 +15,7 @@ mod launch;
 
 mod backends;
 mod devices;
+mod events;
 mod failures;
 mod flags;
 mod inprocess;
