@@ -3,7 +3,8 @@
 # etcd (the server the tests start), protoc (etcd-client's build), cmake/g++/GoogleTest (C++),
 # Gloo (the C++ binding's Gloo adapter, its example and test), libabigail's abidw and abidiff
 # (the ABI check, scripts/abi-check.sh), stress-ng (a CPU-starved peer keeps its place:
-# tests/all/peers.rs).
+# tests/all/peers.rs), Prometheus (the server that scrapes `rdzv run --metrics-port` in
+# cli/tests/launcher/events.rs).
 set -euo pipefail
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
@@ -17,6 +18,7 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)
 command -v abidiff >/dev/null || need+=(abigail-tools)
 command -v stress-ng >/dev/null || need+=(stress-ng)
+command -v prometheus >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"

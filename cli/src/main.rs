@@ -15,6 +15,7 @@
 //! - `c10d`: the embedded etcd of `--rdzv-backend=c10d`;
 //! - `watchdog`: the helper that releases the node if the launcher is killed;
 //! - `events`: the job's events and metrics in torchelastic's shapes (`--events-file`);
+//! - `prometheus`: this node's metrics served for Prometheus (`--metrics-port`);
 //! - `agent`: the elastic agent's state machine;
 //! - `ops`: the operator commands;
 //! - `lighthouse`: torchft's Lighthouse served from etcd (`rdzv lighthouse`).
@@ -42,6 +43,8 @@ mod c10d;
 mod watchdog;
 
 mod events;
+
+mod prometheus;
 
 mod agent;
 

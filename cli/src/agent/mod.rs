@@ -141,6 +141,10 @@ pub struct Agent {
     started: std::time::Instant,
     /// This node's place in its last round (group rank, group world size), for the events.
     place: (u32, u32),
+    /// `--metrics-port`: the series Prometheus scrapes.
+    prom: Option<std::sync::Arc<crate::prometheus::Metrics>>,
+    /// When the last round ended to form another (for the recovery time).
+    ended_at: Option<std::time::Instant>,
 }
 
 impl Agent {
@@ -173,6 +177,8 @@ impl Agent {
             record,
             started: std::time::Instant::now(),
             place: (0, 0),
+            prom: None,
+            ended_at: None,
             restarts: Budget {
                 used: 0,
                 max: cfg.max_restarts,
@@ -191,6 +197,16 @@ impl Agent {
 
     /// Runs the job to its end and returns the launcher's exit status.
     pub async fn run(mut self, signals: &mut Signals) -> Exit {
+        if let Some(port) = self.cfg.metrics_port {
+            let (run_id, role) = (&self.cfg.run_id, &self.cfg.role);
+            match crate::prometheus::serve(port, run_id, role, &hostname()).await {
+                Ok(metrics) => self.prom = Some(metrics),
+                Err(e) => {
+                    output::error(e);
+                    return Exit::Failure;
+                }
+            }
+        }
         let exit = match self.cfg.rendezvous.clone() {
             Venue::Etcd(params) => {
                 let (watchdog, interval) = (self.cfg.watchdog, self.cfg.monitor_interval);
@@ -288,6 +304,9 @@ impl Agent {
                 "FAILED" => std::fs::read_to_string(&w.error_file).ok(),
                 _ => None,
             };
+            if let (Some(p), "FAILED") = (&self.prom, state) {
+                p.worker_failures.inc();
+            }
             let metadata = self.metadata(Some(w), state, raw_error);
             self.record.event(
                 &format!("torchelastic.worker.status.{state}"),
@@ -370,6 +389,7 @@ impl Agent {
             "rendezvous: asking for the next round ({} of {} restarts used)",
             self.restarts.used, self.restarts.max
         ));
+        let asked = std::time::Instant::now();
         let round = match source.next_round(signals).await {
             Ok(round) => round,
             Err(stop) => {
@@ -437,6 +457,13 @@ impl Agent {
         self.record
             .metric(&format!("workers.{role}.remaining_restarts"), remaining);
         self.record.metric(&format!("workers.{role}.HEALTHY"), 1);
+        if let Some(p) = &self.prom {
+            p.rounds_formed.inc();
+            p.world_size.set(i64::from(first.world_size));
+            p.nodes.set(i64::from(round.group_world_size));
+            p.remaining_restarts.set(remaining);
+            p.round_formation.observe(asked.elapsed().as_secs_f64());
+        }
         let spec = GroupSpec {
             command: &self.cfg.program.command,
             role: &self.cfg.role,
@@ -484,6 +511,12 @@ impl Agent {
             }
         };
         let watched = pages::watch(&group);
+        if let Some(p) = &self.prom {
+            p.workers_running.set(group.running() as i64);
+            if let Some(ended) = self.ended_at.take() {
+                p.recovery.observe(ended.elapsed().as_secs_f64());
+            }
+        }
         self.outcome.ranks = workers
             .iter()
             .map(|w| (w.local_rank, w.global_rank))
@@ -571,6 +604,12 @@ impl Agent {
         let role = &self.cfg.role;
         self.record.metric(&format!("workers.{role}.{ended_as}"), 1);
         self.record_workers(&mut group);
+        if let Some(p) = &self.prom {
+            p.workers_running.set(group.running() as i64);
+        }
+        if next.is_ok() {
+            self.ended_at = Some(std::time::Instant::now());
+        }
         if keep {
             carried.kept = Some(group);
         }
@@ -579,6 +618,9 @@ impl Agent {
 
     /// A membership change that ends the round: rdzv's event of it.
     fn record_change(&self, why: &str, round: u64) {
+        if let Some(p) = &self.prom {
+            p.membership_changes.inc();
+        }
         self.record.event(
             "rdzv.membership.changed",
             EventSource::Agent,
@@ -819,6 +861,9 @@ impl Agent {
                 return Ok(());
             }
             Cost::Charged(members) => {
+                if let Some(p) = &self.prom {
+                    p.restarts.inc();
+                }
                 say(format_args!(
                     "restarting the worker group (restart {} of {}) after rank {} failed{}",
                     self.restarts.used,

@@ -295,6 +295,11 @@ pub struct RunArgs {
     /// docs/EVENTS.md.
     #[arg(long, value_name = "FILE")]
     pub metrics_file: Option<PathBuf>,
+    /// Serve this node's metrics for Prometheus on PORT (GET /metrics, OpenMetrics text, every
+    /// address): rounds, membership changes, failures, restarts, world size, round formation
+    /// and recovery times, labelled run_id, role and node (docs/EVENTS.md). Off by default.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub metrics_port: Option<u16>,
     /// Keep healthy workers' processes across rounds: when a round ends (a node lost or
     /// admitted, another node's failure), each worker is asked to leave its training function
     /// (`rdzv.inprocess.run` in Python), and runs it again with the new round's environment,

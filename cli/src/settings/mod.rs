@@ -69,6 +69,8 @@ pub struct RunConfig {
     /// `--events-file`, `--metrics-file`: where the job's events and metrics go.
     pub events_file: Option<PathBuf>,
     pub metrics_file: Option<PathBuf>,
+    /// `--metrics-port`: where this node serves its metrics for Prometheus.
+    pub metrics_port: Option<u16>,
     /// Lines to tell the user before starting (notes on accepted aliases, defaults taken).
     pub notes: Vec<String>,
 }
@@ -136,6 +138,7 @@ impl RunConfig {
             outcome_file: a.outcome_file,
             events_file: a.events_file,
             metrics_file: a.metrics_file,
+            metrics_port: a.metrics_port,
             redirects: a.redirects,
             tee: a.tee,
             local_ranks_filter: a.local_ranks_filter.map(|f| f.0).filter(|f| !f.is_empty()),

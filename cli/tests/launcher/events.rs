@@ -152,3 +152,146 @@ fn a_failure_a_restart_and_a_success_are_recorded_as_torchelastic_records_them()
     assert_eq!(last("FAILED"), 1);
     assert_eq!(last("SUCCEEDED"), 1);
 }
+
+/// GET `path` from 127.0.0.1:`port`: the response's head and body, once something answers
+/// (within 30 s).
+fn http_get(port: u16, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            write!(
+                c,
+                "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut response = String::new();
+            if c.read_to_string(&mut response).is_ok() {
+                if let Some((head, body)) = response.split_once("\r\n\r\n") {
+                    return (head.to_string(), body.to_string());
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing answers on {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A port that was free a moment ago: bound, then closed.
+fn free_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap().port()
+}
+
+/// A Prometheus server (Debian's `prometheus`) scraping 127.0.0.1:`target` every 200 ms, with
+/// its data in `dir`; killed when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Prometheus {
+    fn start(dir: &std::path::Path, target: u16) -> Prometheus {
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 200ms\n  scrape_timeout: 200ms\nscrape_configs:\n  - job_name: rdzv\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let child = std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("prometheus is needed (scripts/install-deps.sh installs Debian's prometheus)");
+        Prometheus { child, port }
+    }
+
+    /// The first sample of the instant query `query` once it has one (within 30 s).
+    fn sample(&self, query: &str) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let (_, body) = http_get(self.port, &format!("/api/v1/query?query={query}"));
+            if let Ok(answer) = serde_json::from_str::<serde_json::Value>(&body) {
+                if let Some(first) = answer["data"]["result"].get(0) {
+                    return first.clone();
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "Prometheus has no {query}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn metrics_port_serves_openmetrics_that_prometheus_scrapes() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    let url = etcd.url("prom", &format!("min_nodes=1&max_nodes=1&{FAST}"));
+    let port = free_port();
+    let worker = s.worker();
+    let port_text = port.to_string();
+    let mut l = rdzv(&[
+        "run",
+        "--rdzv",
+        &url,
+        "--nproc-per-node=2",
+        "--metrics-port",
+        &port_text,
+        &worker,
+        "hold",
+    ]);
+    l.start(30);
+    l.start(30);
+    let run_id = crate::common::node::run_of(&url);
+    let (head, text) = http_get(port, "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    let series = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")))
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"));
+        assert!(line.contains(&format!("run_id=\"{run_id}\"")), "{line}");
+        assert!(line.contains("role=\"default\""), "{line}");
+        assert!(line.contains("node=\""), "{line}");
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(series("rdzv_rounds_formed_total"), 1.0, "{text}");
+    assert_eq!(series("rdzv_world_size"), 2.0, "{text}");
+    assert_eq!(series("rdzv_nodes"), 1.0, "{text}");
+    assert_eq!(series("rdzv_workers_running"), 2.0, "{text}");
+    assert_eq!(series("rdzv_round_formation_seconds_count"), 1.0, "{text}");
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    // A real scraper: Prometheus reads the page and answers queries on it.
+    let prometheus = Prometheus::start(&s.dir, port);
+    let up = prometheus.sample("up");
+    assert_eq!(up["value"][1], "1", "the target is up: {up}");
+    let rounds = prometheus.sample("rdzv_rounds_formed_total");
+    assert_eq!(rounds["value"][1], "1", "{rounds}");
+    assert_eq!(rounds["metric"]["run_id"], run_id.as_str(), "{rounds}");
+    let running = prometheus.sample("rdzv_workers_running");
+    assert_eq!(running["value"][1], "2", "{running}");
+    l.terminate();
+}
