@@ -111,6 +111,20 @@ class rdzv_round_t(Structure):
     ]
 
 
+class rdzv_inprocess_round_t(Structure):
+    _fields_ = [
+        ("rank", c_uint32),
+        ("world_size", c_uint32),
+        ("local_rank", c_uint32),
+        ("local_world_size", c_uint32),
+        ("group_rank", c_uint32),
+        ("group_world_size", c_uint32),
+        ("restart_count", c_uint32),
+        ("master_port", c_uint16),
+        ("master_addr", c_char * RDZV_ADDR_CAPACITY),
+    ]
+
+
 class rdzv_member_t(Structure):
     _fields_ = [
         ("rank", c_uint32),
@@ -188,6 +202,9 @@ SIGNATURES = {
     "rdzv_section_end": (rdzv_status_t, [c_char_p, ErrorPP]),
     "rdzv_set_stack_signal": (rdzv_status_t, [c_int32, ErrorPP]),
     "rdzv_is_monitored": (c_bool, []),
+    "rdzv_inprocess_enabled": (c_bool, []),
+    "rdzv_inprocess_check": (c_bool, []),
+    "rdzv_inprocess_next": (rdzv_status_t, [c_int64, POINTER(rdzv_inprocess_round_t), ErrorPP]),
     "rdzv_new": (rdzv_status_t, [ParamsP, POINTER(RdzvP), ErrorPP]),
     "rdzv_next": (rdzv_status_t, [RdzvP, POINTER(rdzv_round_t), POINTER(StoreP), ErrorPP]),
     "rdzv_next_with_cancel": (

@@ -42,6 +42,7 @@ C_TO_CTYPES = {
     "rdzv_store_t*": _ffi.StoreP,
     "rdzv_store_t**": ctypes.POINTER(_ffi.StoreP),
     "rdzv_round_t*": ctypes.POINTER(_ffi.rdzv_round_t),
+    "rdzv_inprocess_round_t*": ctypes.POINTER(_ffi.rdzv_inprocess_round_t),
     "rdzv_admin_t*": _ffi.AdminP,
     "rdzv_admin_t**": ctypes.POINTER(_ffi.AdminP),
     "rdzv_cancel_token_t*": _ffi.CancelTokenP,
@@ -159,7 +160,8 @@ def test_structure_offsets_match_the_c_compiler(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler on PATH")
-    names = ["rdzv_round_t", "rdzv_member_t", "rdzv_joiner_t", "rdzv_run_status_t"]
+    names = ["rdzv_round_t", "rdzv_inprocess_round_t", "rdzv_member_t", "rdzv_joiner_t",
+             "rdzv_run_status_t"]
     structs = header_structs()
     lines = []
     for name in names:

@@ -102,9 +102,9 @@ pub async fn cost<S: Source>(
 /// the round that failed (`before`): that member's loss broke the workers. The job's count
 /// gives it back too, once for the round however many nodes do, so that a later charge does
 /// not take it again.
-pub async fn refund_if_lost<S: Source>(source: &S, budget: &mut Budget, before: &Charged) {
+pub async fn refund_if_lost<S: Source>(source: &S, budget: &mut Budget, before: &Charged) -> bool {
     let Some(now) = source.members().await else {
-        return;
+        return false;
     };
     let now: HashSet<&str> = now.iter().map(String::as_str).collect();
     let gone = before
@@ -121,7 +121,9 @@ pub async fn refund_if_lost<S: Source>(source: &S, budget: &mut Budget, before: 
             "{gone} member(s) of the last round were lost: the failure is put down to that, restart refunded ({} of {} used)",
             budget.used, budget.max
         ));
+        return true;
     }
+    false
 }
 
 /// The round-store key where the launcher of node rank `group_rank` answers a failing node.

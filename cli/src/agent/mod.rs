@@ -32,7 +32,9 @@
 //! Submodules, each using only those listed before it: `signals`, `source` (the trait, rounds,
 //! stops), `connect` (waiting for etcd at start), `failure` (what a failure costs, the
 //! launchers' failure protocol), `barrier` (the exit barrier), `etcd` and `fixed` (the two
-//! sources), `outcome_file` (`--outcome-file`).
+//! sources), `outcome_file` (`--outcome-file`); and parts of the agent itself: `record` (its
+//! events and metrics), `inprocess` (`--in-process-restart`), `stops` (stopping the group
+//! and the exit status of a stop), `watch` (what ends a running round beside its group).
 
 mod signals;
 
@@ -50,18 +52,26 @@ mod fixed;
 
 mod outcome_file;
 
+mod record;
+
+mod inprocess;
+
+mod stops;
+
+mod watch;
+
 pub use signals::Signals;
+use watch::{place, watch};
 
 use crate::events::{Recorder, Source as EventSource};
-use crate::exit::{signal_name, Exit};
+use crate::exit::Exit;
 use crate::host::cpus::Cpus;
 use crate::host::hostname;
 use crate::monitor::hang::{self, HangMonitor, HangNotice, Hung, Learned};
 use crate::monitor::health::{self, Unhealthy};
-use crate::monitor::pace::Meter;
 use crate::monitor::pages::{self, Watched};
 use crate::monitor::progress::NoProgress;
-use crate::monitor::respond::{self, Found, Place};
+use crate::monitor::respond::{self, Found};
 use crate::output::{self, say};
 use crate::ranks::NodeInfo;
 use crate::settings::rendezvous::Venue;
@@ -241,111 +251,6 @@ impl Agent {
         }
     }
 
-    /// The rendezvous backend's name, as torch's events give it.
-    fn backend(&self) -> &str {
-        match &self.cfg.rendezvous {
-            Venue::Etcd(_) if self.cfg.c10d.is_some() => "c10d",
-            Venue::Etcd(params) => params.backend(),
-            Venue::Static(_) => "static",
-        }
-    }
-
-    /// torchelastic's event metadata (`_construct_event`): for a worker, or for the agent.
-    fn metadata(
-        &self,
-        worker: Option<&crate::workers::Worker>,
-        state: &str,
-        raw_error: Option<String>,
-    ) -> serde_json::Value {
-        let (group_rank, group_world_size) = self.place;
-        let mut md = serde_json::json!({
-            "group_world_size": group_world_size,
-            "entry_point": self.cfg.program.name(),
-        });
-        if let Some(w) = worker {
-            md["local_rank"] = serde_json::json!([w.ranks.local_rank]);
-            md["role_rank"] = serde_json::json!([w.ranks.role_rank]);
-            md["role_world_size"] = serde_json::json!([w.ranks.role_world_size]);
-        }
-        serde_json::json!({
-            "run_id": self.cfg.run_id,
-            "global_rank": worker.map(|w| w.ranks.global_rank),
-            "group_rank": group_rank,
-            "worker_id": worker.map(|w| w.pid.to_string()),
-            "role": self.cfg.role,
-            "hostname": hostname(),
-            "state": state,
-            "total_run_time": self.started.elapsed().as_secs(),
-            "rdzv_backend": self.backend(),
-            "raw_error": raw_error,
-            "metadata": md.to_string(),
-            "agent_restarts": self.restarts.used,
-        })
-    }
-
-    /// One `torchelastic.worker.status.STATE` event for each worker of `group` that has ended
-    /// and is not recorded yet: SUCCEEDED, FAILED (with its error file as `raw_error`) or
-    /// TERMINATED (stopped by the agent).
-    fn record_workers(&self, group: &mut Group) {
-        let ended: Vec<usize> = (0..group.workers.len())
-            .filter(|&i| group.workers[i].ended.is_some() && !group.workers[i].recorded)
-            .collect();
-        for i in ended {
-            let w = &group.workers[i];
-            let (how, _) = w.ended.expect("ended");
-            let state = if w.stopped && !w.error_file.exists() {
-                "TERMINATED"
-            } else if how.success() {
-                "SUCCEEDED"
-            } else {
-                "FAILED"
-            };
-            let raw_error = match state {
-                "FAILED" => std::fs::read_to_string(&w.error_file).ok(),
-                _ => None,
-            };
-            if let (Some(p), "FAILED") = (&self.prom, state) {
-                p.worker_failures.inc();
-            }
-            let metadata = self.metadata(Some(w), state, raw_error);
-            self.record.event(
-                &format!("torchelastic.worker.status.{state}"),
-                EventSource::Worker,
-                metadata,
-            );
-            group.workers[i].recorded = true;
-        }
-    }
-
-    /// The agent's event and torchelastic's run metrics (`_record_metrics`), when the
-    /// launcher leaves.
-    fn record_the_end(&self, exit: Exit) {
-        let failed = !matches!(exit, Exit::Success);
-        let state = if failed { "FAILED" } else { "SUCCEEDED" };
-        self.record.event(
-            &format!("torchelastic.worker.status.{state}"),
-            EventSource::Agent,
-            self.metadata(None, state, None),
-        );
-        let role = &self.cfg.role;
-        let retried = self.restarts.used > 0;
-        let metric =
-            |name: &str, value: i64| self.record.metric(&format!("workers.{role}.{name}"), value);
-        metric("run_total", 1);
-        metric("run_success_with_retries", i64::from(!failed && retried));
-        metric("run_success_no_retries", i64::from(!failed && !retried));
-        metric("run_failed_with_retries", i64::from(failed && retried));
-        metric("run_failed_no_retries", i64::from(failed && !retried));
-        let flakiness = match failed {
-            true => 100.0,
-            false => {
-                let (left, max) = (self.restarts.max - self.restarts.used, self.restarts.max);
-                100.0 - 100.0 * f64::from(left + 1) / f64::from(max + 1)
-            }
-        };
-        metric("flakiness", flakiness as i64);
-    }
-
     /// Prints the failure report (torchrun's block) and keeps it for `--outcome-file`.
     fn report(&mut self, failures: &[Failure]) {
         self.reported_error_file = report::report(self.cfg.program.name(), failures);
@@ -400,7 +305,10 @@ impl Agent {
             }
         };
         if let Some(before) = carried.charged.take() {
-            failure::refund_if_lost(source, &mut self.restarts, &before).await;
+            if failure::refund_if_lost(source, &mut self.restarts, &before).await {
+                let (used, max) = (self.restarts.used, self.restarts.max);
+                self.rdzv_event("rdzv.restart.refunded", serde_json::json!({"round": round.number, "restarts": used, "max_restarts": max}));
+            }
         }
         output::debug(format_args!(
             "rendezvous: round {} with {} node(s); exchanging worker counts",
@@ -573,6 +481,10 @@ impl Agent {
                 Ok(())
             }
             Outcome::Event(Event::Unhealthy(Unhealthy(why))) => {
+                self.rdzv_event(
+                    "rdzv.health.failed",
+                    serde_json::json!({"round": round.number, "why": why}),
+                );
                 output::error(format_args!(
                     "{why}: draining this node so that the others re-form without it"
                 ));
@@ -616,56 +528,6 @@ impl Agent {
         next
     }
 
-    /// A membership change that ends the round: rdzv's event of it.
-    fn record_change(&self, why: &str, round: u64) {
-        if let Some(p) = &self.prom {
-            p.membership_changes.inc();
-        }
-        self.record.event(
-            "rdzv.membership.changed",
-            EventSource::Agent,
-            serde_json::json!({"run_id": self.cfg.run_id, "round": round, "why": why,
-                "hostname": hostname()}),
-        );
-    }
-
-    /// `--in-process-restart`, after a membership change: the workers leave their training
-    /// function and stay for the next round; one that does not within the bound has the group
-    /// stopped (and started again next round), as without the flag.
-    async fn leave_in_process(
-        &mut self,
-        group: &mut Group,
-        why: &str,
-        carried: &mut Carried,
-        signals: &mut Signals,
-    ) -> (Result<(), Exit>, bool) {
-        let bound = self.cfg.in_process.expect("in-process restart is on");
-        say(format_args!(
-            "{why}: asking the workers to leave their training function for a new round (in process, no restart spent)"
-        ));
-        carried.failed = None;
-        let asked = std::time::Instant::now();
-        let left = group.leave(bound).await;
-        self.record.event(
-            "rdzv.inprocess.left",
-            EventSource::Agent,
-            serde_json::json!({"run_id": self.cfg.run_id, "left": left,
-                "left_ms": asked.elapsed().as_millis() as u64, "hostname": hostname()}),
-        );
-        if left {
-            say(format_args!(
-                "the workers left in {} ms: they stay in their processes for the next round",
-                asked.elapsed().as_millis()
-            ));
-            return (Ok(()), true);
-        }
-        say(format_args!(
-            "a worker did not leave its function within {:.1} s: stopping the group to start it again",
-            bound.as_secs_f64()
-        ));
-        (self.stop_group(group, libc::SIGTERM, signals).await, false)
-    }
-
     /// After an attempt, with `auto` timeouts: what its workers showed (and the job's,
     /// through the round's store) is smoothed into what the next attempt starts from.
     async fn learn<S: Source>(&mut self, source: &S, round: &Round, workers: &[Watched]) {
@@ -699,7 +561,13 @@ impl Agent {
         let kill = self.stop_group(group, libc::SIGKILL, signals);
         match respond::found(&place, workers, &hung, kill).await? {
             Found::First(note) => {
-                source.note("hang", &note.to_json()).await;
+                let json = note.to_json();
+                let parsed: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
+                self.rdzv_event(
+                    "rdzv.hang.found",
+                    serde_json::json!({"round": round.number, "note": parsed}),
+                );
+                source.note("hang", &json).await;
                 Ok(true)
             }
             Found::Second(first) => {
@@ -722,6 +590,11 @@ impl Agent {
         what: HangNotice,
         signals: &mut Signals,
     ) -> Result<(), Exit> {
+        self.rdzv_event(
+            "rdzv.hang.peer",
+            serde_json::json!({"round": round.number, "node": what.node, "host": what.host,
+                "rank": what.rank, "what": what.what}),
+        );
         let host = hostname();
         let place = place(source, round, &host);
         if let Some(store) = place.store {
@@ -794,27 +667,6 @@ impl Agent {
         }
     }
 
-    /// `--in-process-restart`, after a worker of this node failed: the others leave their
-    /// training function (their collectives with it have failed), so that only the failed
-    /// worker is started again. False without the flag, or when one did not leave in time.
-    async fn leave_after_failure(&mut self, group: &mut Group) -> bool {
-        let Some(bound) = self.cfg.in_process else {
-            return false;
-        };
-        if group.running() == 0 {
-            return false;
-        }
-        say("asking this node's other workers to leave their training function (in process)");
-        let left = group.leave(bound).await;
-        if !left {
-            say(format_args!(
-                "a worker did not leave its function within {:.1} s: stopping the group",
-                bound.as_secs_f64()
-            ));
-        }
-        left
-    }
-
     /// A worker failed: stops the others (unless `kept`: they left their function and stay,
     /// `--in-process-restart`), then decides what it costs (`failure.rs`).
     #[allow(clippy::too_many_arguments)]
@@ -864,6 +716,12 @@ impl Agent {
                 if let Some(p) = &self.prom {
                     p.restarts.inc();
                 }
+                let (used, max) = (self.restarts.used, self.restarts.max);
+                self.rdzv_event(
+                    "rdzv.restart.charged",
+                    serde_json::json!({"round": round.number, "rank": failures[0].global_rank,
+                        "restarts": used, "max_restarts": max}),
+                );
                 say(format_args!(
                     "restarting the worker group (restart {} of {}) after rank {} failed{}",
                     self.restarts.used,
@@ -903,162 +761,5 @@ impl Agent {
         source.fail_job(&why).await;
         self.report(&failures);
         Err(Exit::Failure)
-    }
-
-    /// Something ended the round from outside the group: stops the workers (forwarding a
-    /// signal, else SIGTERM), then forms a new round after a membership change, or leaves.
-    async fn stop_for(
-        &mut self,
-        group: &mut Group,
-        stop: Stop,
-        carried: &mut Carried,
-        signals: &mut Signals,
-    ) -> Result<(), Exit> {
-        match &stop {
-            Stop::Signal(sig) => {
-                say(format_args!(
-                    "received {}: forwarding it to the workers",
-                    signal_name(*sig)
-                ));
-                // A second signal only cuts the grace short: the first one decides the status.
-                let _ = self.stop_group(group, *sig, signals).await;
-                return Err(Exit::Signal(*sig));
-            }
-            Stop::Changed(why) => say(format_args!(
-                "{why}: stopping the workers to form a new round (no restart spent)"
-            )),
-            Stop::Drained => {
-                say("this node was drained (a planned departure): stopping the workers")
-            }
-            Stop::Closed(None) => say("the run was closed: stopping the workers"),
-            Stop::Closed(Some(_)) | Stop::JobFailed(_) => {
-                say("the job failed on another node: stopping the workers")
-            }
-            Stop::Error(_) => {}
-        }
-        self.stop_group(group, libc::SIGTERM, signals).await?;
-        if let Stop::Changed(_) = stop {
-            carried.failed = None;
-            return Ok(());
-        }
-        Err(self.stopped(stop, None))
-    }
-
-    /// Stops the group with `signal` (grace period, then SIGKILL). A signal to the launcher
-    /// meanwhile cuts the grace short, and the launcher then leaves with it (`Err`).
-    async fn stop_group(
-        &self,
-        group: &mut Group,
-        signal: i32,
-        signals: &mut Signals,
-    ) -> Result<(), Exit> {
-        let interrupted = group
-            .stop(signal, self.cfg.shutdown_timeout, signals.recv())
-            .await;
-        match interrupted {
-            Some(sig) => {
-                say(format_args!(
-                    "received {} while stopping the workers: leaving",
-                    signal_name(sig)
-                ));
-                Err(Exit::Signal(sig))
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// The exit status for a stop outside a running group; `failed`: the last group's
-    /// failures, reported when the job ends with them.
-    fn stopped(&mut self, stop: Stop, failed: Option<&[Failure]>) -> Exit {
-        match stop {
-            Stop::Signal(sig) => {
-                say(format_args!("received {}: leaving", signal_name(sig)));
-                Exit::Signal(sig)
-            }
-            Stop::Closed(None) => match failed {
-                Some(failures) => {
-                    say("the run was closed before the workers could be restarted");
-                    self.report(failures);
-                    Exit::Failure
-                }
-                None => {
-                    say("the run was closed: exiting");
-                    Exit::Success
-                }
-            },
-            // The job failed elsewhere: a failure here too, so that a scheduler sees it on
-            // every node, healthy ones included.
-            Stop::Closed(Some(why)) | Stop::JobFailed(why) => {
-                if let Some(failures) = failed {
-                    self.report(failures);
-                }
-                output::error(format_args!("the job failed on another node: {why}"));
-                Exit::Failure
-            }
-            Stop::Drained => {
-                say("this node was drained: leaving the run, which goes on without it");
-                Exit::Success
-            }
-            Stop::Changed(why) | Stop::Error(why) => {
-                output::error(why);
-                Exit::Failure
-            }
-        }
-    }
-}
-
-/// What can end a running round from outside its group, whichever comes first: the
-/// membership check (members lost, nodes waiting, the run closed, this node drained) and
-/// another node's failure verdict. Hang and health monitoring joins here (module comment).
-async fn watch<S: Source>(
-    source: &S,
-    round: &Round,
-    hangs: &HangMonitor<'_>,
-    workers: &[Watched],
-    health: Option<&crate::settings::monitor::HealthCheck>,
-) -> Event {
-    let peer_hung = async {
-        match source.shared(round) {
-            Some(store) if hangs.cfg.watches_progress() => hang::peer_hung(store).await,
-            _ => std::future::pending().await,
-        }
-    };
-    let unhealthy = async {
-        match health {
-            Some(hc) => health::watch(hc).await,
-            None => std::future::pending().await,
-        }
-    };
-    let pace = async {
-        let Some(period) = hangs.cfg.pace else {
-            return std::future::pending().await;
-        };
-        let mut meter = Meter::new();
-        let key = format!("pace/{}", source.who());
-        loop {
-            if let Some(note) = meter.sample(workers) {
-                source.note(&key, &note).await;
-            }
-            tokio::time::sleep(period).await;
-        }
-    };
-    tokio::select! {
-        stop = source.membership_change(true) => Event::Stop(stop),
-        stop = source.peer_failed(round) => Event::Stop(stop),
-        hung = hangs.watch(workers) => Event::Hung(hung),
-        what = peer_hung => Event::PeerHung(what),
-        why = unhealthy => Event::Unhealthy(why),
-        never = pace => never,
-    }
-}
-
-/// Where this node stands in the round, for the hang protocol.
-fn place<'a, S: Source>(source: &'a S, round: &Round, host: &'a str) -> Place<'a> {
-    Place {
-        store: source.shared(round),
-        round: round.number,
-        group_rank: round.group_rank,
-        nodes: round.group_world_size,
-        host,
     }
 }

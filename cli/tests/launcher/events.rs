@@ -126,6 +126,14 @@ fn a_failure_a_restart_and_a_success_are_recorded_as_torchelastic_records_them()
         .filter(|e| e["name"] == "rdzv.round.formed")
         .count();
     assert_eq!(formed, 2, "a round for each attempt: {events:#?}");
+    let charged: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["name"] == "rdzv.restart.charged")
+        .collect();
+    assert_eq!(charged.len(), 1, "{events:#?}");
+    assert_eq!(charged[0]["metadata"]["restarts"], 1);
+    assert_eq!(charged[0]["metadata"]["max_restarts"], 1);
+    assert!(charged[0]["metadata"]["run_id"].is_string());
 
     let metrics = lines(&metrics);
     let last = |name: &str| -> i64 {
