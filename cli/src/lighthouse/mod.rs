@@ -6,7 +6,8 @@
 //!
 //! Modules, each using only those listed before it: `proto` (the generated gRPC code),
 //! `rules` (torchft's quorum rules, pure), `leader` (the leader's state and what it writes to
-//! etcd), `service` (the gRPC service: answer or forward), `status` (the /status page).
+//! etcd), `metrics` (the /metrics page's series), `service` (the gRPC service: answer or
+//! forward), `status` (the /status and /metrics pages).
 
 pub mod proto {
     #![allow(clippy::all, clippy::pedantic)]
@@ -16,6 +17,8 @@ pub mod proto {
 pub mod rules;
 
 pub mod leader;
+
+pub mod metrics;
 
 pub mod service;
 
@@ -95,7 +98,7 @@ pub async fn serve(args: LighthouseArgs) -> Exit {
         me.clone(),
         routing.clone(),
     ));
-    let lighthouse = Lighthouse::new(routes, me.clone(), election);
+    let lighthouse = Lighthouse::new(routes, me.clone(), election, params.run_id());
     let router = tonic::service::Routes::from(status::router(lighthouse.clone()))
         .add_service(proto::lighthouse_service_server::LighthouseServiceServer::new(lighthouse));
     say(format_args!(

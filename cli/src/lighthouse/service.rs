@@ -62,6 +62,8 @@ pub struct Lighthouse {
     /// The last leader address evicted, and when: one eviction per dead leader, however many
     /// calls found it gone.
     evicted: Arc<std::sync::Mutex<Option<(String, tokio::time::Instant)>>>,
+    /// What `/metrics` shows.
+    pub metrics: Arc<super::metrics::Metrics>,
 }
 
 enum Route {
@@ -73,8 +75,14 @@ enum Route {
 }
 
 impl Lighthouse {
-    pub fn new(routing: watch::Receiver<Routing>, me: String, election: Election) -> Lighthouse {
+    pub fn new(
+        routing: watch::Receiver<Routing>,
+        me: String,
+        election: Election,
+        run_id: &str,
+    ) -> Lighthouse {
         Lighthouse {
+            metrics: Arc::new(super::metrics::Metrics::new(run_id, &me)),
             routing,
             me,
             election,
@@ -232,9 +240,10 @@ impl LighthouseService for Lighthouse {
             match self.route(&routing, was_forwarded)? {
                 Route::Local(leader) => match leader.quorum(member.clone()).await {
                     Ok(quorum) => {
+                        self.metrics.quorums.inc();
                         return Ok(Response::new(LighthouseQuorumResponse {
                             quorum: Some(quorum),
-                        }))
+                        }));
                     }
                     Err(Deposed) if was_forwarded => {
                         return Err(Status::unavailable("this lighthouse stopped leading"))
@@ -249,7 +258,10 @@ impl LighthouseService for Lighthouse {
                     // repeated ask is harmless (the same member asks again).
                     tokio::select! {
                         answer = client.quorum(marked(req.clone())) => match answer {
-                            Ok(resp) => return Ok(resp),
+                            Ok(resp) => {
+                                self.metrics.forwarded_quorums.inc();
+                                return Ok(resp);
+                            }
                             Err(s) if transient(&s) => {
                                 let wait = self.leader_failed(&addr, &s, &mut pause).await;
                                 wait_change(&mut routes, wait).await;
@@ -286,10 +298,15 @@ impl LighthouseService for Lighthouse {
             let (failed, wait) = match self.route(&routing, was_forwarded)? {
                 Route::Local(leader) => {
                     leader.heartbeat(&req.replica_id).await;
+                    self.metrics.heartbeats.inc();
                     return Ok(Response::new(LighthouseHeartbeatResponse {}));
                 }
                 Route::Remote(mut client, addr) => {
                     match client.heartbeat(marked(req.clone())).await {
+                        Ok(resp) => {
+                            self.metrics.forwarded_heartbeats.inc();
+                            return Ok(resp);
+                        }
                         Err(s) if transient(&s) => {
                             let wait = self.leader_failed(&addr, &s, &mut pause).await;
                             (s, wait)

@@ -7,13 +7,45 @@ use axum::response::Html;
 use std::fmt::Write;
 
 pub fn router(lighthouse: Lighthouse) -> axum::Router {
+    let for_metrics = lighthouse.clone();
     let page = move || {
         let lighthouse = lighthouse.clone();
         async move { Html(render(&lighthouse).await) }
     };
+    let metrics = {
+        let lighthouse = for_metrics;
+        move || {
+            let lighthouse = lighthouse.clone();
+            async move {
+                (
+                    [(
+                        "content-type",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics(&lighthouse).await,
+                )
+            }
+        }
+    };
     axum::Router::new()
         .route("/", axum::routing::get(page.clone()))
         .route("/status", axum::routing::get(page))
+        .route("/metrics", axum::routing::get(metrics))
+}
+
+/// `/metrics`: the counters, with the gauges read from the state now.
+async fn metrics(lighthouse: &Lighthouse) -> String {
+    let m = &lighthouse.metrics;
+    let leading = lighthouse.routing.borrow().leading.clone();
+    m.leading.set(i64::from(leading.is_some()));
+    if let Some(leader) = leading {
+        let s = leader.snapshot().await;
+        m.quorum_id.set(s.quorum_id);
+        m.participants
+            .set(s.last.as_ref().map_or(0, |q| q.participants.len() as i64));
+        m.replica_groups.set(s.heartbeats.len() as i64);
+    }
+    m.render()
 }
 
 fn escape(s: &str) -> String {

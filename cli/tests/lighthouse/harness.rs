@@ -329,6 +329,29 @@ pub fn role(address: &str) -> Option<&'static str> {
     }
 }
 
+/// The value of series `name` on a lighthouse's /metrics page (its labels checked: the job's
+/// `run_id` and the lighthouse's own address as `node`).
+pub fn metric(address: &str, job: &str, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let host = address.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host).expect("the lighthouse answers");
+    s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut page = String::new();
+    s.read_to_string(&mut page).unwrap();
+    let (head, body) = page.split_once("\r\n\r\n").unwrap();
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    let line = body
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .unwrap_or_else(|| panic!("no {name} on {address}/metrics:\n{body}"));
+    assert!(line.contains(&format!("run_id=\"{job}\"")), "{line}");
+    assert!(line.contains(&format!("node=\"{address}\"")), "{line}");
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 /// One job's lighthouse keys in etcd, read directly (not through the lighthouses).
 pub struct JobKeys {
     client: etcd_client::Client,

@@ -18,8 +18,8 @@ mod harness;
 
 use common::Etcd;
 use harness::{
-    client, ids, one_leader_for, paused_leader_kept_for, step, JobKeys, Lighthouse, Replica,
-    HEARTBEAT_TIMEOUT_MS, RDZV,
+    client, ids, metric, one_leader_for, paused_leader_kept_for, step, JobKeys, Lighthouse,
+    Replica, HEARTBEAT_TIMEOUT_MS, RDZV,
 };
 use proto::{LighthouseHeartbeatRequest, LighthouseQuorumRequest, QuorumMember};
 use std::process::Command;
@@ -98,6 +98,21 @@ fn quorums_follow_torchfts_rules_and_survive_a_killed_leader() {
             puts,
             "the fast path wrote to etcd"
         );
+        // /metrics: the leader answered each of the 11 steps' 4 quorum calls (2 of them
+        // forwarded by the follower, which counts those).
+        let (leader, follower) = (&a.address, &b.address);
+        assert_eq!(metric(leader, &job, "rdzv_lighthouse_leading"), 1.0);
+        assert_eq!(metric(follower, &job, "rdzv_lighthouse_leading"), 0.0);
+        assert_eq!(metric(leader, &job, "rdzv_lighthouse_quorums_total"), 44.0);
+        assert_eq!(
+            metric(follower, &job, "rdzv_lighthouse_forwarded_quorums_total"),
+            22.0
+        );
+        assert_eq!(
+            metric(leader, &job, "rdzv_lighthouse_quorum_id"),
+            id0 as f64
+        );
+        assert_eq!(metric(leader, &job, "rdzv_lighthouse_participants"), 4.0);
 
         // replica3 dies (no heartbeats, no asks): the others get a quorum without it once its
         // heartbeat times out, with a higher id.
