@@ -327,13 +327,19 @@ def launch_agent(config: Any, entrypoint: Union[Callable[..., Any], str], args: 
         else:
             program = [str(entrypoint), *(str(a) for a in args)]
         outcome = work / "outcome.json"
+        events, metrics = work / "events.jsonl", work / "metrics.jsonl"
         command = [str(find_command()), "run", *flags, "--outcome-file", str(outcome),
+                   "--events-file", str(events), "--metrics-file", str(metrics),
                    "--no-python", *program]
         env = dict(os.environ)
         # The worker imports this very package before it can prepare the rest of sys.path.
         here = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+        from . import events as _events
+
         proc = subprocess.Popen(command, env=env)
+        # The job's events reach rdzv.events' handlers, and torch's when torch is loaded.
+        stop_following = _events._follow(events, metrics)
         grace = float(getattr(config, "shutdown_timeout", None) or 30) + 10
         try:
             status = proc.wait()
@@ -341,6 +347,9 @@ def launch_agent(config: Any, entrypoint: Union[Callable[..., Any], str], args: 
             # Ctrl-C reaches the launcher too (same process group); anything else stops it.
             _stop(proc, grace)
             raise
+        finally:
+            if stop_following is not None:
+                stop_following()
         return _result(work, outcome, status, name, callable(entrypoint))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -137,3 +137,27 @@ def test_the_config_becomes_rdzv_runs_flags_and_bad_fields_are_named():
     with pytest.raises(ValueError, match=r"rdzv_configs\['x'\]"):
         launch.command_line(LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1,
                                          rdzv_configs={"x": "a,b"}))
+
+
+def test_the_jobs_events_and_metrics_reach_the_handlers_a_program_adds(tmp_path):
+    from rdzv import events
+
+    seen, metrics = [], []
+    events.add_handler(seen.append)
+    events.add_metric_handler(metrics.append)
+    try:
+        marker = tmp_path / "failed-once"
+        elastic_launch(one_node(max_restarts=1), fails_once)(str(marker))
+    finally:
+        events.remove_handler(seen.append)
+        events.remove_metric_handler(metrics.append)
+    statuses = [(e.source, e.metadata["state"], e.metadata["global_rank"])
+                for e in seen if e.name.startswith("torchelastic.worker.status.")]
+    assert ("WORKER", "FAILED", 0) in statuses, statuses
+    assert ("WORKER", "SUCCEEDED", 0) in statuses and ("WORKER", "SUCCEEDED", 1) in statuses
+    assert statuses[-1] == ("AGENT", "SUCCEEDED", None), statuses
+    assert all(e.timestamp > 0 for e in seen)
+    assert any(e.name == "rdzv.round.formed" for e in seen)
+    last = {m.name: m.value for m in metrics}
+    assert last["workers.default_role.run_success_with_retries"] == 1, last
+    assert last["workers.default_role.run_total"] == 1

@@ -303,3 +303,27 @@ def test_rdzv_launch_takes_torchs_launch_config_and_raises_torchs_child_failed_e
     # torch's ProcessFailure keeps the error file's message object as it is.
     assert failure.message["message"] == "KeyError: 'no such shard'", failure.message
     assert "_launched_rank_1_raises FAILED" in str(caught.value)
+
+
+def test_rdzv_launchs_events_and_metrics_reach_torchs_own_record_and_put_metric(monkeypatch):
+    """What a program configured for torch's agent (its events handler, its metrics handler)
+    gets from rdzv.launch: the job's events as torch Events through ``events.record``, its
+    metrics through ``metrics.put_metric``."""
+    import torch.distributed.elastic.events as torch_events
+    import torch.distributed.elastic.metrics as torch_metrics
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from rdzv.launch import elastic_launch
+
+    recorded, put = [], []
+    monkeypatch.setattr(torch_events, "record", lambda event, *a, **k: recorded.append(event))
+    monkeypatch.setattr(torch_metrics, "put_metric",
+                        lambda name, value, group="torchelastic": put.append((group, name, value)))
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", max_restarts=0)
+    assert elastic_launch(config, _launched_rank_and_world)() == {0: (0, 2), 1: (1, 2)}
+    assert all(isinstance(e, torch_events.Event) for e in recorded)
+    workers = [e for e in recorded if e.source == torch_events.EventSource.WORKER]
+    assert sorted(e.metadata["global_rank"] for e in workers) == [0, 1]
+    assert all(e.name == "torchelastic.worker.status.SUCCEEDED" for e in workers)
+    assert ("torchelastic", "workers.default_role.run_success_no_retries", 1) in put, put
