@@ -188,15 +188,17 @@ fn deliver(record: &Record<'_>) {
             slot.clone()
         });
     let Some(slot) = slot else {
+        // One write of the whole line: `writeln!` on stderr (unbuffered) writes each piece on
+        // its own, and a line of the program's own, between two pieces, cut this one in two.
         // Errors ignored: a closed or full stderr must not fail the caller.
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "{} rdzv {:>5} {}: {}",
+        let line = format!(
+            "{} rdzv {:>5} {}: {}\n",
             utc_now(),
             record.level,
             record.target,
             record.line
         );
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
         return;
     };
     // Restored, not cleared, afterwards: the value is this thread's, whatever ran before.

@@ -341,8 +341,9 @@ async fn suspect(ring: &Ring, peer: &str, why: &str) -> Suspicion {
             crate::backend::lease::revoke(etcd, lease, Instant::now() + Duration::from_secs(2))
                 .await;
         let outcome = match revoked {
+            // A death found and handled, as a lost member is: not a warning.
             Ok(()) => {
-                tracing::warn!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer, why,
+                tracing::info!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer, why,
                     lease, "peer watch: evicted the next member (unreachable, and it did not answer through etcd): revoked its lease");
                 Suspicion::Evicted
             }
