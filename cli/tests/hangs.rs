@@ -306,10 +306,9 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// The C library built with these tests (the C library's crate is a dev-dependency of the
-/// launcher's for this): in deps/ beside the `rdzv` under test.
+/// The C library `cargo build` put beside the `rdzv` under test.
 fn library() -> PathBuf {
-    let lib = Path::new(RDZV).with_file_name("deps").join("librdzv.so");
+    let lib = Path::new(RDZV).with_file_name("librdzv.so");
     assert!(
         lib.exists(),
         "{} is missing: cargo build -p rdzv-c first",

@@ -7,11 +7,12 @@ use common::{Etcd, SpawnTied};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// target/<profile>/deps/, where this test binary lives and where cargo built librdzv.so with
-/// it (the C library's crate is a dev-dependency of the tests' package for this).
+/// target/<profile>/, where `cargo build` put librdzv.so (this test binary lives in its deps/).
+/// Not deps/ itself: every build that includes the C library's crate rewrites the copy there,
+/// and one with other features (a test build's) rewrote it under the running C programs.
 fn library_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().to_path_buf()
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
 /// A directory of this test's own where the library has its installed names: the programs

@@ -32,7 +32,7 @@ fn repo() -> PathBuf {
 }
 
 fn python_env() -> Vec<(&'static str, String)> {
-    let library = Path::new(RDZV).with_file_name("deps").join("librdzv.so");
+    let library = Path::new(RDZV).with_file_name("librdzv.so");
     vec![
         (
             "PYTHONPATH",
