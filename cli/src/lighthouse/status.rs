@@ -18,10 +18,7 @@ pub fn router(lighthouse: Lighthouse) -> axum::Router {
             let lighthouse = lighthouse.clone();
             async move {
                 (
-                    [(
-                        "content-type",
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
+                    [("content-type", crate::prometheus::CONTENT_TYPE)],
                     metrics(&lighthouse).await,
                 )
             }

@@ -164,10 +164,19 @@ fn ring_after(members: impl IntoIterator<Item = (String, u32)>, rank: u32) -> Ve
     ranked.into_iter().map(|(_, m)| m).collect()
 }
 
-/// Where `peer` listens for probes, from its join record of the round; None if it publishes no
-/// port (an older node, or `peer_timeout=0`) or etcd does not say.
-async fn probe_address(ring: &Ring, peer: &str) -> Option<SocketAddr> {
-    let resp = ring
+/// Where a member listens for probes, as its join record of the round says.
+enum Address {
+    At(SocketAddr),
+    /// Its join key is gone: it is out of the round already.
+    Gone,
+    /// It publishes no port (an older node, or `peer_timeout=0`), or etcd or the name's lookup
+    /// did not answer.
+    Unknown,
+}
+
+/// Where `peer` listens for probes: one read of its join record of the round.
+async fn probe_address(ring: &Ring, peer: &str) -> Address {
+    let read = ring
         .etcd
         .get(
             Instant::now() + Duration::from_secs(10),
@@ -175,15 +184,22 @@ async fn probe_address(ring: &Ring, peer: &str) -> Option<SocketAddr> {
             ring.keys.join(ring.sealed.round, peer),
             GetOptions::new(),
         )
-        .await
-        .ok()?;
-    let kv = resp.kvs().first()?;
-    let record = JoinRecord::parse(kv.key(), kv.value()).ok()?;
-    let port = record.probe?;
-    let mut found = tokio::net::lookup_host((record.addr.as_str(), port))
-        .await
-        .ok()?;
-    found.next()
+        .await;
+    let Ok(resp) = read else {
+        return Address::Unknown;
+    };
+    let Some(kv) = resp.kvs().first() else {
+        return Address::Gone;
+    };
+    let Some((host, port)) = JoinRecord::parse(kv.key(), kv.value())
+        .ok()
+        .and_then(|r| r.probe.map(|p| (r.addr, p)))
+    else {
+        return Address::Unknown;
+    };
+    let found = tokio::net::lookup_host((host.as_str(), port)).await;
+    let first = found.ok().and_then(|mut addrs| addrs.next());
+    first.map_or(Address::Unknown, Address::At)
 }
 
 /// Probes the next member until it is evicted, then the one after it (a rack that fails
@@ -194,30 +210,14 @@ async fn probe_successor(ring: Ring) {
         return;
     };
     for peer in after {
-        // A member that is gone already (its join key too) publishes no address: the next.
-        let Some(addr) = probe_address(&ring, &peer).await else {
-            match member_gone(&ring, &peer).await {
-                true => continue,
-                false => return,
-            }
-        };
-        // Returns once the peer is out of the round: on to the next.
-        probe(&ring, &peer, addr).await;
+        match probe_address(&ring, &peer).await {
+            // Returns once the peer is out of the round: on to the next.
+            Address::At(addr) => probe(&ring, &peer, addr).await,
+            // Out already: the one after it is this node's to watch.
+            Address::Gone => continue,
+            Address::Unknown => return,
+        }
     }
-}
-
-/// Whether `peer`'s join key of the round is gone (read from etcd; an error is not "gone").
-async fn member_gone(ring: &Ring, peer: &str) -> bool {
-    let read = ring
-        .etcd
-        .get(
-            Instant::now() + Duration::from_secs(10),
-            "peer watch: a member's join key",
-            ring.keys.join(ring.sealed.round, peer),
-            GetOptions::new().with_count_only(),
-        )
-        .await;
-    read.is_ok_and(|r| r.count() == 0)
 }
 
 /// Probes `peer` at `addr` until it is evicted or found gone.
