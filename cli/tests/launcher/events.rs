@@ -273,7 +273,19 @@ fn metrics_port_serves_openmetrics_that_prometheus_scrapes() {
     l.start(30);
     l.start(30);
     let run_id = crate::common::node::run_of(&url);
-    let (head, text) = http_get(port, "/metrics");
+    // The workers print START as soon as they run, which may be before the agent has set its
+    // gauge after starting them: the page is read again until it shows them (within 10 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (head, text) = loop {
+        let (head, text) = http_get(port, "/metrics");
+        let running = text
+            .lines()
+            .any(|l| l.starts_with("rdzv_workers_running{") && l.ends_with(" 2"));
+        if running || std::time::Instant::now() >= deadline {
+            break (head, text);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(head.contains("application/openmetrics-text"), "{head}");
     let series = |name: &str| -> f64 {
