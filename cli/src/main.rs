@@ -16,6 +16,8 @@
 //! - `watchdog`: the helper that releases the node if the launcher is killed;
 //! - `events`: the job's events and metrics in torchelastic's shapes (`--events-file`);
 //! - `prometheus`: this node's metrics served for Prometheus (`--metrics-port`);
+//! - `incidents`: the job's incident records in the run's notes, and its effective training
+//!   time;
 //! - `agent`: the elastic agent's state machine;
 //! - `ops`: the operator commands;
 //! - `lighthouse`: torchft's Lighthouse served from etcd (`rdzv lighthouse`).
@@ -45,6 +47,8 @@ mod watchdog;
 mod events;
 
 mod prometheus;
+
+mod incidents;
 
 mod agent;
 

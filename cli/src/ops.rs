@@ -35,7 +35,7 @@ pub async fn status(a: StatusArgs) -> Exit {
         return match admin.status().await {
             Ok(s) => {
                 match a.json {
-                    true => result(s.to_json()),
+                    true => result(with_incidents(&s)),
                     false => table(&s).iter().for_each(result),
                 }
                 Exit::Success
@@ -57,7 +57,7 @@ pub async fn status(a: StatusArgs) -> Exit {
             }
         };
         match a.json {
-            true => result(now.to_json()),
+            true => result(with_incidents(&now)),
             false => result(format_args!(
                 "{} {}",
                 clock(),
@@ -249,9 +249,10 @@ fn table(s: &RunStatus) -> Vec<String> {
     ));
     // What the nodes left for an operator in the run's store (`notes/`), one line each, in
     // key order.
-    for (key, value) in &s.notes {
+    for (key, value) in s.notes.iter().filter(|(k, _)| !k.starts_with("incident/")) {
         lines.push(format!("note     {key}: {}", one_line(value)));
     }
+    lines.extend(incidents(s).lines());
     // Nodes much slower than the median (their launchers' `pace/` notes).
     for slow in crate::monitor::pace::stragglers(&s.notes) {
         lines.push(format!(
@@ -263,6 +264,19 @@ fn table(s: &RunStatus) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// The run's incidents and effective training time, from its notes (`crate::incidents`).
+fn incidents(s: &RunStatus) -> crate::incidents::Summary {
+    let round = s.sealed.as_ref().map(|r| r.round);
+    crate::incidents::Summary::read(&s.notes, round, crate::incidents::wall_ms())
+}
+
+/// `--json`: the library's status, with the incidents read from its notes.
+fn with_incidents(s: &RunStatus) -> serde_json::Value {
+    let mut json = s.to_json();
+    json["incidents"] = incidents(s).to_json();
+    json
 }
 
 /// A note's value on one line: line breaks and other control characters escaped.

@@ -284,6 +284,10 @@ impl Source for Etcd {
         format!("{}/{}", crate::host::hostname(), self.rdzv.node_id())
     }
 
+    async fn run_store(&self) -> Option<rdzv::Store> {
+        self.rdzv.run_store().await.ok()
+    }
+
     async fn note(&self, key: &str, value: &str) {
         let written = match self.rdzv.run_store().await {
             Ok(run) => run.set(&format!("notes/{key}"), value.as_bytes()).await,

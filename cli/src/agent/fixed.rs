@@ -87,6 +87,10 @@ impl Source for Fixed {
 
     async fn drain_self(&self, _why: &str) {}
 
+    async fn run_store(&self) -> Option<rdzv::Store> {
+        None
+    }
+
     async fn note(&self, _key: &str, _value: &str) {}
 
     fn who(&self) -> String {

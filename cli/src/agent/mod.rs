@@ -60,6 +60,8 @@ mod stops;
 
 mod watch;
 
+mod incident;
+
 pub use signals::Signals;
 use watch::{place, watch};
 
@@ -155,6 +157,8 @@ pub struct Agent {
     prom: Option<std::sync::Arc<crate::prometheus::Metrics>>,
     /// When the last round ended to form another (for the recovery time).
     ended_at: Option<std::time::Instant>,
+    /// How this node's rounds ended, for the job's incident records.
+    incidents: incident::Log,
 }
 
 impl Agent {
@@ -189,6 +193,7 @@ impl Agent {
             place: (0, 0),
             prom: None,
             ended_at: None,
+            incidents: incident::Log::new(),
             restarts: Budget {
                 used: 0,
                 max: cfg.max_restarts,
@@ -346,6 +351,7 @@ impl Agent {
             round.master_port
         ));
         self.place = (round.group_rank, round.group_world_size);
+        let formed_ms = crate::incidents::wall_ms();
         self.record.event(
             "rdzv.round.formed",
             EventSource::Agent,
@@ -386,7 +392,8 @@ impl Agent {
             framework: self.cfg.framework,
             virtual_local_rank: self.cfg.virtual_local_rank,
             cpu_binding: &self.cpu_binding,
-            progress: self.cfg.monitor.pages(),
+            // The incident records' first step is read from the pages too.
+            progress: self.cfg.monitor.pages() || self.cfg.records(),
             in_process: self.cfg.in_process.is_some(),
         };
         let kept = carried.kept.take().map(|mut kept| {
@@ -419,6 +426,13 @@ impl Agent {
             }
         };
         let watched = pages::watch(&group);
+        let entry = self.incidents.entry(formed_ms, crate::incidents::wall_ms());
+        // One member's list is enough to name the evicted among those gone.
+        let members = match round.group_rank {
+            0 => source.members().await,
+            _ => None,
+        };
+        self.incidents.members(members);
         if let Some(p) = &self.prom {
             p.workers_running.set(group.running() as i64);
             if let Some(ended) = self.ended_at.take() {
@@ -431,8 +445,10 @@ impl Agent {
             .collect();
         self.no_progress.attempt_started();
         let outcome = self
-            .monitor(source, &mut group, &watched, &round, signals)
+            .monitor(source, &mut group, &watched, &round, entry, signals)
             .await;
+        let (kind, why) = incident::seen(&outcome);
+        self.incidents.ended(round.number, kind, why);
         self.learn(source, &round, &watched).await;
         output::debug(format_args!(
             "round {}: the group ended: {}",
@@ -495,6 +511,9 @@ impl Agent {
                         &format!("drained: {why}"),
                     )
                     .await;
+                let found = incident::Found::of("health", why);
+                self.incidents.found(round.number, &source.who(), found);
+                self.incidents.leaving(source).await;
                 self.stop_group(&mut group, libc::SIGTERM, signals).await?;
                 Err(Exit::Failure)
             }
@@ -510,7 +529,14 @@ impl Agent {
                 if let Stop::Changed(why) = &stop {
                     self.record_change(why, round.number);
                 }
-                self.stop_for(&mut group, stop, carried, signals).await
+                let drained = matches!(stop, Stop::Drained);
+                let next = self.stop_for(&mut group, stop, carried, signals).await;
+                if drained {
+                    let found = incident::Found::of("drained", "drained".into());
+                    self.incidents.found(round.number, &source.who(), found);
+                    self.incidents.leaving(source).await;
+                }
+                next
             }
         };
         let role = &self.cfg.role;
@@ -561,6 +587,9 @@ impl Agent {
         let kill = self.stop_group(group, libc::SIGKILL, signals);
         match respond::found(&place, workers, &hung, kill).await? {
             Found::First(note) => {
+                let found =
+                    incident::Found::hang(&hung, &note, self.incidents.ended_ms(round.number));
+                self.incidents.found(round.number, &source.who(), found);
                 let json = note.to_json();
                 let parsed: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
                 self.rdzv_event(
@@ -629,6 +658,7 @@ impl Agent {
         group: &mut Group,
         workers: &[Watched],
         round: &Round,
+        entry: serde_json::Value,
         signals: &mut Signals,
     ) -> Outcome {
         let hangs = HangMonitor {
@@ -643,6 +673,7 @@ impl Agent {
             &hangs,
             workers,
             self.cfg.monitor.health.as_ref(),
+            incident::report(source, round, workers, entry, &self.record),
         );
         tokio::pin!(watch);
         loop {
@@ -705,6 +736,7 @@ impl Agent {
         }
         match failure::cost(source, &mut self.restarts, round, &why, signals).await {
             Cost::Loss(why) => {
+                self.incidents.lost(&why);
                 say(format_args!(
                     "rank {} failed and {why}: a membership change, forming a new round (no restart spent)",
                     failures[0].global_rank
@@ -713,6 +745,8 @@ impl Agent {
                 return Ok(());
             }
             Cost::Charged(members) => {
+                let found = incident::Found::crash(failures[0].global_rank, &why);
+                self.incidents.found(round.number, &source.who(), found);
                 if let Some(p) = &self.prom {
                     p.restarts.inc();
                 }

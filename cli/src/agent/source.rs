@@ -97,6 +97,9 @@ pub trait Source {
     /// host).
     fn who(&self) -> String;
 
+    /// The run's store (the incident records go there), when there is a rendezvous to ask.
+    async fn run_store(&self) -> Option<rdzv::Store>;
+
     /// Leaves a note for operators: `notes/{key}` in the run's store, shown by `rdzv status`
     /// (best effort: a note is never worth failing for). Nothing on a fixed layout.
     async fn note(&self, key: &str, value: &str);

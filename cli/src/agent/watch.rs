@@ -11,13 +11,15 @@ use crate::monitor::respond::Place;
 
 /// What can end a running round from outside its group, whichever comes first: the
 /// membership check (members lost, nodes waiting, the run closed, this node drained) and
-/// another node's failure verdict. Hang and health monitoring joins here (module comment).
+/// another node's failure verdict. Hang and health monitoring joins here (module comment), and
+/// the report of this node's first step for the incident records, which never ends a round.
 pub(super) async fn watch<S: Source>(
     source: &S,
     round: &Round,
     hangs: &HangMonitor<'_>,
     workers: &[Watched],
     health: Option<&crate::settings::monitor::HealthCheck>,
+    incidents: impl std::future::Future<Output = Event>,
 ) -> Event {
     let peer_hung = async {
         match source.shared(round) {
@@ -51,6 +53,7 @@ pub(super) async fn watch<S: Source>(
         what = peer_hung => Event::PeerHung(what),
         why = unhealthy => Event::Unhealthy(why),
         never = pace => never,
+        never = incidents => never,
     }
 }
 

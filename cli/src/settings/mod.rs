@@ -164,6 +164,12 @@ impl RunConfig {
         })
     }
 
+    /// Whether the job's events or metrics are recorded (`--events-file`, `--metrics-file`,
+    /// `--metrics-port`).
+    pub fn records(&self) -> bool {
+        self.events_file.is_some() || self.metrics_file.is_some() || self.metrics_port.is_some()
+    }
+
     /// Whether worker output goes to files: a log directory was asked for, or a spec needs one.
     pub fn keeps_files(&self) -> bool {
         self.log_dir.is_some() || self.redirects.any() || self.tee.any()

@@ -91,6 +91,10 @@ impl Keys {
     pub fn suspect(&self, node: &str) -> String {
         format!("{}suspect/{node}", self.namespace)
     }
+    /// The run's note of `node`'s eviction by the peer watch (`rendezvous::peers`).
+    pub fn eviction_note(&self, node: &str) -> String {
+        format!("{}evicted/{node}", self.run_notes_prefix())
+    }
     pub fn rounds_prefix(&self) -> String {
         format!("{}r/", self.namespace)
     }

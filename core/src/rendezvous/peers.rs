@@ -251,7 +251,7 @@ async fn probe(ring: &Ring, peer: &str, addr: SocketAddr) {
         };
         let held_off = quiet_until.is_some_and(|t| Instant::now() < t);
         if let (Some(why), false) = (why, held_off) {
-            match suspect(ring, peer, &why).await {
+            match suspect(ring, peer, &why, answered).await {
                 Suspicion::Evicted | Suspicion::Gone => return,
                 Suspicion::Answered => quiet_until = Some(Instant::now() + AFTER_AN_ANSWER),
                 Suspicion::Unknown => {}
@@ -273,8 +273,8 @@ enum Suspicion {
 }
 
 /// Writes the suspicion, gives the suspect `ANSWER_WINDOW` to delete it, and evicts it if it
-/// did not.
-async fn suspect(ring: &Ring, peer: &str, why: &str) -> Suspicion {
+/// did not (`answered`: when it last answered a probe, for the eviction's note).
+async fn suspect(ring: &Ring, peer: &str, why: &str, answered: Instant) -> Suspicion {
     let (etcd, keys) = (&ring.etcd, &ring.keys);
     let (run, round) = (&ring.run, ring.sealed.round);
     let join = keys.join(round, peer);
@@ -353,15 +353,43 @@ async fn suspect(ring: &Ring, peer: &str, why: &str) -> Suspicion {
                 Suspicion::Unknown
             }
         };
+        let mut done = vec![TxnOp::delete(key.clone(), None)];
+        if let Suspicion::Evicted = outcome {
+            let note = eviction_note(ring, why, [answered, asked, Instant::now()]);
+            let lease = PutOptions::new().with_lease(ring.run_lease);
+            done.push(TxnOp::put(keys.eviction_note(peer), note, Some(lease)));
+        }
         let _ = etcd
             .txn(
                 Instant::now() + Duration::from_secs(1),
                 "peer watch: the suspicion done",
-                Txn::new().and_then([TxnOp::delete(key.clone(), None)]),
+                Txn::new().and_then(done),
             )
             .await;
         return outcome;
     }
+}
+
+/// The run's note of an eviction (`notes/evicted/{node}`, `rdzv status` shows it, and the
+/// launcher's incident records read it): who evicted it in which round and why, and the
+/// wall-clock milliseconds of its last answer (the fault, as near as a prober can tell), of the
+/// suspicion and of the eviction.
+fn eviction_note(ring: &Ring, why: &str, [answered, suspected, evicted]: [Instant; 3]) -> String {
+    let now = (Instant::now(), std::time::SystemTime::now());
+    let wall = |at: Instant| {
+        (now.1 - now.0.saturating_duration_since(at))
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    serde_json::json!({
+        "by": ring.node,
+        "round": ring.sealed.round,
+        "why": why,
+        "answered_ms": wall(answered),
+        "suspected_ms": wall(suspected),
+        "evicted_ms": wall(evicted),
+    })
+    .to_string()
 }
 
 /// Deletes every suspicion of this node as soon as it appears: a node that reaches etcd is
