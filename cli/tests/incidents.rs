@@ -17,7 +17,8 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Steps of 50 ms, each stamped after its heartbeat; `CRASH_RANK` crashes at step 20 of the
-/// first attempt, stamping it first; every attempt ends once `DONE` exists.
+/// first attempt, stamping it first, `HANG_RANK` hangs there; every attempt ends once `DONE`
+/// exists.
 const WORKER: &str = r#"
 import os, sys, time
 import rdzv
@@ -25,12 +26,16 @@ import rdzv
 rank = int(os.environ["RANK"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 crash_rank = int(os.environ.get("CRASH_RANK", "-1"))
+hang_rank = int(os.environ.get("HANG_RANK", "-1"))
 step = 0
 while not os.path.exists(os.environ["DONE"]):
     time.sleep(0.05)
     if rank == crash_rank and attempt == 0 and step == 20:
         print(f"CRASH rank={rank} t={time.time_ns() // 1_000_000}", flush=True)
         os._exit(1)
+    if rank == hang_rank and attempt == 0 and step == 20:
+        print(f"HANGING rank={rank}", flush=True)
+        time.sleep(3600)
     rdzv.heartbeat()
     print(f"STEP rank={rank} attempt={attempt} step={step} t={time.time_ns() // 1_000_000}", flush=True)
     step += 1
@@ -266,4 +271,135 @@ fn a_crash_is_recorded_with_the_durations_measured_from_outside() {
         .collect();
     assert_eq!(events.len(), 1, "one node writes the record: {events:#?}");
     assert_eq!(events[0]["metadata"]["fault_ms"], rec["fault_ms"]);
+}
+
+#[test]
+fn a_node_killed_whole_is_recorded_as_lost_with_its_eviction() {
+    let etcd = Etcd::start();
+    // The default lease (10 s): the peer watch finds the dead node, not its lease.
+    let job = Job::new(&etcd, "lost", "min_nodes=1&max_nodes=2&last_call_timeout=1");
+    // No watchdog: it would release the killed launcher's node at once, before any peer.
+    let mut nodes: Vec<Launcher> = (0..2)
+        .map(|i| job.node(i, &["--no-watchdog"], &[]))
+        .collect();
+    for l in &mut nodes {
+        formed(l, 30);
+    }
+    for l in &mut nodes {
+        first_step(l, 0, 30);
+    }
+    let mut victim = nodes.pop().unwrap();
+    let mut survivor = nodes.pop().unwrap();
+    let victim_id = victim
+        .lines_with("as node ")
+        .next()
+        .and_then(|l| l.split("as node ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .expect("the victim's node id");
+    let killed = wall_ms();
+    victim.kill_node();
+    let (reformed, _) = formed(&mut survivor, 30);
+    // Its worker restarts alone (restart count 0: a loss spends no restart).
+    let stepping = first_step(&mut survivor, 0, 30);
+    let status = job.status_with_records(1, 20);
+    let rec = &status["incidents"]["records"][0];
+    let ms = |key: &str| {
+        rec[key]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no {key} in {rec:#}"))
+    };
+    assert_eq!(rec["kind"], "lost", "{rec:#}");
+    assert_eq!(rec["node"], victim_id.as_str(), "{rec:#}");
+    assert!(rec["evicted_by"].is_string(), "{rec:#}");
+    // The fault is its last answer to a probe: at most one probe period (200 ms) before the
+    // kill.
+    let fault = ms("fault_ms");
+    assert!(
+        fault <= killed + AGREE_MS && fault >= killed - 200 - AGREE_MS,
+        "killed at {killed}: {rec:#}"
+    );
+    near(
+        "new round, from the kill",
+        ms("reformed_ms") - killed,
+        reformed - killed,
+        rec,
+    );
+    near(
+        "stepping, from the kill",
+        ms("stepping_ms") - killed,
+        stepping - killed,
+        rec,
+    );
+    assert!(
+        ms("decide_ms") <= 2000,
+        "evicted within the 2 s of DESIGN: {rec:#}"
+    );
+    job.done();
+    assert_eq!(survivor.exit(30).code(), Some(0), "{}", survivor.output());
+}
+
+#[test]
+fn a_hang_is_recorded_from_the_suspects_last_step() {
+    let etcd = Etcd::start();
+    let job = Job::new(&etcd, "hang", "min_nodes=2&max_nodes=2&last_call_timeout=1");
+    let flags = ["--max-restarts=1", "--hang-timeout=2"];
+    let mut nodes: Vec<Launcher> = (0..2)
+        .map(|i| job.node(i, &flags, &[("HANG_RANK", "1")]))
+        .collect();
+    let mut hanging = 0;
+    for (i, l) in nodes.iter_mut().enumerate() {
+        if formed(l, 30).1 == 1 {
+            hanging = i;
+        }
+    }
+    let hung = &mut nodes[hanging];
+    let last_step = field(&hung.wait_line(30, |l| l.contains("step=19 ")), "t");
+    hung.wait_line(30, |l| l.contains("HANGING "));
+    // The launcher that finds the hang (the hung worker's) says so as it declares it.
+    hung.wait_line(30, |x| x.contains("hang: rank 1 "));
+    let declared = wall_ms();
+    let reformed = nodes.iter_mut().map(|l| formed(l, 30).0).max().unwrap();
+    let stepping = nodes
+        .iter_mut()
+        .map(|l| first_step(l, 1, 30))
+        .max()
+        .unwrap();
+    let status = job.status_with_records(1, 20);
+    let rec = &status["incidents"]["records"][0];
+    let ms = |key: &str| {
+        rec[key]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no {key} in {rec:#}"))
+    };
+    assert_eq!(rec["kind"], "hang", "{rec:#}");
+    assert_eq!(
+        (&rec["rank"], &rec["suspect"]),
+        (&1.into(), &1.into()),
+        "{rec:#}"
+    );
+    near("fault (the last step)", ms("fault_ms"), last_step, rec);
+    near("detected", ms("detect_ms"), declared - last_step, rec);
+    // Nobody waits out a bound of the hang protocol (the evidence's is 3 s): the finder once
+    // waited for its own evidence, which it never shares.
+    assert!(
+        ms("reform_ms") - ms("detect_ms") < 1500,
+        "the next round waited out a bound: {rec:#}"
+    );
+    near(
+        "to the new round",
+        ms("reform_ms"),
+        reformed - last_step,
+        rec,
+    );
+    near(
+        "to every rank stepping",
+        ms("first_step_ms"),
+        stepping - last_step,
+        rec,
+    );
+    job.done();
+    for l in &mut nodes {
+        assert_eq!(l.exit(30).code(), Some(0), "{}", l.output());
+    }
 }

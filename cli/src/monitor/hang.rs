@@ -452,8 +452,13 @@ pub async fn peer_hung(store: &Store) -> HangNotice {
 
 /// Reads `{prefix}/{n}` for every node, waiting up to `bound` for all `nodes` to answer;
 /// those that did not are left out.
-async fn gather_raw(store: &Store, prefix: &str, nodes: u32, bound: Duration) -> Vec<Vec<u8>> {
-    let keys: Vec<String> = (0..nodes).map(|n| format!("{prefix}/{n}")).collect();
+async fn gather_raw(
+    store: &Store,
+    prefix: &str,
+    nodes: impl Iterator<Item = u32>,
+    bound: Duration,
+) -> Vec<Vec<u8>> {
+    let keys: Vec<String> = nodes.map(|n| format!("{prefix}/{n}")).collect();
     let deadline = tokio::time::Instant::now() + bound;
     let reads = keys.iter().map(|k| async move {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -465,7 +470,7 @@ async fn gather_raw(store: &Store, prefix: &str, nodes: u32, bound: Duration) ->
 /// Every node's workers' progress (`share_progress`), waiting up to `bound` for all
 /// `nodes` to answer; those that did not are left out.
 pub async fn gather(store: &Store, nodes: u32, bound: Duration) -> Vec<WorkerProgress> {
-    gather_raw(store, PROGRESS, nodes, bound)
+    gather_raw(store, PROGRESS, 0..nodes, bound)
         .await
         .iter()
         .flat_map(|raw| WorkerProgress::list_from_bytes(raw))
@@ -485,14 +490,17 @@ pub async fn share_evidence(store: &Store, group_rank: u32, mine: &[(u32, Value)
         .await;
 }
 
-/// Every node's evidence (`share_evidence`), waiting up to `bound`; by rank.
+/// Every other node's evidence (`share_evidence`), waiting up to `bound`; by rank. The
+/// finder (`group_rank`) shares none: waiting for its own would wait out the bound.
 pub async fn gather_evidence(
     store: &Store,
     nodes: u32,
+    group_rank: u32,
     bound: Duration,
 ) -> serde_json::Map<String, Value> {
     let mut all = serde_json::Map::new();
-    for raw in gather_raw(store, EVIDENCE, nodes, bound).await {
+    let others = (0..nodes).filter(|&n| n != group_rank);
+    for raw in gather_raw(store, EVIDENCE, others, bound).await {
         if let Ok(Value::Object(map)) = serde_json::from_slice(&raw) {
             all.extend(map);
         }

@@ -101,7 +101,8 @@ pub async fn found(
             // worker's stacks take the whole bound).
             let until = evidence_started + evidence::EVIDENCE_BOUND + hang::GATHER_BOUND;
             let left = until.saturating_duration_since(tokio::time::Instant::now());
-            evidence_by_rank.extend(hang::gather_evidence(store, place.nodes, left).await);
+            evidence_by_rank
+                .extend(hang::gather_evidence(store, place.nodes, place.group_rank, left).await);
             all
         }
         None => progress,
