@@ -335,6 +335,13 @@ fn a_node_killed_whole_is_recorded_as_lost_with_its_eviction() {
         ms("decide_ms") <= 2000,
         "evicted within the 2 s of DESIGN: {rec:#}"
     );
+    let table = Command::new(RDZV)
+        .args(["status", &job.url])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(table.contains(": lost on "), "{table}");
+    eprintln!("{table}");
     job.done();
     assert_eq!(survivor.exit(30).code(), Some(0), "{}", survivor.output());
 }

@@ -78,7 +78,8 @@ fn a_node_whose_processes_are_all_killed_is_out_of_the_round_within_1_5_s() {
     let etcd = Etcd::start();
     for n in [2, 8] {
         let (me, mut others, _) = round_of(&etcd, &format!("killed-{n}"), n);
-        let (victim, _) = others.pop().unwrap();
+        let (victim, rank) = others.pop().unwrap();
+        let victim_id = me.members().unwrap()[rank as usize].clone();
         signal(&victim, libc::SIGKILL);
         let killed = Instant::now();
         let noticed = lost_after(&me, killed, Duration::from_secs(10));
@@ -89,6 +90,16 @@ fn a_node_whose_processes_are_all_killed_is_out_of_the_round_within_1_5_s() {
             "{n} nodes: the killed node was out after {noticed:?}, not within {KILLED_WITHIN:?} \
              (its lease, 10 s, would have been)"
         );
+        // Its prober noted the eviction, before the revoke the loss came from.
+        let run = me.run_store().unwrap();
+        let key = format!("notes/evicted/{victim_id}");
+        let note = run.get(&key, Some(Duration::from_secs(2))).unwrap();
+        let note: serde_json::Value = serde_json::from_slice(&note).unwrap();
+        let at = |k: &str| note[k].as_u64().unwrap_or_else(|| panic!("no {k}: {note}"));
+        assert!(note["by"].is_string() && note["round"].is_u64(), "{note}");
+        assert!(note["by"] != victim_id.as_str(), "{note}");
+        assert!(at("answered_ms") <= at("suspected_ms"), "{note}");
+        assert!(at("suspected_ms") <= at("evicted_ms"), "{note}");
         me.shutdown().unwrap();
     }
 }

@@ -307,15 +307,16 @@ async fn write<S: Source>(
         .map(|e| &e["previous"])
         .filter(|p| p.is_object())
         .collect();
+    // The ledger starts with the first record written (the first round's, unless that round
+    // ended before every node reported).
+    let began = entries
+        .iter()
+        .filter_map(|e| e["started_ms"].as_u64())
+        .min();
+    let began = began.unwrap_or(from).to_string();
+    run.compare_set(incidents::BEGAN, b"", began.as_bytes())
+        .await?;
     let Some(ended) = previous.iter().filter_map(|p| p["round"].as_u64()).max() else {
-        // The job's first round: the ledger starts.
-        let began = entries
-            .iter()
-            .filter_map(|e| e["started_ms"].as_u64())
-            .min();
-        let began = began.unwrap_or(from).to_string();
-        run.compare_set(incidents::BEGAN, b"", began.as_bytes())
-            .await?;
         return run.set(incidents::NOW, now.to_string().as_bytes()).await;
     };
     let seen: Vec<&&Value> = previous.iter().filter(|p| p["round"] == ended).collect();

@@ -34,7 +34,8 @@
 //! launchers' failure protocol), `barrier` (the exit barrier), `etcd` and `fixed` (the two
 //! sources), `outcome_file` (`--outcome-file`); and parts of the agent itself: `record` (its
 //! events and metrics), `inprocess` (`--in-process-restart`), `stops` (stopping the group
-//! and the exit status of a stop), `watch` (what ends a running round beside its group).
+//! and the exit status of a stop), `watch` (what ends a running round beside its group),
+//! `incident` (how its rounds ended, for the job's incident records).
 
 mod signals;
 
@@ -427,10 +428,10 @@ impl Agent {
         };
         let watched = pages::watch(&group);
         let entry = self.incidents.entry(formed_ms, crate::incidents::wall_ms());
-        // One member's list is enough to name the evicted among those gone.
-        let members = match round.group_rank {
-            0 => source.members().await,
-            _ => None,
+        // A survivor's list names the evicted among those gone (free up to 64 nodes).
+        let members = match round.group_world_size <= 64 || round.group_rank < 2 {
+            true => source.members().await,
+            false => None,
         };
         self.incidents.members(members);
         if let Some(p) = &self.prom {

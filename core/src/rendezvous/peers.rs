@@ -337,6 +337,21 @@ async fn suspect(ring: &Ring, peer: &str, why: &str, answered: Instant) -> Suspi
         if Instant::now() < answer_by {
             continue;
         }
+        // The eviction's note goes first, with the suspicion's end: once the lease is revoked
+        // the round re-forms at once, and this watch ends with it.
+        let note = eviction_note(ring, why, [answered, asked, Instant::now()]);
+        let lease_opt = PutOptions::new().with_lease(ring.run_lease);
+        let done = [
+            TxnOp::delete(key.clone(), None),
+            TxnOp::put(keys.eviction_note(peer), note, Some(lease_opt)),
+        ];
+        let noted = etcd
+            .txn(
+                Instant::now() + Duration::from_secs(1),
+                "peer watch: the suspicion done",
+                Txn::new().and_then(done),
+            )
+            .await;
         let revoked =
             crate::backend::lease::revoke(etcd, lease, Instant::now() + Duration::from_secs(2))
                 .await;
@@ -350,22 +365,19 @@ async fn suspect(ring: &Ring, peer: &str, why: &str, answered: Instant) -> Suspi
             Err(e) => {
                 tracing::warn!(target: LOG_TARGET, run = %run, node = %ring.node, round, peer,
                     error = %e, "peer watch: could not revoke the suspect's lease");
+                if noted.is_ok() {
+                    let undo = Txn::new().and_then([TxnOp::delete(keys.eviction_note(peer), None)]);
+                    let _ = etcd
+                        .txn(
+                            Instant::now() + Duration::from_secs(1),
+                            "peer watch: no eviction",
+                            undo,
+                        )
+                        .await;
+                }
                 Suspicion::Unknown
             }
         };
-        let mut done = vec![TxnOp::delete(key.clone(), None)];
-        if let Suspicion::Evicted = outcome {
-            let note = eviction_note(ring, why, [answered, asked, Instant::now()]);
-            let lease = PutOptions::new().with_lease(ring.run_lease);
-            done.push(TxnOp::put(keys.eviction_note(peer), note, Some(lease)));
-        }
-        let _ = etcd
-            .txn(
-                Instant::now() + Duration::from_secs(1),
-                "peer watch: the suspicion done",
-                Txn::new().and_then(done),
-            )
-            .await;
         return outcome;
     }
 }
