@@ -227,8 +227,12 @@ pub(super) async fn report<S: Source>(
 
 /// When every worker of this node had stepped: its first heartbeat after this round began
 /// (kept workers, `--in-process-restart`, beat on from their count at the round's start).
-/// None when one sent none within `NO_STEP_WAIT`.
+/// None when one sent none within `NO_STEP_WAIT`, or at once when the workers have no pages.
 async fn stepped(workers: &[Watched]) -> Option<u64> {
+    // No pages (no monitor reads them, no events recorded): no step will show.
+    if workers.iter().all(|w| w.reader.is_none()) {
+        return None;
+    }
     let beats = |w: &Watched| match w.read() {
         Read::Page(s) => Some((s.beats, s.since_beat)),
         _ => None,
@@ -406,4 +410,54 @@ async fn eviction<S: Source>(run: &Store, source: &S, seen: &[&&Value]) -> Optio
             "detected_ms": note["suspected_ms"], "decided_ms": note["evicted_ms"]}));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_finding_of_a_rounds_end_stays_and_travels_in_the_next_entry() {
+        let mut log = Log::new();
+        log.ended(3, "hang", "rank 1 made no progress");
+        let seen_at = log.ended_ms(3);
+        let hang = Found {
+            rank: Some(1),
+            suspect: Some(1),
+            fault_ms: Some(seen_at - 2000),
+            ..Found::of("hang", "rank 1 made no progress".into())
+        };
+        log.found(3, "h/n1", hang);
+        // The hang is then charged as a failure: the hang's finding stays.
+        log.found(3, "h/n1", Found::crash(1, "rank 1 failed"));
+        let entry = log.entry(10, 20);
+        let p = &entry["previous"];
+        assert_eq!(
+            (p["round"].as_u64(), p["kind"].as_str()),
+            (Some(3), Some("hang"))
+        );
+        let f = &p["found"];
+        assert_eq!(f["kind"], "hang");
+        assert_eq!(f["fault_ms"].as_u64(), Some(seen_at - 2000));
+        assert_eq!(f["detected_ms"].as_u64(), Some(seen_at));
+        assert!(f["decided_ms"].as_u64().unwrap() >= seen_at);
+        assert_eq!(
+            (entry["formed_ms"].as_u64(), entry["running_ms"].as_u64()),
+            (Some(10), Some(20))
+        );
+    }
+
+    #[test]
+    fn a_failure_a_loss_explained_is_recorded_as_the_loss() {
+        let mut log = Log::new();
+        log.ended(5, "crash", "a worker failed");
+        log.lost("1 member(s) of the round lost or leaving");
+        let entry = log.entry(0, 0);
+        assert_eq!(entry["previous"]["kind"], "lost");
+        assert!(entry["previous"]["found"].is_null());
+        // A second end of the same round (seen again) keeps the first time.
+        let first = log.ended_ms(5);
+        log.ended(5, "lost", "again");
+        assert_eq!(log.ended_ms(5), first);
+    }
 }
