@@ -22,10 +22,10 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPAN = re.compile(r"`([^`\n]+)`")
 # Code spans that look like test names but are not: other crates' paths, etcd's and the
-# lighthouse's metrics, wheel
+# lighthouse's and the exporter's metrics, wheel
 # platform tags.
 NOT_TEST_PATHS = {"rdzv", "std", "etcd_client", "tokio", "torch", "tonic"}
-NOT_TEST_WORDS = ("etcd_", "manylinux_", "musllinux_", "rdzv_lighthouse_")
+NOT_TEST_WORDS = ("etcd_", "manylinux_", "musllinux_", "rdzv_lighthouse_", "rdzv_job_")
 
 
 def expand(token):

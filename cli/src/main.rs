@@ -20,6 +20,7 @@
 //!   time;
 //! - `agent`: the elastic agent's state machine;
 //! - `ops`: the operator commands;
+//! - `exporter`: every run on one etcd as Prometheus series (`rdzv exporter`);
 //! - `lighthouse`: torchft's Lighthouse served from etcd (`rdzv lighthouse`).
 
 mod exit;
@@ -54,6 +55,8 @@ mod agent;
 
 mod ops;
 
+mod exporter;
+
 mod lighthouse;
 
 use args::Command;
@@ -80,6 +83,7 @@ fn main() {
         Command::Purge(args) => block_on(ops::purge(args)),
         Command::Drain(args) => block_on(ops::drain(args)),
         Command::Lighthouse(args) => block_on_one_thread(lighthouse::serve(*args)),
+        Command::Exporter(args) => block_on(exporter::serve(args)),
     };
     std::process::exit(code.code());
 }

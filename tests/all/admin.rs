@@ -302,3 +302,43 @@ fn purge_refuses_while_a_node_is_alive_and_deletes_what_a_crash_left() {
     assert!(matches!(rt.block_on(a.purge(true)).unwrap(), Purge::Deleted(n) if n >= 1));
     drop(node);
 }
+
+#[test]
+fn every_run_on_one_etcd_is_listed_and_read_on_one_connection() {
+    let etcd = Etcd::start();
+    let rt = runtime();
+    // Run ids that need escaping come back as they were; another key prefix is not listed.
+    let runs = ["job/a", "job b", "job-c"];
+    let urls: Vec<String> = runs
+        .iter()
+        .map(|run| {
+            let url = etcd.url("x", "min_nodes=1&max_nodes=1");
+            let at = url.rfind('/').unwrap() + 1;
+            let end = url[at..].find('?').map_or(url.len(), |q| at + q);
+            let escaped: String = run.replace('/', "%2F").replace(' ', "%20");
+            format!("{}{escaped}{}", &url[..at], &url[end..])
+        })
+        .collect();
+    let nodes: Vec<BlockingRendezvous> = urls.iter().map(|u| formed(u, 1).remove(0)).collect();
+    let elsewhere = etcd.url("other", "min_nodes=1&max_nodes=1&key_prefix=/elsewhere");
+    let _other = formed(&elsewhere, 1);
+    let a = admin(&rt, &urls[0]);
+    let mut listed = rt.block_on(a.runs(100)).unwrap();
+    listed.sort();
+    let mut want: Vec<String> = runs.iter().map(|r| r.to_string()).collect();
+    want.sort();
+    assert_eq!(listed, want);
+    assert_eq!(
+        rt.block_on(a.runs(2)).unwrap().len(),
+        2,
+        "at most the limit"
+    );
+    for (run, node) in runs.iter().zip(&nodes) {
+        let s = rt.block_on(a.for_run(run).unwrap().status()).unwrap();
+        assert_eq!(s.run_id, *run);
+        let sealed = s.sealed.expect("its round is sealed");
+        assert_eq!(sealed.members[0].node, node.node_id());
+    }
+    let bad = a.for_run("").err().expect("an empty run id is refused");
+    assert_eq!(bad.kind(), ErrorKind::InvalidArgument, "{bad:?}");
+}

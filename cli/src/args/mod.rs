@@ -22,7 +22,7 @@ use crate::exit::{Exit, Usage};
 use crate::output;
 use clap::{Parser, Subcommand};
 use lighthouse::LighthouseArgs;
-use ops::{CloseArgs, DrainArgs, PurgeArgs, StatusArgs};
+use ops::{CloseArgs, DrainArgs, ExporterArgs, PurgeArgs, StatusArgs};
 use run::RunArgs;
 use values::Shell;
 
@@ -83,6 +83,13 @@ pub enum Command {
             torchft's managers reach it as TORCHFT_LIGHTHOUSE=http://HOST:29510."
     )]
     Lighthouse(Box<LighthouseArgs>),
+    /// Serve every run on one etcd as Prometheus series (for a scheduler's dashboards): nodes,
+    /// rounds, waiting and lost nodes, incidents and effective training time, by run_id.
+    #[command(
+        args_override_self = true,
+        after_help = "Example:\n  rdzv exporter --etcd etcd:2379 --port 9401"
+    )]
+    Exporter(ExporterArgs),
 }
 
 /// The command line of this process. Help and version go out as clap writes them (exit 0);
@@ -119,7 +126,9 @@ where
     use clap::{CommandFactory, FromArgMatches};
     let matches = Cli::command().try_get_matches_from(argv)?;
     if let Some((name, sub)) = matches.subcommand() {
-        if name != "run" && name != "lighthouse" && ops::NamedRun::url_and_endpoint_flag(sub) {
+        if !matches!(name, "run" | "lighthouse" | "exporter")
+            && ops::NamedRun::url_and_endpoint_flag(sub)
+        {
             return Err(Cli::command().error(
                 clap::error::ErrorKind::ArgumentConflict,
                 "the argument '[URL]' cannot be used with '--rdzv-endpoint <HOST:PORT>'",
@@ -409,7 +418,7 @@ mod tests {
                 Command::Close(a) => &a.run,
                 Command::Purge(a) => &a.run,
                 Command::Drain(a) => &a.run,
-                Command::Run(_) | Command::Lighthouse(_) => unreachable!(),
+                Command::Run(_) | Command::Lighthouse(_) | Command::Exporter(_) => unreachable!(),
             };
             run.url().map_err(|e| e.0)
         };

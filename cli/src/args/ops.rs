@@ -72,3 +72,21 @@ pub struct DrainArgs {
     /// The node's id, as `rdzv status` lists it (and its launcher prints when it joins).
     pub node_id: String,
 }
+
+#[derive(Args, Debug)]
+pub struct ExporterArgs {
+    /// The etcd: HOST:PORT[,HOST:PORT...] (optionally http:// or https://).
+    #[arg(long, value_name = "ENDPOINTS")]
+    pub etcd: String,
+    /// The key prefix the jobs use (their URLs' key_prefix).
+    #[arg(long, default_value = "/rdzv", value_name = "PREFIX")]
+    pub key_prefix: String,
+    /// The port to serve /metrics on, on every address (0: any free port; the port served is
+    /// printed).
+    #[arg(long, value_name = "PORT")]
+    pub port: u16,
+    /// At most this many runs are read per scrape.
+    #[arg(long, default_value = "1000", value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_runs: u32,
+}

@@ -315,3 +315,79 @@ fn metrics_port_serves_openmetrics_that_prometheus_scrapes() {
     assert_eq!(running["value"][1], "2", "{running}");
     l.terminate();
 }
+
+#[test]
+fn rdzv_exporter_serves_every_run_on_one_etcd_to_prometheus() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    let worker = s.worker();
+    let urls: Vec<String> = (0..2)
+        .map(|_| etcd.url("exported", &format!("min_nodes=1&max_nodes=1&{FAST}")))
+        .collect();
+    let mut jobs: Vec<_> = urls
+        .iter()
+        .map(|url| {
+            let mut l = rdzv(&["run", "--rdzv", url, &worker, "hold"]);
+            l.start(30);
+            l
+        })
+        .collect();
+    let runs: Vec<String> = urls
+        .iter()
+        .map(|u| crate::common::node::run_of(u))
+        .collect();
+    let mut exporter = rdzv(&["exporter", "--etcd", &etcd.endpoint(), "--port", "0"]);
+    let said = exporter.wait_line(10, |l| l.contains("serving every run on "));
+    let port: u16 = said
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {said:?}"));
+    let page = |want: &dyn Fn(&str) -> bool| -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let (head, text) = http_get(port, "/metrics");
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{text}");
+            if want(&text) {
+                return text;
+            }
+            assert!(std::time::Instant::now() < deadline, "not yet:\n{text}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let series = |text: &str, name: &str, run: &str| -> Option<f64> {
+        let head = format!("{name}{{run_id=\"{run}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&head))?;
+        line.rsplit(' ').next()?.parse().ok()
+    };
+    let text = page(&|t| {
+        runs.iter()
+            .all(|r| series(t, "rdzv_job_members_alive", r) == Some(1.0))
+    });
+    for run in &runs {
+        assert_eq!(series(&text, "rdzv_job_members", run), Some(1.0), "{text}");
+        assert_eq!(series(&text, "rdzv_job_closed", run), Some(0.0), "{text}");
+        assert_eq!(
+            series(&text, "rdzv_job_nodes_waiting", run),
+            Some(0.0),
+            "{text}"
+        );
+    }
+    assert!(text.contains("rdzv_exporter_runs 2"), "{text}");
+    // A real scraper reads the page, every job's series labelled by its run.
+    let prometheus = Prometheus::start(&s.dir, port);
+    let up = prometheus.sample("up");
+    assert_eq!(up["value"][1], "1", "the target is up: {up}");
+    let alive = prometheus.sample(&format!("rdzv_job_members_alive{{run_id=\"{}\"}}", runs[1]));
+    assert_eq!(alive["value"][1], "1", "{alive}");
+    // A job closed by an operator shows as closed at the next scrape.
+    crate::support::op_ok(&["close", &urls[0]]);
+    jobs[0].exits_with(0, 30);
+    page(&|t| {
+        series(t, "rdzv_job_closed", &runs[0]) == Some(1.0)
+            || series(t, "rdzv_job_members", &runs[0]).is_none()
+    });
+    jobs[1].terminate();
+    exporter.crash();
+}

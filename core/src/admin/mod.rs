@@ -1,7 +1,8 @@
 //! Operator access to a run, without joining it: what state it is in (`status`), every change
 //! as it happens (`watch`), closing it (`close`), deleting what it left in etcd (`purge`), and
-//! announcing that a node will leave (`drain`). A scheduler reaches the same calls through
-//! the C ABI (`rdzv_admin_*`) and every binding.
+//! announcing that a node will leave (`drain`); and every run on one etcd (`runs`, `for_run`),
+//! for a scheduler's view of all its jobs. A scheduler reaches the same calls but `runs`
+//! through the C ABI (`rdzv_admin_*`) and every binding.
 //!
 //! The key layout stays private to the library (`backend::keys`); this module is the one
 //! public way to read it, so tools such as `rdzv status` never parse etcd keys themselves.
@@ -10,6 +11,8 @@
 //!
 //! A status is read at one etcd revision (the first read fixes it, the others read at it), so
 //! it is a consistent snapshot even while rounds form.
+
+mod runs;
 
 mod view;
 

@@ -46,6 +46,23 @@ pub fn escape_run_id(run_id: &str) -> String {
     out
 }
 
+/// The run id `escape_run_id` made `escaped` from; None if `escaped` is not one it makes.
+pub fn unescape_run_id(escaped: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(escaped.len());
+    let mut bytes = escaped.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'%' => {
+                let hex = [bytes.next()?, bytes.next()?];
+                out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+            }
+            b if is_plain(b) => out.push(b),
+            _ => return None,
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// Where the run's notes are in the run's store (a key of that store, as its user writes it).
 pub const RUN_NOTES: &str = "notes/";
 
@@ -182,6 +199,15 @@ impl Keys {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_escaped_run_id_is_read_back_as_it_was() {
+        for run in ["job-42", "a/b", "100%", ".hidden", "ünï", "x y"] {
+            assert_eq!(unescape_run_id(&escape_run_id(run)).as_deref(), Some(run));
+        }
+        assert_eq!(unescape_run_id("bad/slash"), None);
+        assert_eq!(unescape_run_id("%G0"), None);
+    }
+
     use super::*;
 
     #[test]

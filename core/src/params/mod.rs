@@ -362,6 +362,14 @@ impl Params {
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }
+    /// These parameters for run `run_id` instead (`Admin::for_run`).
+    pub(crate) fn with_run_id(&self, run_id: &str) -> Result<Params> {
+        let mut params = self.clone();
+        params.run_id = run_id.to_string();
+        params.validate()?;
+        Ok(params)
+    }
+
     /// The run id: every node of one job uses the same.
     pub fn run_id(&self) -> &str {
         &self.run_id
