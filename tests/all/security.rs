@@ -12,6 +12,11 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 use tls::{EtcdWith, Pki};
 
+/// A connect that must succeed gets this long (seconds): with users, each connect
+/// authenticates (a bcrypt hash in etcd), and on 2 cores busy with the test command's other
+/// lanes three such connects once took more than 3 s.
+const OK_CONNECT: u32 = 30;
+
 /// Every failing connect here uses connect_timeout=3; it must give up within this.
 const FAIL_BOUND: Duration = Duration::from_secs(6);
 
@@ -296,7 +301,7 @@ fn is_permission_denied(result: Result<impl std::fmt::Debug, etcd_client::Error>
 fn auth_user_forms_a_round_in_its_own_prefix() {
     let etcd = etcd_with_users();
     let url = format!(
-        "etcd://{}/job-a?username=alice&password={ALICE_PASSWORD}&min_nodes=2&max_nodes=2&connect_timeout=3&join_timeout=20",
+        "etcd://{}/job-a?username=alice&password={ALICE_PASSWORD}&min_nodes=2&max_nodes=2&connect_timeout={OK_CONNECT}&join_timeout=20",
         etcd.endpoint()
     );
     two_nodes_share_a_store(&url);
@@ -370,7 +375,7 @@ fn auth_other_jobs_user_cannot_touch_this_run() {
     let etcd = etcd_with_users();
     // alice runs job-a; it stays running (handle alive) while bob tries to interfere.
     let url_a = format!(
-        "etcd://{}/job-a?username=alice&password={ALICE_PASSWORD}&connect_timeout=3",
+        "etcd://{}/job-a?username=alice&password={ALICE_PASSWORD}&connect_timeout={OK_CONNECT}",
         etcd.endpoint()
     );
     let alice = BlockingRendezvous::new(Params::from_url(&url_a).unwrap()).unwrap();
@@ -436,7 +441,7 @@ fn an_observer_needs_only_read_access_and_close_purge_drain_need_write_access() 
     let etcd = etcd_with_users();
     let run = |user: &str, password: &str| {
         format!(
-            "etcd://{}/job-a?username={user}&password={password}&min_nodes=2&max_nodes=2&connect_timeout=3&join_timeout=20",
+            "etcd://{}/job-a?username={user}&password={password}&min_nodes=2&max_nodes=2&connect_timeout={OK_CONNECT}&join_timeout=20",
             etcd.endpoint()
         )
     };
