@@ -387,10 +387,12 @@ fn a_hang_is_recorded_from_the_suspects_last_step() {
     );
     near("fault (the last step)", ms("fault_ms"), last_step, rec);
     near("detected", ms("detect_ms"), declared - last_step, rec);
-    // Nobody waits out a bound of the hang protocol (the evidence's is 3 s): the finder once
-    // waited for its own evidence, which it never shares.
+    // Nobody waits out a bound of the hang protocol: the finder once waited for its own
+    // evidence, which it never shares, until 3 s after the detection (the evidence's bound and
+    // the gathering's); without that wait the next round comes 0.1 s after it on a quiet
+    // machine, and 1.7 s with three other lanes of these tests beside it.
     assert!(
-        ms("reform_ms") - ms("detect_ms") < 1500,
+        ms("reform_ms") - ms("detect_ms") < 2900,
         "the next round waited out a bound: {rec:#}"
     );
     near(

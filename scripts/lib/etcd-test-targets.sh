@@ -2,14 +2,15 @@
 # etcd_test_targets: the cargo test targets that start etcd (those using the test harness crate,
 # rdzv-test-support), by name, one per line: tests/all (every integration area), the logging
 # programs and the `rdzv` command's. The framework suites (PyTorch, JAX, Lightning and
-# DeepSpeed) are left out: they need their environments and run once, on the newest etcd. So are the launcher's monitors
-# (cli/tests/hangs.rs): they reach etcd only through the round's and the run's stores, which
-# tests/all runs on every version.
+# DeepSpeed) are left out: they need their environments and run once, on the newest etcd. So
+# are the launcher's monitors and incident records (cli/tests/hangs.rs, incidents.rs): they
+# reach etcd only through the round's and the run's stores, which tests/all runs on every
+# version; and four lanes of their timed faults at once on 2 cores measure the load, not rdzv.
 etcd_test_targets() {
   local target
   for target in tests/all/main.rs tests/*.rs cli/tests/*.rs; do
     case "$target" in
-      cli/tests/launcher_torch.rs | cli/tests/launcher_jax.rs | cli/tests/launcher_torch_frameworks.rs | cli/tests/hangs.rs | cli/tests/at_rest.rs) continue ;;
+      cli/tests/launcher_torch.rs | cli/tests/launcher_jax.rs | cli/tests/launcher_torch_frameworks.rs | cli/tests/hangs.rs | cli/tests/incidents.rs | cli/tests/at_rest.rs) continue ;;
       tests/all/main.rs) echo all ;;
       *) if grep -q '^use rdzv_test_support' "$target"; then basename "$target" .rs; fi ;;
     esac
