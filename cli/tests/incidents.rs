@@ -165,6 +165,26 @@ fn first_step(l: &mut Launcher, attempt: i64, secs: u64) -> i64 {
     )
 }
 
+/// When every node's next "round formed" line arrived, and the latest first step of `attempt`
+/// among their workers. Every node's line is read first: each is timed as it is read, and the
+/// nodes form together.
+fn recovered(nodes: &mut [Launcher], attempt: i64) -> (i64, i64) {
+    let reformed = nodes.iter_mut().map(|l| formed(l, 30).0).max().unwrap();
+    let stepping = nodes
+        .iter_mut()
+        .map(|l| first_step(l, attempt, 30))
+        .max()
+        .unwrap();
+    (reformed, stepping)
+}
+
+/// A record's time or duration, in milliseconds.
+fn ms(rec: &Value, key: &str) -> i64 {
+    rec[key]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no {key} in {rec:#}"))
+}
+
 fn near(what: &str, record: i64, outside: i64, record_json: &Value) {
     eprintln!("{what}: the record {record} ms, from outside {outside} ms");
     assert!(
@@ -198,33 +218,27 @@ fn a_crash_is_recorded_with_the_durations_measured_from_outside() {
         &nodes[crashing].wait_line(30, |l| l.contains("CRASH ")),
         "t",
     );
-    // Every node's line first (each is timed as it is read: the nodes form together), then
-    // the workers' stamps.
-    let reformed = nodes.iter_mut().map(|l| formed(l, 30).0).max().unwrap();
-    let stepping = nodes
-        .iter_mut()
-        .map(|l| first_step(l, 1, 30))
-        .max()
-        .unwrap();
+    let (reformed, stepping) = recovered(&mut nodes, 1);
     let status = job.status_with_records(1, 20);
     let rec = &status["incidents"]["records"][0];
     assert_eq!(rec["kind"], "crash", "{rec:#}");
     assert_eq!(rec["rank"], 1, "{rec:#}");
-    let ms = |key: &str| {
-        rec[key]
-            .as_i64()
-            .unwrap_or_else(|| panic!("no {key} in {rec:#}"))
-    };
-    near("fault", ms("fault_ms"), crash, rec);
-    near("to the new round", ms("reform_ms"), reformed - crash, rec);
+    near("fault", ms(rec, "fault_ms"), crash, rec);
+    near(
+        "to the new round",
+        ms(rec, "reform_ms"),
+        reformed - crash,
+        rec,
+    );
     near(
         "to every rank stepping",
-        ms("first_step_ms"),
+        ms(rec, "first_step_ms"),
         stepping - crash,
         rec,
     );
     assert!(
-        ms("detect_ms") <= ms("decide_ms") && ms("decide_ms") <= ms("reform_ms"),
+        ms(rec, "detect_ms") <= ms(rec, "decide_ms")
+            && ms(rec, "decide_ms") <= ms(rec, "reform_ms"),
         "{rec:#}"
     );
 
@@ -304,35 +318,30 @@ fn a_node_killed_whole_is_recorded_as_lost_with_its_eviction() {
     let stepping = first_step(&mut survivor, 0, 30);
     let status = job.status_with_records(1, 20);
     let rec = &status["incidents"]["records"][0];
-    let ms = |key: &str| {
-        rec[key]
-            .as_i64()
-            .unwrap_or_else(|| panic!("no {key} in {rec:#}"))
-    };
     assert_eq!(rec["kind"], "lost", "{rec:#}");
     assert_eq!(rec["node"], victim_id.as_str(), "{rec:#}");
     assert!(rec["evicted_by"].is_string(), "{rec:#}");
     // The fault is its last answer to a probe: at most one probe period (200 ms) before the
     // kill.
-    let fault = ms("fault_ms");
+    let fault = ms(rec, "fault_ms");
     assert!(
         fault <= killed + AGREE_MS && fault >= killed - 200 - AGREE_MS,
         "killed at {killed}: {rec:#}"
     );
     near(
         "new round, from the kill",
-        ms("reformed_ms") - killed,
+        ms(rec, "reformed_ms") - killed,
         reformed - killed,
         rec,
     );
     near(
         "stepping, from the kill",
-        ms("stepping_ms") - killed,
+        ms(rec, "stepping_ms") - killed,
         stepping - killed,
         rec,
     );
     assert!(
-        ms("decide_ms") <= 2000,
+        ms(rec, "decide_ms") <= 2000,
         "evicted within the 2 s of DESIGN: {rec:#}"
     );
     let table = Command::new(RDZV)
@@ -366,44 +375,34 @@ fn a_hang_is_recorded_from_the_suspects_last_step() {
     // The launcher that finds the hang (the hung worker's) says so as it declares it.
     hung.wait_line(30, |x| x.contains("hang: rank 1 "));
     let declared = wall_ms();
-    let reformed = nodes.iter_mut().map(|l| formed(l, 30).0).max().unwrap();
-    let stepping = nodes
-        .iter_mut()
-        .map(|l| first_step(l, 1, 30))
-        .max()
-        .unwrap();
+    let (reformed, stepping) = recovered(&mut nodes, 1);
     let status = job.status_with_records(1, 20);
     let rec = &status["incidents"]["records"][0];
-    let ms = |key: &str| {
-        rec[key]
-            .as_i64()
-            .unwrap_or_else(|| panic!("no {key} in {rec:#}"))
-    };
     assert_eq!(rec["kind"], "hang", "{rec:#}");
     assert_eq!(
         (&rec["rank"], &rec["suspect"]),
         (&1.into(), &1.into()),
         "{rec:#}"
     );
-    near("fault (the last step)", ms("fault_ms"), last_step, rec);
-    near("detected", ms("detect_ms"), declared - last_step, rec);
+    near("fault (the last step)", ms(rec, "fault_ms"), last_step, rec);
+    near("detected", ms(rec, "detect_ms"), declared - last_step, rec);
     // Nobody waits out a bound of the hang protocol: the finder once waited for its own
     // evidence, which it never shares, until 3 s after the detection (the evidence's bound and
     // the gathering's); without that wait the next round comes 0.1 s after it on a quiet
     // machine, and 1.7 s with three other lanes of these tests beside it.
     assert!(
-        ms("reform_ms") - ms("detect_ms") < 2900,
+        ms(rec, "reform_ms") - ms(rec, "detect_ms") < 2900,
         "the next round waited out a bound: {rec:#}"
     );
     near(
         "to the new round",
-        ms("reform_ms"),
+        ms(rec, "reform_ms"),
         reformed - last_step,
         rec,
     );
     near(
         "to every rank stepping",
-        ms("first_step_ms"),
+        ms(rec, "first_step_ms"),
         stepping - last_step,
         rec,
     );
