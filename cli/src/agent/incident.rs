@@ -33,13 +33,12 @@ pub(super) struct Found {
     pub why: String,
     pub rank: Option<u32>,
     pub suspect: Option<u32>,
-    /// None: when the round's end was seen here (`Log::ended`).
+    /// None: when the round's end was seen here (`Log::ended`). It is decided when found.
     pub fault_ms: Option<u64>,
-    pub decided_ms: Option<u64>,
 }
 
 impl Found {
-    /// A fault of `kind` whose time is when it was seen, decided now.
+    /// A fault of `kind` whose time is when it was seen.
     pub fn of(kind: &'static str, why: String) -> Found {
         Found {
             kind,
@@ -47,7 +46,6 @@ impl Found {
             rank: None,
             suspect: None,
             fault_ms: None,
-            decided_ms: None,
         }
     }
 
@@ -133,7 +131,7 @@ impl Log {
         e.kind = f.kind;
         e.found = Some(json!({"kind": f.kind, "why": f.why, "rank": f.rank,
             "suspect": f.suspect, "node": who, "fault_ms": f.fault_ms.unwrap_or(e.at_ms),
-            "detected_ms": e.at_ms, "decided_ms": f.decided_ms.unwrap_or_else(wall_ms)}));
+            "detected_ms": e.at_ms, "decided_ms": wall_ms()}));
     }
 
     /// The round's end was a member's loss after all (a worker failed for it).
