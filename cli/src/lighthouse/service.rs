@@ -14,10 +14,10 @@ use super::proto::lighthouse_service_client::LighthouseServiceClient;
 use super::proto::lighthouse_service_server::LighthouseService;
 use super::proto::{
     LighthouseHeartbeatRequest, LighthouseHeartbeatResponse, LighthouseQuorumRequest,
-    LighthouseQuorumResponse,
+    LighthouseQuorumResponse, Quorum,
 };
 use rdzv::election::Election;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -42,6 +42,9 @@ const EVICT_AGAIN: Duration = Duration::from_secs(2);
 /// How long a heartbeat waits for a leader before it fails.
 const HEARTBEAT_PATIENCE: Duration = Duration::from_secs(2);
 
+/// How many of the leaders' answers a forwarding lighthouse remembers (see `Answers`).
+const ANSWERS_KEPT: usize = 64;
+
 /// Where calls go: this process's own state while it leads, else the address etcd publishes.
 #[derive(Clone, Default)]
 pub struct Routing {
@@ -62,6 +65,7 @@ pub struct Lighthouse {
     /// The last leader address evicted, and when: one eviction per dead leader, however many
     /// calls found it gone.
     evicted: Arc<std::sync::Mutex<Option<(String, tokio::time::Instant)>>>,
+    answers: Arc<std::sync::Mutex<Answers>>,
     /// What `/metrics` shows.
     pub metrics: Arc<super::metrics::Metrics>,
 }
@@ -88,6 +92,7 @@ impl Lighthouse {
             election,
             clients: Arc::default(),
             evicted: Arc::default(),
+            answers: Arc::default(),
         }
     }
 
@@ -157,6 +162,22 @@ impl Lighthouse {
         Ok(client)
     }
 
+    fn answers(&self) -> std::sync::MutexGuard<'_, Answers> {
+        self.answers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The answer to a call whose quorum a leader handed out before it died (`Answers`).
+    fn answered_before(&self, quorum: Quorum) -> Response<LighthouseQuorumResponse> {
+        self.metrics.forwarded_quorums.inc();
+        crate::output::say(format_args!(
+            "lighthouse: quorum {} was handed out by a leader that died before answering              every member: given to the rest as it was",
+            quorum.quorum_id
+        ));
+        Response::new(LighthouseQuorumResponse {
+            quorum: Some(quorum),
+        })
+    }
+
     /// One call's view of the routing: what it sees now is marked seen, so the waits below
     /// return on the next change (a clone has seen only what the original saw: nothing since
     /// this service was made).
@@ -164,6 +185,43 @@ impl Lighthouse {
         let mut routes = self.routing.clone();
         routes.borrow_and_update();
         routes
+    }
+}
+
+/// The quorums the leaders handed out through this lighthouse, newest last. A leader hands a
+/// quorum to every member at once, but its answers leave one by one: killed between two, it
+/// answered one member and not another, and a new leader asked again knows nothing of a
+/// quorum whose members did not change (it is not written to etcd). A member whose call
+/// failed is given the quorum it was in, if another call forwarded here brought it back from
+/// that leader after this call was sent; otherwise the two would train in different quorums
+/// for a step (one with the old members, one without the member that was already answered).
+#[derive(Default)]
+struct Answers(VecDeque<(String, tokio::time::Instant, Quorum)>);
+
+impl Answers {
+    fn keep(&mut self, leader: &str, quorum: Quorum) {
+        if self.0.len() == ANSWERS_KEPT {
+            self.0.pop_front();
+        }
+        self.0
+            .push_back((leader.to_string(), tokio::time::Instant::now(), quorum));
+    }
+
+    /// The newest quorum one of `leaders` handed out after `since` that has `replica_id` in it.
+    fn for_member(
+        &self,
+        leaders: &[String],
+        since: tokio::time::Instant,
+        replica_id: &str,
+    ) -> Option<Quorum> {
+        self.0
+            .iter()
+            .rev()
+            .take_while(|(_, at, _)| *at >= since)
+            .find(|(from, _, q)| {
+                leaders.contains(from) && q.participants.iter().any(|p| p.replica_id == replica_id)
+            })
+            .map(|(_, _, q)| q.clone())
     }
 }
 
@@ -235,7 +293,18 @@ impl LighthouseService for Lighthouse {
         // Ends when the caller's deadline (grpc-timeout) does: tonic drops this future.
         let mut routes = self.routes();
         let mut pause = FIRST_PAUSE;
+        let id = member.replica_id.as_str();
+        // The leaders this call was forwarded to, and when it first was (see `Answers`).
+        let mut asked: Vec<String> = vec![];
+        let mut first_sent = None;
         loop {
+            // Looked at again before each new ask: another call's answer from a leader that
+            // died may be read only after this call saw the connection fail.
+            if let Some(since) = first_sent {
+                if let Some(q) = self.answers().for_member(&asked, since, id) {
+                    return Ok(self.answered_before(q));
+                }
+            }
             let routing = look(&mut routes);
             match self.route(&routing, was_forwarded)? {
                 Route::Local(leader) => match leader.quorum(member.clone()).await {
@@ -256,13 +325,23 @@ impl LighthouseService for Lighthouse {
                     // A leader that changes under the call (the old one paused or cut off,
                     // its lease expired) leaves the call hanging: ask the new one instead. A
                     // repeated ask is harmless (the same member asks again).
+                    let since = *first_sent.get_or_insert_with(tokio::time::Instant::now);
+                    if !asked.contains(&addr) {
+                        asked.push(addr.clone());
+                    }
                     tokio::select! {
                         answer = client.quorum(marked(req.clone())) => match answer {
                             Ok(resp) => {
                                 self.metrics.forwarded_quorums.inc();
+                                if let Some(q) = &resp.get_ref().quorum {
+                                    self.answers().keep(&addr, q.clone());
+                                }
                                 return Ok(resp);
                             }
                             Err(s) if transient(&s) => {
+                                if let Some(q) = self.answers().for_member(&asked, since, id) {
+                                    return Ok(self.answered_before(q));
+                                }
                                 let wait = self.leader_failed(&addr, &s, &mut pause).await;
                                 wait_change(&mut routes, wait).await;
                             }

@@ -15,6 +15,7 @@ mod proto {
 
 mod failover;
 mod harness;
+mod torn;
 
 use common::Etcd;
 use harness::{
