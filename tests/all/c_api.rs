@@ -193,7 +193,9 @@ fn c_program_is_clean_under_valgrind() {
         // Valgrind runs the program's threads one at a time, tens of times slower: on a busy
         // machine three nodes' connect, lease grant and registration took more than the
         // default 10 s (each node failed with "did not answer register alive in time").
-        .env("RDZV_TEST_URL_OPTIONS", "&connect_timeout=120")
+        // The same for the leases: a keep-alive due every third of the 10 s TTL came late
+        // enough beside the test command's other lanes that etcd expired a node's lease.
+        .env("RDZV_TEST_URL_OPTIONS", "&connect_timeout=120&lease_ttl=60")
         // The same slowness for the program's own bounds on how long a cancel takes: the plain
         // run above holds them as they are.
         .env("RDZV_TEST_TIME_SCALE", "10")

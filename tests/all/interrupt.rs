@@ -298,6 +298,12 @@ fn next_wait(fault: Fault, when: When, trigger: Trigger) -> Ended {
         ),
     );
     let run = common::node::run_of(&url);
+    // The handle's own connect is not under test, and connect_timeout also bounds it: it is
+    // made on a connection opened with time to spare (a process shares one per etcd), so that
+    // a first answer slower than 1 s from an etcd beside the test command's other lanes does
+    // not fail it before the fault.
+    let patient = server.etcd().url("next-wait", "connect_timeout=30");
+    let _connection = BlockingAdmin::new(Params::from_url(&patient).unwrap()).unwrap();
     let node = Arc::new(BlockingRendezvous::new(Params::from_url(&url).unwrap()).unwrap());
     if when == When::Before {
         // The handle is made; etcd goes before `next` is called.
