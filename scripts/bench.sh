@@ -29,6 +29,10 @@
 #                                        0.7.0's ft_launcher (scripts/nvrx-env.sh) (--case
 #                                        launcher-killed, worker-killed, drained, failed,
 #                                        signal or hang: only those; signal alone: N = 1)
+#        scripts/bench.sh --recovery [--fault F] [--launcher L] [N ...]  a crash, a hang, a node
+#                                        killed and a node frozen to every surviving rank
+#                                        stepping again (N = 2), rdzv run (as is and in
+#                                        process) beside torchrun and ft_launcher
 #        scripts/bench.sh --frameworks [RUNS]  JAX, Lightning and DeepSpeed on 2 nodes x 2
 #                                        processes under rdzv run and torchrun: launch to the
 #                                        first collective, and recovery after a SIGKILLed node
@@ -119,6 +123,17 @@ if [ "${1:-}" = "--launcher" ]; then
     export RDZV_NVRX_UNAVAILABLE
   fi
   "$target/release/bench_launcher" "$endpoint" "$@"
+elif [ "${1:-}" = "--recovery" ]; then
+  shift
+  cargo build --release --quiet -p rdzv-c -p rdzv-cli -p rdzv-bench --lib --bin rdzv --bin bench_recovery
+  RDZV_TORCH_PYTHON=$(scripts/torch-env.sh)
+  export RDZV_TORCH_PYTHON
+  if RDZV_NVRX_PYTHON=$(scripts/nvrx-env.sh 2>"$target/nvrx-env.log"); then
+    export RDZV_NVRX_PYTHON
+  else
+    echo "no ft_launcher: scripts/nvrx-env.sh failed: $(tail -n 1 "$target/nvrx-env.log")" >&2
+  fi
+  "$target/release/bench_recovery" "$endpoint" "$@"
 elif [ "${1:-}" = "--frameworks" ]; then
   shift
   cargo build --release --quiet -p rdzv-c -p rdzv-cli -p rdzv-bench --lib --bin rdzv --bin bench_frameworks

@@ -1,0 +1,629 @@
+//! Recovery benchmark: from a fault to every surviving rank stepping again, launchers side by
+//! side in one run. A job of N nodes x 2 workers on a local etcd (`--nnodes=N-1:N`), DDP on
+//! CPU through gloo, a step of about 50 ms (`benches/workers/recovery_worker.py`). Faults:
+//!
+//! - *crash*: the job's last rank exits 1 at its 20th step;
+//! - *hang*: the last rank stops stepping at its 20th step (its peers block in the next
+//!   all_reduce); the monitoring launchers' hang timeout is 5 s;
+//! - *node killed*: every process of the last rank's node SIGKILLed at once (the launcher and
+//!   every process it started: its watchdog, its workers), as a machine that loses its power;
+//! - *node frozen*: the same processes SIGSTOPped for `FREEZE`, longer than any detection here;
+//!   the survivors must have re-formed without it before it resumes.
+//!
+//! The fault's wall-clock time is the worker's stamp (crash, hang) or the benchmark's own
+//! (node). The end: each rank of the next world (2N after a crash or a hang, 2(N-1) after a
+//! node's loss) has taken a first step in a process group formed after the fault; the time is
+//! the last of those first steps (each a worker's stamp). For `rdzv run`, the split comes from
+//! the job's incident record (`rdzv status --json`, docs/EVENTS.md "Incidents"): detect (fault
+//! to detection), decide (to the decision), re-form (to the new round), restart (to every
+//! worker running: leaving the function in process, or a new process's imports), first step (to
+//! every rank stepping: the process group and DDP again, one step).
+//!
+//! Launchers: `rdzv run` as it is by default, `rdzv run --in-process-restart`, torchrun with
+//! its c10d backend (torch 2.15) and, where an environment with nvidia-resiliency-ext exists
+//! (`RDZV_NVRX_PYTHON`), NVRx 0.7.0's `ft_launcher` with its heartbeat timeout of 5 s. Every
+//! launcher gets `--monitor-interval=0.1`, `--max-restarts=3`, a last call of 1 s and the
+//! library's defaults otherwise (`lease_ttl` 10 s).
+//!
+//! Run with `scripts/bench.sh --recovery [--fault NAME] [--launcher NAME] [N ...]` (faults
+//! `crash`, `hang`, `node-killed`, `node-frozen`; launchers `rdzv`, `rdzv-in-process`,
+//! `torchrun`, `ft_launcher`; N = 2 by default). `BENCH_RECOVERY_RUNS` runs per row (3).
+
+use rdzv_bench::stats::median_or_none;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long a job gets to take its first steps (N = 8 imports torch in 16 processes on the
+/// machine's cores).
+const LAUNCH_LIMIT: Duration = Duration::from_secs(180);
+/// How long the job gets from the fault to every rank stepping again.
+const LIMIT: Duration = Duration::from_secs(60);
+/// How long a frozen node stays frozen.
+const FREEZE: Duration = Duration::from_secs(20);
+/// The steps the job takes before a node's fault (the worker's own faults come at step 20).
+const STEADY: Duration = Duration::from_secs(1);
+const HANG_TIMEOUT: u64 = 5;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Rdzv,
+    RdzvInProcess,
+    TorchrunC10d,
+    FtLauncher,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Rdzv => "`rdzv run`",
+            Kind::RdzvInProcess => "`rdzv run --in-process-restart`",
+            Kind::TorchrunC10d => "torchrun c10d",
+            Kind::FtLauncher => "`ft_launcher`",
+        }
+    }
+    fn named(name: &str) -> Option<Kind> {
+        Some(match name {
+            "rdzv" => Kind::Rdzv,
+            "rdzv-in-process" => Kind::RdzvInProcess,
+            "torchrun" => Kind::TorchrunC10d,
+            "ft_launcher" => Kind::FtLauncher,
+            _ => return None,
+        })
+    }
+    fn is_rdzv(self) -> bool {
+        matches!(self, Kind::Rdzv | Kind::RdzvInProcess)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fault {
+    Crash,
+    Hang,
+    NodeKilled,
+    NodeFrozen,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Crash => "crash",
+            Fault::Hang => "hang",
+            Fault::NodeKilled => "node killed",
+            Fault::NodeFrozen => "node frozen",
+        }
+    }
+    fn named(name: &str) -> Option<Fault> {
+        Some(match name {
+            "crash" => Fault::Crash,
+            "hang" => Fault::Hang,
+            "node-killed" => Fault::NodeKilled,
+            "node-frozen" => Fault::NodeFrozen,
+            _ => return None,
+        })
+    }
+    fn of_a_node(self) -> bool {
+        matches!(self, Fault::NodeKilled | Fault::NodeFrozen)
+    }
+}
+
+/// What the benchmark needs from the machine.
+struct Setup {
+    endpoint: String,
+    torch: PathBuf,
+    nvrx: Option<PathBuf>,
+}
+
+/// One job: its directory (the workers' files, each node's output), its launchers.
+struct Job {
+    dir: PathBuf,
+    run: String,
+    url: String,
+    launchers: Vec<Child>,
+    frozen: Vec<i32>,
+}
+
+fn rdzv_binary() -> PathBuf {
+    std::env::current_exe().unwrap().with_file_name("rdzv")
+}
+
+fn worker() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/workers/recovery_worker.py")
+}
+
+fn wall() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn node_command(
+    kind: Kind,
+    fault: Fault,
+    setup: &Setup,
+    job: &Job,
+    n: usize,
+    i: usize,
+    c10d: u16,
+) -> Command {
+    let python = match kind {
+        Kind::FtLauncher => setup.nvrx.clone().expect("NVRx python"),
+        _ => setup.torch.clone(),
+    };
+    let nnodes = format!("--nnodes={}:{n}", n - 1);
+    let common = [
+        "--nproc-per-node=2",
+        "--max-restarts=3",
+        "--monitor-interval=0.1",
+    ];
+    let mut c = match kind {
+        Kind::Rdzv | Kind::RdzvInProcess => {
+            let mut c = Command::new(rdzv_binary());
+            c.args(["run", "--rdzv", &job.url])
+                .args(common)
+                .arg(format!("--hang-timeout={HANG_TIMEOUT}"));
+            if kind == Kind::RdzvInProcess {
+                c.arg("--in-process-restart");
+            }
+            c.arg(&python);
+            c
+        }
+        Kind::TorchrunC10d | Kind::FtLauncher => {
+            let mut c = Command::new(&python);
+            let module = match kind {
+                Kind::TorchrunC10d => "torch.distributed.run",
+                _ => "nvidia_resiliency_ext.fault_tolerance.launcher",
+            };
+            c.args(["-m", module, &nnodes, "--rdzv-backend=c10d"])
+                .arg(format!("--rdzv-endpoint=127.0.0.1:{c10d}"))
+                .arg(format!("--rdzv-id={}", job.run))
+                .arg("--rdzv-conf=last_call_timeout=1")
+                .args(common)
+                .arg("--local-addr=127.0.0.1");
+            if kind == Kind::FtLauncher {
+                c.arg(format!("--ft-rank-heartbeat-timeout={HANG_TIMEOUT}"))
+                    .arg("--ft-initial-rank-heartbeat-timeout=null")
+                    .arg("--ft-workload-check-interval=0.1");
+                // Two launchers of a round on one host: a simulation, as here.
+                c.env("NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE", "1");
+            } else {
+                // torch 2.15's shared agent store keeps a late node out (BENCHMARKS history).
+                c.env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1");
+            }
+            c.arg("--no-python").arg(&python);
+            c
+        }
+    };
+    let progress = match kind {
+        Kind::Rdzv | Kind::RdzvInProcess => "rdzv",
+        Kind::FtLauncher => "nvrx",
+        Kind::TorchrunC10d => "none",
+    };
+    let fault_name = match fault {
+        Fault::Crash => "crash",
+        Fault::Hang => "hang",
+        _ => "none",
+    };
+    c.arg(worker())
+        .env("RECOVERY_DIR", &job.dir)
+        .env("RECOVERY_NODE", i.to_string())
+        .env("RECOVERY_FAULT", fault_name)
+        .env("RECOVERY_FAULT_RANK", (2 * n - 1).to_string())
+        .env("RECOVERY_PROGRESS", progress)
+        .env(
+            "RECOVERY_IN_PROCESS",
+            if kind == Kind::RdzvInProcess {
+                "1"
+            } else {
+                "0"
+            },
+        )
+        .env("RDZV_LIBRARY", rdzv_binary().with_file_name("librdzv.so"))
+        .env(
+            "PYTHONPATH",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../bindings/python"),
+        );
+    c
+}
+
+/// A first step a worker wrote: (node, rank, world, wall-clock time).
+fn first_steps(dir: &Path) -> Vec<(usize, u64, u64, f64)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return vec![];
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let node = name
+                .strip_prefix("first-")?
+                .split('-')
+                .next()?
+                .parse()
+                .ok()?;
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(e.path()).ok()?).ok()?;
+            Some((
+                node,
+                v["rank"].as_u64()?,
+                v["world"].as_u64()?,
+                v["t"].as_f64()?,
+            ))
+        })
+        .collect()
+}
+
+/// The pids node `node`'s workers wrote.
+fn worker_pids(dir: &Path, node: usize) -> Vec<i32> {
+    let prefix = format!("pid-{node}-");
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .strip_prefix(&prefix)?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// The moment every rank of a world of `world` took a first step after `after` (the last of
+/// those steps), if they all did.
+fn stepping(dir: &Path, world: u64, after: f64) -> Option<f64> {
+    let mut by_rank: BTreeMap<u64, f64> = BTreeMap::new();
+    for (_, rank, w, t) in first_steps(dir) {
+        if w == world && t > after {
+            let at = by_rank.entry(rank).or_insert(t);
+            *at = at.min(t);
+        }
+    }
+    (by_rank.len() as u64 == world).then(|| by_rank.values().cloned().fold(0.0, f64::max))
+}
+
+/// Polls every 10 ms until `ready` gives a value or `limit` passes.
+fn poll<T>(limit: Duration, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(v) = ready() {
+            return Some(v);
+        }
+        if Instant::now() > until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Every process descended from `root` (the launcher's workers, its watchdog: whatever runs in
+/// a session of its own), read from /proc.
+fn descendants(root: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // pid (comm) state ppid ...: comm may hold spaces, so read after its ')'.
+            let ppid = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parents
+                .iter()
+                .filter(|&&(_, pp)| pp == parent)
+                .map(|&(p, _)| p),
+        );
+        i += 1;
+    }
+    found
+}
+
+/// Sends `sig` to every process of node `node` at once: the launcher's tree, and the workers
+/// it started (by their pid files, should one have left the tree); returns the pids.
+fn signal_node(job: &Job, node: usize, sig: i32) -> Vec<i32> {
+    let mut pids = descendants(job.launchers[node].id() as i32);
+    for p in worker_pids(&job.dir, node) {
+        if !pids.contains(&p) {
+            pids.push(p);
+        }
+    }
+    for &p in &pids {
+        // SAFETY: a plain syscall on processes this benchmark started.
+        unsafe { libc::kill(p, sig) };
+    }
+    pids
+}
+
+/// The split of `rdzv run`'s incident record for the fault at `fault` (wall seconds):
+/// detect, decide, re-form, restart, first step, in ms.
+fn split(url: &str, fault: f64) -> Option<[Option<f64>; 5]> {
+    let record = poll(Duration::from_secs(15), || {
+        let out = Command::new(rdzv_binary())
+            .args(["status", "--json", url])
+            .output()
+            .ok()?;
+        let status: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let records = status["incidents"]["records"].as_array()?.clone();
+        records.into_iter().find(|r| {
+            let from = r["fault_ms"].as_f64().or(r["detected_ms"].as_f64());
+            r["stepping_ms"].is_u64() && from.is_some_and(|f| f / 1e3 > fault - 1.0)
+        })
+    })?;
+    let at = |k: &str| record[k].as_f64();
+    let from = at("fault_ms").or(at("detected_ms"))?;
+    let moments = [
+        "detected_ms",
+        "decided_ms",
+        "reformed_ms",
+        "running_ms",
+        "stepping_ms",
+    ];
+    let mut last = from;
+    Some(moments.map(|k| {
+        let t = at(k)?;
+        let d = t - last;
+        last = t;
+        Some(d)
+    }))
+}
+
+/// One run: the time from the fault to every surviving rank stepping (None: not within the
+/// limit), and the incident record's split for `rdzv run`.
+fn one_run(
+    kind: Kind,
+    fault: Fault,
+    setup: &Setup,
+    n: usize,
+    seq: usize,
+) -> (Option<f64>, Option<[Option<f64>; 5]>) {
+    let run = format!("recovery-{}-{seq}", std::process::id());
+    let dir = std::env::temp_dir().join(&run);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut job = Job {
+        url: format!(
+            "etcd://{}/{run}?min_nodes={}&max_nodes={n}&last_call_timeout=1",
+            setup.endpoint,
+            n - 1
+        ),
+        dir,
+        run,
+        launchers: vec![],
+        frozen: vec![],
+    };
+    let c10d = free_port();
+    for i in 0..n {
+        if i == 1 && !kind.is_rdzv() {
+            // The c10d store lives on the node that binds its port first: node 0, never the
+            // victim (the last rank's node is chosen below, and node 0 is skipped).
+            poll(LAUNCH_LIMIT, || {
+                std::net::TcpStream::connect(("127.0.0.1", c10d)).ok()
+            });
+        }
+        let log = std::fs::File::create(job.dir.join(format!("node-{i}.log"))).unwrap();
+        let child = node_command(kind, fault, setup, &job, n, i, c10d)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting a launcher");
+        job.launchers.push(child);
+    }
+    let world = 2 * n as u64;
+    let outcome = match poll(LAUNCH_LIMIT, || stepping(&job.dir, world, 0.0)) {
+        None => {
+            eprintln!(
+                "{} {} N={n}: the job did not start; see {}",
+                kind.name(),
+                fault.name(),
+                job.dir.display()
+            );
+            (None, None)
+        }
+        Some(_) => measure(kind, fault, &mut job, n),
+    };
+    end(&mut job);
+    if outcome.0.is_some() && std::env::var_os("BENCH_RECOVERY_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&job.dir);
+    }
+    outcome
+}
+
+fn measure(
+    kind: Kind,
+    fault: Fault,
+    job: &mut Job,
+    n: usize,
+) -> (Option<f64>, Option<[Option<f64>; 5]>) {
+    let world = 2 * n as u64;
+    let (at, next_world) = if fault.of_a_node() {
+        std::thread::sleep(STEADY); // steps of a running job, then the fault
+        let last_rank = first_steps(&job.dir)
+            .into_iter()
+            .find(|&(_, rank, w, _)| rank == world - 1 && w == world)
+            .map(|(node, ..)| node)
+            .filter(|&node| node != 0 || kind.is_rdzv())
+            .unwrap_or(n - 1);
+        let sig = if fault == Fault::NodeKilled {
+            libc::SIGKILL
+        } else {
+            libc::SIGSTOP
+        };
+        let at = wall();
+        let pids = signal_node(job, last_rank, sig);
+        if fault == Fault::NodeFrozen {
+            job.frozen = pids;
+        }
+        (at, world - 2)
+    } else {
+        let stamp = job.dir.join("fault");
+        let read = || -> Option<f64> {
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(&stamp).ok()?).ok()?;
+            v["t"].as_f64()
+        };
+        match poll(Duration::from_secs(30), read) {
+            Some(at) => (at, world),
+            None => return (None, None),
+        }
+    };
+    let limit = if fault == Fault::NodeFrozen {
+        FREEZE
+    } else {
+        LIMIT
+    };
+    let left = limit.saturating_sub(Duration::from_secs_f64((wall() - at).max(0.0)));
+    let total = poll(left, || stepping(&job.dir, next_world, at)).map(|t| (t - at) * 1e3);
+    let split = (total.is_some() && kind.is_rdzv())
+        .then(|| split(&job.url, at))
+        .flatten();
+    (total, split)
+}
+
+/// Ends the job: its workers told to return, then every process of it killed.
+fn end(job: &mut Job) {
+    let _ = std::fs::write(job.dir.join("done"), "");
+    for &p in &job.frozen {
+        unsafe { libc::kill(p, libc::SIGCONT) };
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    for l in &mut job.launchers {
+        while Instant::now() < until && matches!(l.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    for i in 0..job.launchers.len() {
+        signal_node(job, i, libc::SIGKILL);
+        let _ = job.launchers[i].wait();
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("—".into(), |d| format!("{:.0}", d))
+}
+
+fn main() {
+    const USAGE: &str = "usage: bench_recovery HOST:PORT [--fault NAME] [--launcher NAME] [N ...]";
+    let mut args = std::env::args().skip(1);
+    let endpoint = args.next().expect(USAGE);
+    let (mut faults, mut kinds, mut sizes) = (vec![], vec![], vec![]);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--fault" => faults.push(
+                args.next()
+                    .and_then(|f| Fault::named(&f))
+                    .expect("--fault: crash, hang, node-killed or node-frozen"),
+            ),
+            "--launcher" => kinds.push(
+                args.next()
+                    .and_then(|k| Kind::named(&k))
+                    .expect("--launcher: rdzv, rdzv-in-process, torchrun or ft_launcher"),
+            ),
+            n => sizes.push(n.parse::<usize>().ok().filter(|&n| n >= 2).expect(USAGE)),
+        }
+    }
+    if faults.is_empty() {
+        faults = vec![
+            Fault::Crash,
+            Fault::Hang,
+            Fault::NodeKilled,
+            Fault::NodeFrozen,
+        ];
+    }
+    let nvrx = std::env::var_os("RDZV_NVRX_PYTHON").map(PathBuf::from);
+    if kinds.is_empty() {
+        kinds = vec![Kind::Rdzv, Kind::RdzvInProcess, Kind::TorchrunC10d];
+        match &nvrx {
+            Some(_) => kinds.push(Kind::FtLauncher),
+            None => eprintln!("no ft_launcher: RDZV_NVRX_PYTHON is not set (scripts/nvrx-env.sh)"),
+        }
+    }
+    if sizes.is_empty() {
+        sizes = vec![2];
+    }
+    let setup = Setup {
+        endpoint,
+        torch: PathBuf::from(std::env::var_os("RDZV_TORCH_PYTHON").expect("RDZV_TORCH_PYTHON")),
+        nvrx,
+    };
+    let runs: usize = std::env::var("BENCH_RECOVERY_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    println!("| N | fault | launcher | every rank stepping | recovered | detect | decide | re-form | restart | first step |");
+    println!("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut seq = 0;
+    for &n in &sizes {
+        for &fault in &faults {
+            for &kind in &kinds {
+                let mut totals = vec![];
+                let mut splits = vec![];
+                for _ in 0..runs {
+                    seq += 1;
+                    let (total, split) = one_run(kind, fault, &setup, n, seq);
+                    eprintln!("{} {} N={n}: {}", kind.name(), fault.name(), ms(total));
+                    totals.push(total.map(|t| Duration::from_secs_f64(t / 1e3)));
+                    splits.extend(split);
+                    if total.is_none() {
+                        break; // one run shows a launcher that does not recover
+                    }
+                }
+                let runs = totals.len();
+                let recovered = totals.iter().filter(|t| t.is_some()).count();
+                let total = match median_or_none(totals) {
+                    Some(t) => format!("**{:.0} ms**", t.as_secs_f64() * 1e3),
+                    None if fault == Fault::NodeFrozen => {
+                        format!("not before it resumed ({} s)", FREEZE.as_secs())
+                    }
+                    None => format!("none in {} s", LIMIT.as_secs()),
+                };
+                let part = |i: usize| {
+                    let v: Vec<Option<Duration>> = splits
+                        .iter()
+                        .map(|s: &[Option<f64>; 5]| {
+                            s[i].map(|d| Duration::from_secs_f64(d.max(0.0) / 1e3))
+                        })
+                        .collect();
+                    match v.is_empty() {
+                        true => "".to_string(),
+                        false => ms(median_or_none(v).map(|d| d.as_secs_f64() * 1e3)),
+                    }
+                };
+                println!(
+                    "| {n} | {} | {} | {total} | {recovered}/{runs} | {} | {} | {} | {} | {} |",
+                    fault.name(),
+                    kind.name(),
+                    part(0),
+                    part(1),
+                    part(2),
+                    part(3),
+                    part(4)
+                );
+            }
+        }
+    }
+}
