@@ -67,9 +67,17 @@ impl Watched {
         let Some(reader) = &self.reader else {
             return Read::NotYet;
         };
-        let read = reader.read();
-        match &read {
+        let mut read = reader.read();
+        match &mut read {
             Read::Page(s) => {
+                // A worker kept in its process for this round (`--in-process-restart`) shows
+                // the last round's progress: that is none in this one, so it is watched as a
+                // new worker is, from its first heartbeat here (its process group's init can
+                // wait longer than the hang timeout for a peer that starts again).
+                if s.since_event.is_some_and(|ago| ago > self.started.elapsed()) {
+                    s.since_event = None;
+                    s.since_beat = None;
+                }
                 if let Some(ago) = s.since_event {
                     let at = Instant::now().checked_sub(ago).unwrap_or(self.started);
                     let mut last = self.last_progress.lock().unwrap_or_else(|e| e.into_inner());

@@ -194,3 +194,72 @@ fn a_failed_worker_alone_is_started_again_and_the_others_stay_in_their_processes
         a.output()
     );
 }
+
+/// A worker that beats every 50 ms while the world is smaller than `want`; in a world of
+/// `want`, it first takes 3 s without a beat (as a process group's init waits for a peer that
+/// imports torch, or a first checkpoint), then beats for half a second and returns.
+const BEATING: &str = r#"
+import os, sys, time
+import rdzv
+import rdzv.inprocess as ip
+
+want = int(sys.argv[1])
+
+def train():
+    e = os.environ
+    print(f"START rank={e['RANK']} world={e['WORLD_SIZE']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} master={e['MASTER_ADDR']}:{e['MASTER_PORT']} pid={os.getpid()}", flush=True)
+    while int(e["WORLD_SIZE"]) < want:
+        ip.check()
+        rdzv.heartbeat()
+        time.sleep(0.05)
+    time.sleep(3)
+    for _ in range(10):
+        rdzv.heartbeat()
+        time.sleep(0.05)
+
+ip.run(train)
+"#;
+
+#[test]
+fn a_kept_worker_is_not_held_to_the_hang_timeout_before_it_beats_in_the_new_round() {
+    // Its page shows the last round's beats: counted from them, the 3 s before its first beat
+    // in the new round passed the 2 s timeout, and the healthy worker was called hung.
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    std::fs::write(s.path("train.py"), BEATING).unwrap();
+    let train = s.path("train.py").display().to_string();
+    let url = etcd.url(
+        "in-process-hang",
+        &format!("min_nodes=1&max_nodes=2&{FAST}"),
+    );
+    let env = python_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let node = || {
+        let args = [
+            "run",
+            "--rdzv",
+            &url,
+            "--in-process-restart",
+            "--hang-timeout=2",
+            &train,
+            "2",
+        ];
+        rdzv_env(&args, &env)
+    };
+    let mut a = node();
+    let first = a.start(30);
+    assert_eq!(num(&first, "world"), 1, "{}", a.output());
+    let mut b = node();
+    let again = a.start(30);
+    b.start(30);
+    assert_eq!(num(&again, "world"), 2, "{}", a.output());
+    assert_eq!(
+        pid(&again),
+        pid(&first),
+        "kept in its process: {}",
+        a.output()
+    );
+    a.exits_with(0, 30);
+    b.exits_with(0, 30);
+    assert!(!a.said("made no progress"), "no hang: {}", a.output());
+}
