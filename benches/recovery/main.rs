@@ -161,7 +161,12 @@ fn node_command(
         Kind::FtLauncher => setup.nvrx.clone().expect("NVRx python"),
         _ => setup.torch.clone(),
     };
-    let nnodes = format!("--nnodes={}:{n}", n - 1);
+    // ft_launcher's barrier forms a round of whichever nodes are there at once (no last call
+    // while its snapshot is unstable): its jobs are N:N, or the first node trains alone.
+    let nnodes = match kind {
+        Kind::FtLauncher => format!("--nnodes={n}:{n}"),
+        _ => format!("--nnodes={}:{n}", n - 1),
+    };
     let common = [
         "--nproc-per-node=2",
         "--max-restarts=3",
@@ -352,9 +357,16 @@ fn signal_node(job: &Job, node: usize, sig: i32) -> Vec<i32> {
             pids.push(p);
         }
     }
+    // All stopped first, then signalled: a SIGKILL sent to one process after another would
+    // let the watchdog see its launcher die and release the node before its own arrived.
     for &p in &pids {
-        // SAFETY: a plain syscall on processes this benchmark started.
-        unsafe { libc::kill(p, sig) };
+        // SAFETY: plain syscalls on processes this benchmark started.
+        unsafe { libc::kill(p, libc::SIGSTOP) };
+    }
+    if sig != libc::SIGSTOP {
+        for &p in &pids {
+            unsafe { libc::kill(p, sig) };
+        }
     }
     pids
 }
@@ -580,6 +592,15 @@ fn main() {
     for &n in &sizes {
         for &fault in &faults {
             for &kind in &kinds {
+                if kind == Kind::FtLauncher && fault.of_a_node() {
+                    // An N:N job (above) has no node to re-form without.
+                    println!(
+                        "| {n} | {} | {} | not run: its job is N:N | | | | | | |",
+                        fault.name(),
+                        kind.name()
+                    );
+                    continue;
+                }
                 let mut totals = vec![];
                 let mut splits = vec![];
                 for _ in 0..runs {
