@@ -79,6 +79,7 @@ case "${1:-}" in
     git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/src-copy"
     edit Cargo.toml $'[package]\nname = "rdzv-c"\n' $'[package]\nname = "rdzv_abi_mutant"\n'
     edit Cargo.toml $'name = "rdzv"\ncrate-type' $'name = "rdzv_abi_mutant"\ncrate-type'
+    edit Cargo.toml $'[profile.dev.package.rdzv-c]\n' $'[profile.dev.package.rdzv_abi_mutant]\n'
     edit Cargo.toml $'\nmembers = [".", "core", "cli", "tests", "tests/common", "benches"]\ndefault-members = [".", "core", "cli", "tests", "tests/common"]\n' $'\nmembers = [".", "core"]\n'
   }
   # Edits a file of the copy: python replace, which must match exactly once.
