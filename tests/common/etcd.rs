@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub struct Etcd {
     child: Option<Child>,
@@ -394,10 +394,41 @@ impl Etcd {
 
     /// Sends `signal` to the etcd process (SIGSTOP freezes it: requests hang, as with a server
     /// that stopped answering; SIGCONT resumes it).
+    /// Sends `signal` to etcd. A SIGSTOP returns once every thread of etcd is stopped: kill()
+    /// returns before that, and a thread running on another core answered a request sent
+    /// just after it (the Go binding's frozen-etcd test got an answer 10 ms later).
     pub fn signal(&self, signal: i32) {
         let child = self.child.as_ref().expect("etcd is running");
-        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let pid = child.id();
+        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+        if signal == libc::SIGSTOP {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !all_threads_stopped(pid) {
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd {pid} not stopped 10 s after SIGSTOP"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
+}
+
+/// Whether every thread of `pid` is stopped (state `T` or `t` in /proc/PID/task/*/stat).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            // pid (comm) state ...: comm may hold spaces, so read after its ')'.
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            matches!(state, Some("T") | Some("t"))
+        })
+    })
 }
 
 impl Drop for Etcd {
