@@ -393,10 +393,10 @@ impl Etcd {
     }
 
     /// Sends `signal` to the etcd process (SIGSTOP freezes it: requests hang, as with a server
-    /// that stopped answering; SIGCONT resumes it).
-    /// Sends `signal` to etcd. A SIGSTOP returns once every thread of etcd is stopped: kill()
-    /// returns before that, and a thread running on another core answered a request sent
-    /// just after it (the Go binding's frozen-etcd test got an answer 10 ms later).
+    /// that stopped answering; SIGCONT resumes it). A SIGSTOP returns once every thread of etcd
+    /// is stopped: kill() returns before that, and a thread running on another core answered a
+    /// request sent just after it (the Go binding's frozen-etcd test got an answer 10 ms
+    /// later).
     pub fn signal(&self, signal: i32) {
         let child = self.child.as_ref().expect("etcd is running");
         let pid = child.id();

@@ -170,7 +170,8 @@ impl Lighthouse {
     fn answered_before(&self, quorum: Quorum) -> Response<LighthouseQuorumResponse> {
         self.metrics.forwarded_quorums.inc();
         crate::output::say(format_args!(
-            "lighthouse: quorum {} was handed out by a leader that died before answering              every member: given to the rest as it was",
+            "lighthouse: quorum {} was handed out by a leader that died before answering \
+             every member: given to the rest as it was",
             quorum.quorum_id
         ));
         Response::new(LighthouseQuorumResponse {
