@@ -1,12 +1,14 @@
 //! Recovery benchmark: from a fault to every surviving rank stepping again, launchers side by
-//! side in one run. A job of N nodes x 2 workers on a local etcd (`--nnodes=N-1:N`), DDP on
-//! CPU through gloo, a step of about 50 ms (`benches/workers/recovery_worker.py`). Faults:
+//! side in one run. A job of N nodes x 2 workers on a local etcd (`--nnodes=N-1:N`; N:N for
+//! `ft_launcher`, below), DDP on CPU through gloo, a step of about 50 ms
+//! (`benches/workers/recovery_worker.py`). Faults:
 //!
 //! - *crash*: the job's last rank exits 1 at its 20th step;
 //! - *hang*: the last rank stops stepping at its 20th step (its peers block in the next
 //!   all_reduce); the monitoring launchers' hang timeout is 5 s;
-//! - *node killed*: every process of the last rank's node SIGKILLed at once (the launcher and
-//!   every process it started: its watchdog, its workers), as a machine that loses its power;
+//! - *node killed*: every process of the last rank's node (the launcher and every process it
+//!   started: its watchdog, its workers) SIGKILLed at once, as a machine that loses its power:
+//!   all stopped first, so that none sees another die; the c10d store's node (0) is spared;
 //! - *node frozen*: the same processes SIGSTOPped for `FREEZE`, longer than any detection here;
 //!   the survivors must have re-formed without it before it resumes.
 //!
@@ -16,18 +18,23 @@
 //! the last of those first steps (each a worker's stamp). For `rdzv run`, the split comes from
 //! the job's incident record (`rdzv status --json`, docs/EVENTS.md "Incidents"): detect (fault
 //! to detection), decide (to the decision), re-form (to the new round), restart (to every
-//! worker running: leaving the function in process, or a new process's imports), first step (to
-//! every rank stepping: the process group and DDP again, one step).
+//! worker running: a new process started, or a kept one handed the round), first step (to
+//! every rank stepping: a new process's imports, the process group and DDP again, one step).
 //!
 //! Launchers: `rdzv run` as it is by default, `rdzv run --in-process-restart`, torchrun with
 //! its c10d backend (torch 2.15) and, where an environment with nvidia-resiliency-ext exists
 //! (`RDZV_NVRX_PYTHON`), NVRx 0.7.0's `ft_launcher` with its heartbeat timeout of 5 s. Every
 //! launcher gets `--monitor-interval=0.1`, `--max-restarts=3`, a last call of 1 s and the
-//! library's defaults otherwise (`lease_ttl` 10 s).
+//! library's defaults otherwise (`lease_ttl` 10 s). `ft_launcher`'s barrier forms a round of
+//! whichever nodes are there at once, so its jobs are N:N, and the node faults are not run
+//! for it (an N:N job has no node to re-form without).
 //!
 //! Run with `scripts/bench.sh --recovery [--fault NAME] [--launcher NAME] [N ...]` (faults
 //! `crash`, `hang`, `node-killed`, `node-frozen`; launchers `rdzv`, `rdzv-in-process`,
-//! `torchrun`, `ft_launcher`; N = 2 by default). `BENCH_RECOVERY_RUNS` runs per row (3).
+//! `torchrun`, `ft_launcher`; N = 2 by default). `BENCH_RECOVERY_RUNS` runs per row (3); a
+//! row stops at its first run that does not recover. `BENCH_RECOVERY_KEEP=1` keeps every run's
+//! directory (the workers' files, each node's output); a run that did not recover keeps it
+//! anyway.
 
 use rdzv_bench::stats::median_or_none;
 use serde_json::Value;
