@@ -158,7 +158,7 @@ frameworks() {
   if [ "${RDZV_SKIP_TORCH:-0}" != 1 ]; then
     suite "python binding with PyTorch (real torchrun), and DDP under rdzv run" bash -c \
       'python=$(scripts/torch-env.sh) && t=bindings/python/tests &&
-       RDZV_LIBRARY="$1" "$python" -m pytest -q $t/test_torch.py $t/test_torchrun.py $t/test_torch_backend.py &&
+       RDZV_LIBRARY="$1" "$python" -m pytest -q $t/test_torch.py $t/test_torchrun.py $t/test_torch_backend.py $t/test_inprocess_torch.py &&
        RDZV_TORCH_PYTHON="$python" cargo test --quiet --test launcher_torch' _ "$lib/librdzv.so"
     suite "Lightning and DeepSpeed under rdzv run (Lightning as under torchrun)" bash -c \
       'python=$(scripts/torch-frameworks-env.sh) &&

@@ -18,15 +18,20 @@ round, instead of the worker being stopped and started again (``rdzv run
 When a round ends (a node lost or admitted, a worker of another node failed or hung), the
 launcher asks each healthy worker to leave: ``check()`` raises ``Restart``, and so does a
 collective that fails because its peer is gone. ``run`` catches it, tears down the default
-process group (``destroy_process_group``; NCCL's communicators are aborted first, from a
-thread of its own, so a collective blocked on a dead peer returns), tells the launcher, waits
-for the next round and calls the function again with that round's ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RESTART_COUNT`` in
-``os.environ``. What the function built (a model on the GPU, data loaders, compiled graphs)
-stays in the process for the next call to reuse. A worker that does not leave within the
-launcher's bound (``--in-process-timeout``: a gloo collective blocked on a peer that is cut
-off, not dead, returns only at its own timeout) is stopped and started again, as without the
-flag.
+process group (``destroy_process_group``), tells the launcher, waits for the next round and
+calls the function again with that round's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RESTART_COUNT`` in ``os.environ``. What
+the function built (a model on the GPU, data loaders, compiled graphs) stays in the process
+for the next call to reuse.
+
+A collective blocked on a peer is broken the moment the leave is asked, from a thread of the
+wrapper's own: NCCL's communicators are aborted, and the TCP connections the function opened
+(gloo's, which has no abort; a left gloo group also keeps them open until the process exits,
+and its peers would block on them) are shut down, so that the collective fails at once here
+and at every peer connected to it. Set ``RDZV_INPROCESS_SHUTDOWN_SOCKETS=0`` to keep them
+(a connection the function opens to a service of its own is shut down too). A worker that
+still does not leave within the launcher's bound (``--in-process-timeout``) is stopped and
+started again, as without the flag.
 
 An exception that is not ``Restart`` is the function's own failure, unless the launcher asks
 the worker to leave within ``RDZV_INPROCESS_GRACE`` seconds (3 by default) after it: a
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -100,6 +106,8 @@ _control: Optional[_Control] = None
 # The generation the function is running in; a leave of a later one ends it.
 _running = -1
 _restarts = 0
+# The sockets open when the function was last called: the ones it opens are its own.
+_sockets_before: frozenset = frozenset()
 
 
 def enabled() -> bool:
@@ -176,6 +184,61 @@ def _abort_nccl() -> None:
         pass
 
 
+def _open_sockets() -> Dict[int, str]:
+    """This process's sockets: fd to ``socket:[inode]``."""
+    found: Dict[int, str] = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if link.startswith("socket:"):
+            found[int(fd)] = link
+    return found
+
+
+def _shut_down_sockets() -> int:
+    """Shuts down the connected TCP sockets the function opened (gloo's connections among
+    them), so that a collective blocked on them fails here and at the peer; listening sockets
+    stay (gloo's listener aborts the process if its socket fails). Returns how many."""
+    if os.environ.get("RDZV_INPROCESS_SHUTDOWN_SOCKETS", "1") == "0":
+        return 0
+    dist = _torch_distributed()
+    if dist is None or not dist.is_initialized():
+        return 0  # no process group: nothing of torch's to break
+    shut = 0
+    for fd, link in _open_sockets().items():
+        if link in _sockets_before:
+            continue
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            # The fd may have been closed and reused since it was listed: the copy must be
+            # the same socket.
+            same = os.readlink(f"/proc/self/fd/{sock.fileno()}") == link
+            tcp = sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
+            if same and tcp and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
+                shut += 1
+        except OSError:
+            pass  # not connected, or already shut down
+        finally:
+            sock.close()  # the copy only: the owner's fd stays open
+    return shut
+
+
+def _abort() -> None:
+    """Breaks a collective blocked in the function's process group (from any thread)."""
+    _abort_nccl()
+    _shut_down_sockets()
+
+
 def _tear_down() -> None:
     dist = _torch_distributed()
     if dist is None or not dist.is_initialized():
@@ -187,10 +250,10 @@ def _tear_down() -> None:
 
 
 def _watch_for_leave(stop: threading.Event) -> None:
-    """Beside the function: on a leave, aborts NCCL so that a blocked collective returns."""
+    """Beside the function: on a leave, breaks a blocked collective (``_abort``)."""
     while not stop.wait(0.02):
         if _leave_asked():
-            _abort_nccl()
+            _abort()
             return
 
 
@@ -203,7 +266,7 @@ def _next_round(control: _Control) -> bool:
 def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Calls ``fn(*args, **kwargs)``, and again in each new round the launcher forms, until it
     returns; returns its value. See the module's documentation."""
-    global _running, _restarts
+    global _running, _restarts, _sockets_before
     control = _the_control()
     if control is None:
         return fn(*args, **kwargs)
@@ -212,6 +275,7 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         _wait(lambda: _next_round(control), None)
         _running = control.generation
         os.environ.update(control.env)
+        _sockets_before = frozenset(_open_sockets().values())
         stop = threading.Event()
         watcher = threading.Thread(target=_watch_for_leave, args=(stop,), daemon=True)
         watcher.start()
@@ -227,7 +291,7 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             )
         finally:
             stop.set()
-        _abort_nccl()
+        _abort()
         _tear_down()
         control.answer(control.generation)
         _restarts += 1
