@@ -33,9 +33,10 @@
 //! stops), `connect` (waiting for etcd at start), `failure` (what a failure costs, the
 //! launchers' failure protocol), `barrier` (the exit barrier), `etcd` and `fixed` (the two
 //! sources), `outcome_file` (`--outcome-file`); and parts of the agent itself: `record` (its
-//! events and metrics), `inprocess` (`--in-process-restart`), `stops` (stopping the group
-//! and the exit status of a stop), `watch` (what ends a running round beside its group),
-//! `incident` (how its rounds ended, for the job's incident records).
+//! events and metrics), `inprocess` (`--in-process-restart`), `hangs` (a hang found here or
+//! elsewhere), `stops` (stopping the group and the exit status of a stop), `watch` (what ends
+//! a running round beside its group), `incident` (how its rounds ended, for the job's incident
+//! records).
 
 mod signals;
 
@@ -57,6 +58,8 @@ mod record;
 
 mod inprocess;
 
+mod hangs;
+
 mod stops;
 
 mod watch;
@@ -74,7 +77,6 @@ use crate::monitor::hang::{self, HangMonitor, HangNotice, Hung, Learned};
 use crate::monitor::health::{self, Unhealthy};
 use crate::monitor::pages::{self, Watched};
 use crate::monitor::progress::NoProgress;
-use crate::monitor::respond::{self, Found};
 use crate::output::{self, say};
 use crate::ranks::NodeInfo;
 use crate::settings::rendezvous::Venue;
@@ -479,23 +481,18 @@ impl Agent {
                 next
             }
             Outcome::Event(Event::Hung(hung)) => {
-                let first = self
-                    .after_hang(source, &mut group, &watched, &round, hung, signals)
-                    .await?;
-                if !first {
-                    carried.failed = None;
-                    return Ok(());
-                }
-                self.after_failure(
-                    source, &mut group, &watched, &round, carried, false, signals,
-                )
-                .await
+                let (next, kept) = self
+                    .on_hang(source, &mut group, &watched, &round, hung, carried, signals)
+                    .await;
+                keep = kept;
+                next
             }
             Outcome::Event(Event::PeerHung(what)) => {
-                self.after_peer_hang(source, &mut group, &watched, &round, what, signals)
-                    .await?;
-                carried.failed = None;
-                Ok(())
+                let (next, kept) = self
+                    .on_peer_hang(source, &mut group, &watched, &round, what, carried, signals)
+                    .await;
+                keep = kept;
+                next
             }
             Outcome::Event(Event::Unhealthy(Unhealthy(why))) => {
                 self.rdzv_event(
@@ -568,72 +565,6 @@ impl Agent {
         if attempt != Learned::default() {
             self.learned = self.learned.smoothed(&attempt);
         }
-    }
-
-    /// A worker of this node hung: the finding side of the hang protocol (`monitor::respond`),
-    /// with this group killed once the evidence is taken; the failure then costs what a
-    /// failure costs. `Ok(false)`: another node found the hang first (a victim timed out here
-    /// too): this node answered it as a peer does and re-forms without spending a restart.
-    async fn after_hang<S: Source>(
-        &mut self,
-        source: &S,
-        group: &mut Group,
-        workers: &[Watched],
-        round: &Round,
-        hung: Hung,
-        signals: &mut Signals,
-    ) -> Result<bool, Exit> {
-        let host = hostname();
-        let place = place(source, round, &host);
-        let kill = self.stop_group(group, libc::SIGKILL, signals);
-        match respond::found(&place, workers, &hung, kill).await? {
-            Found::First(note) => {
-                let found =
-                    incident::Found::hang(&hung, &note, self.incidents.ended_ms(round.number));
-                self.incidents.found(round.number, &source.who(), found);
-                let json = note.to_json();
-                let parsed: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
-                self.rdzv_event(
-                    "rdzv.hang.found",
-                    serde_json::json!({"round": round.number, "note": parsed}),
-                );
-                source.note("hang", &json).await;
-                Ok(true)
-            }
-            Found::Second(first) => {
-                self.after_peer_hang(source, group, workers, round, first, signals)
-                    .await?;
-                Ok(false)
-            }
-        }
-    }
-
-    /// Another node found a hung worker: answers the launchers' failure protocol and the hang
-    /// protocol (`monitor::respond`), stops the workers and forms a new round (no restart
-    /// spent here: the detecting node spends it).
-    async fn after_peer_hang<S: Source>(
-        &mut self,
-        source: &S,
-        group: &mut Group,
-        workers: &[Watched],
-        round: &Round,
-        what: HangNotice,
-        signals: &mut Signals,
-    ) -> Result<(), Exit> {
-        self.rdzv_event(
-            "rdzv.hang.peer",
-            serde_json::json!({"round": round.number, "node": what.node, "host": what.host,
-                "rank": what.rank, "what": what.what}),
-        );
-        let host = hostname();
-        let place = place(source, round, &host);
-        if let Some(store) = place.store {
-            // The detecting node may have no restart left: it then asks whether a member was
-            // lost, and this node, off to the next round, would not be there to say no.
-            failure::answer(store, round.group_rank).await;
-        }
-        let kill = self.stop_group(group, libc::SIGKILL, signals);
-        respond::answer(&place, workers, &what, kill).await
     }
 
     /// This node's entry in the exchange.

@@ -344,6 +344,33 @@ impl Group {
         interrupted
     }
 
+    /// `--in-process-restart`, after a hang: SIGKILLs the worker of global rank `rank` alone
+    /// (its process group) and waits for its exit; the others keep running. The worker counts
+    /// as stopped by the launcher: its error file (the hang's) says why it failed.
+    pub async fn kill_worker(&mut self, rank: u32) {
+        self.collect_exits();
+        let Some(index) = self
+            .workers
+            .iter()
+            .position(|w| w.ranks.global_rank == rank && w.ended.is_none())
+        else {
+            return;
+        };
+        self.workers[index].stopped = true;
+        signal_group(self.workers[index].pid, libc::SIGKILL);
+        // Another worker may end meanwhile: its exit is taken as it comes. SIGKILL cannot be
+        // refused; the bound only guards against a kernel stuck in uninterruptible sleep.
+        let ended = async {
+            while self.workers[index].ended.is_none() {
+                if self.next_exit().await.is_none() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
+        self.workers[index].stopped = true;
+    }
+
     /// After the workers exited: kills whatever they left in their process groups and waits
     /// for their output to be written, as long as it moves (`PUMP_IDLE`). A fixed bound cut
     /// a 10 MB line short on a console that read it slowly: the launcher exited mid-write.

@@ -4,8 +4,9 @@
 //! stopped and started again once the bound passes.
 
 use crate::common::Etcd;
+use crate::launch::Launcher;
 use crate::launch::RDZV;
-use crate::support::{num, pid, rdzv_env, Scratch, WorkerLines, FAST};
+use crate::support::{num, pid, rdzv_env, Fields, Scratch, WorkerLines, FAST};
 use std::path::{Path, PathBuf};
 
 /// A worker whose training function prints its START line (as the shell worker's, with its
@@ -165,7 +166,7 @@ fn a_failed_worker_alone_is_started_again_and_the_others_stay_in_their_processes
     let first: Vec<_> = (0..2).map(|_| a.start(30)).collect();
     let second: Vec<_> = (0..2).map(|_| a.start(30)).collect();
     a.exits_with(0, 30);
-    let of = |starts: &[crate::support::Fields], local: u32| {
+    let of = |starts: &[Fields], local: u32| {
         starts
             .iter()
             .find(|f| num(f, "local") == local)
@@ -262,4 +263,101 @@ fn a_kept_worker_is_not_held_to_the_hang_timeout_before_it_beats_in_the_new_roun
     a.exits_with(0, 30);
     b.exits_with(0, 30);
     assert!(!a.said("made no progress"), "no hang: {}", a.output());
+}
+
+/// A worker that beats every 50 ms and returns after 10 beats in its second attempt; in the
+/// first, rank 1 stops beating after 5 (hung: alive, no progress).
+const HANG_ONE: &str = r#"
+import os, time
+import rdzv
+import rdzv.inprocess as ip
+
+def train():
+    e = os.environ
+    print(f"START rank={e['RANK']} local={e['LOCAL_RANK']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} pid={os.getpid()}", flush=True)
+    first = e["TORCHELASTIC_RESTART_COUNT"] == "0"
+    beats = 0
+    while not first or beats < 5 or e["RANK"] != "1":
+        ip.check()
+        rdzv.heartbeat()
+        beats += 1
+        if not first and beats == 10:
+            return
+        time.sleep(0.05)
+    while True:
+        time.sleep(1)
+
+ip.run(train)
+"#;
+
+#[test]
+fn a_hung_worker_alone_is_started_again_and_every_other_worker_stays_in_its_process() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    std::fs::write(s.path("hang_one.py"), HANG_ONE).unwrap();
+    let program = s.path("hang_one.py").display().to_string();
+    let url = etcd.url(
+        "in-process-hang-one",
+        &format!("min_nodes=2&max_nodes=2&{FAST}"),
+    );
+    let env = python_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let node = || {
+        let args = [
+            "run",
+            "--rdzv",
+            &url,
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            "--max-restarts=1",
+            "--hang-timeout=2",
+            "--in-process-restart",
+            &program,
+        ];
+        rdzv_env(&args, &env)
+    };
+    let (mut a, mut b) = (node(), node());
+    let starts = |n: &mut Launcher| -> Vec<Fields> { (0..2).map(|_| n.start(30)).collect() };
+    let (a1, b1) = (starts(&mut a), starts(&mut b));
+    let (a2, b2) = (starts(&mut a), starts(&mut b));
+    a.exits_with(0, 60);
+    b.exits_with(0, 60);
+    let by_rank =
+        |starts: &[Fields], rank: u32| starts.iter().find(|f| num(f, "rank") == rank).cloned();
+    let first: Vec<_> = a1.iter().chain(&b1).cloned().collect();
+    let second: Vec<_> = a2.iter().chain(&b2).cloned().collect();
+    let out = format!("{}\n---\n{}", a.output(), b.output());
+    for rank in 0..4 {
+        let (before, after) = (by_rank(&first, rank), by_rank(&second, rank));
+        let (before, after) = (
+            before.unwrap_or_else(|| panic!("no first START of rank {rank}: {out}")),
+            after.unwrap_or_else(|| panic!("no second START of rank {rank}: {out}")),
+        );
+        assert_eq!(num(&after, "restart"), 1, "{out}");
+        match rank {
+            1 => assert_ne!(
+                pid(&after),
+                pid(&before),
+                "the hung worker is a new process: {out}"
+            ),
+            _ => {
+                assert_eq!(
+                    pid(&after),
+                    pid(&before),
+                    "rank {rank} stayed in its process: {out}"
+                );
+                assert_eq!(num(&after, "again"), 1, "{out}");
+            }
+        }
+    }
+    let (finder, peer) = match a1.iter().any(|f| num(f, "rank") == 1) {
+        true => (&a, &b),
+        false => (&b, &a),
+    };
+    assert!(finder.said("hang:"), "the hang was found: {out}");
+    assert!(finder.said("only the failed worker starts again"), "{out}");
+    assert!(
+        peer.said("the workers left in"),
+        "the other node kept its workers: {out}"
+    );
 }
