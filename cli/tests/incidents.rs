@@ -303,14 +303,8 @@ fn a_node_killed_whole_is_recorded_as_lost_with_its_eviction() {
         first_step(l, 0, 30);
     }
     let mut victim = nodes.pop().unwrap();
+    let victim_id = node_id(&mut victim);
     let mut survivor = nodes.pop().unwrap();
-    let victim_id = victim
-        .lines_with("as node ")
-        .next()
-        .and_then(|l| l.split("as node ").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(str::to_string)
-        .expect("the victim's node id");
     let killed = wall_ms();
     victim.kill_node();
     let (reformed, _) = formed(&mut survivor, 30);
@@ -410,4 +404,88 @@ fn a_hang_is_recorded_from_the_suspects_last_step() {
     for l in &mut nodes {
         assert_eq!(l.exit(30).code(), Some(0), "{}", l.output());
     }
+}
+
+/// The node id `l` says it runs as (its "as node ID" line, waited for).
+fn node_id(l: &mut Launcher) -> String {
+    let line = l.wait_line(30, |l| l.contains("as node "));
+    line.split("as node ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no node id in {line:?}"))
+}
+
+/// Waits for `first` and `joining` to train together, and holds the job's record `index` to it:
+/// a node admitted. Returns `joining`'s node id.
+fn admitted(job: &Job, first: &mut Launcher, joining: &mut Launcher, index: usize) -> String {
+    let id = node_id(joining);
+    let reformed = formed(first, 30).0.max(formed(joining, 30).0);
+    // A change of members spends no restart: both workers are at attempt 0.
+    let stepping = first_step(first, 0, 30).max(first_step(joining, 0, 30));
+    let status = job.status_with_records(index + 1, 20);
+    let rec = &status["incidents"]["records"][index];
+    assert_eq!(rec["kind"], "admitted", "{rec:#}");
+    near("new round", ms(rec, "reformed_ms"), reformed, rec);
+    near("every rank stepping", ms(rec, "stepping_ms"), stepping, rec);
+    id
+}
+
+/// Waits for `first` to train alone after `left` ended with `code`, and holds the job's record
+/// `index` to it: `kind` on the node that left, `node_id`.
+fn left(
+    job: &Job,
+    first: &mut Launcher,
+    left: &mut Launcher,
+    node_id: &str,
+    code: i32,
+    kind: &str,
+    index: usize,
+) {
+    assert_eq!(left.exit(30).code(), Some(code), "{}", left.output());
+    let reformed = formed(first, 30).0;
+    let stepping = first_step(first, 0, 30);
+    let status = job.status_with_records(index + 1, 20);
+    let rec = &status["incidents"]["records"][index];
+    assert_eq!(rec["kind"], kind, "{rec:#}");
+    assert!(
+        rec["node"].as_str().is_some_and(|n| n.ends_with(node_id)),
+        "the node that left, {node_id}: {rec:#}"
+    );
+    near("new round", ms(rec, "reformed_ms"), reformed, rec);
+    near("every rank stepping", ms(rec, "stepping_ms"), stepping, rec);
+}
+
+/// The membership's incidents: a node admitted, a node that fails its health check (it drains
+/// itself), another admitted, and one drained by `rdzv drain`.
+#[test]
+fn nodes_admitted_drained_and_unhealthy_are_each_recorded() {
+    let etcd = Etcd::start();
+    let job = Job::new(
+        &etcd,
+        "members",
+        "min_nodes=1&max_nodes=2&last_call_timeout=1",
+    );
+    let mut first = job.node(0, &[], &[]);
+    formed(&mut first, 30);
+    first_step(&mut first, 0, 30);
+
+    let sick = job.dir.join("sick");
+    let check = format!("test ! -e {}", sick.display());
+    let health = ["--health-check", &check, "--health-check-interval", "0.2"];
+    let mut unhealthy = job.node(1, &health, &[]);
+    let id = admitted(&job, &mut first, &mut unhealthy, 0);
+    std::fs::write(&sick, b"").unwrap();
+    left(&job, &mut first, &mut unhealthy, &id, 1, "health", 1);
+
+    let mut drained = job.node(2, &[], &[]);
+    let id = admitted(&job, &mut first, &mut drained, 2);
+    let out = Command::new(RDZV)
+        .args(["drain", &job.url, &id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    left(&job, &mut first, &mut drained, &id, 0, "drained", 3);
+    job.done();
+    assert_eq!(first.exit(30).code(), Some(0), "{}", first.output());
 }
