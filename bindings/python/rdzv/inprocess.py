@@ -30,8 +30,8 @@ wrapper's own: NCCL's communicators are aborted, and the TCP connections the fun
 and its peers would block on them) are shut down, so that the collective fails at once here
 and at every peer connected to it. Set ``RDZV_INPROCESS_SHUTDOWN_SOCKETS=0`` to keep them
 (a connection the function opens to a service of its own is shut down too). A worker that
-still does not leave within the launcher's bound (``--in-process-timeout``) is stopped and
-started again, as without the flag.
+still does not leave within the launcher's bound (``--in-process-timeout``; 1 s after a hang)
+is stopped alone and started again; the others stay.
 
 An exception that is not ``Restart`` is the function's own failure, unless the launcher asks
 the worker to leave within ``RDZV_INPROCESS_GRACE`` seconds (3 by default) after it: a
@@ -284,11 +284,12 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         except Exception as e:
             if not isinstance(e, Restart) and not _wait(_leave_asked, _grace()):
                 raise
-            print(
-                f"rdzv.inprocess: leaving the training function for the next round ({type(e).__name__}: {e})",
-                file=sys.stderr,
-                flush=True,
+            # One write: two workers' lines on a shared stderr must not interleave.
+            sys.stderr.write(
+                "rdzv.inprocess: leaving the training function for the next round "
+                f"({type(e).__name__}: {e})\n"
             )
+            sys.stderr.flush()
         finally:
             stop.set()
         _abort()

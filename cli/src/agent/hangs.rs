@@ -11,6 +11,7 @@ use crate::monitor::hang::{HangNotice, Hung};
 use crate::monitor::pages::Watched;
 use crate::monitor::respond::{self, Found};
 use crate::workers::Group;
+use std::time::Duration;
 
 impl Agent {
     /// A worker of this node hung: the finding side of the protocol, then the failure costs
@@ -42,7 +43,7 @@ impl Agent {
         }
         // In process: the hung worker alone was killed; its peers here, whose collectives with
         // it have failed, leave their function as after a crash.
-        let kept = self.cfg.in_process.is_some() && self.leave_after_failure(group).await;
+        let kept = self.cfg.in_process.is_some() && self.leave_after_failure(group, true).await;
         let next = self
             .after_failure(source, group, workers, round, carried, kept, signals)
             .await;
@@ -88,7 +89,8 @@ impl Agent {
             return (Ok(()), false);
         }
         let why = format!("a hang elsewhere in round {}", round.number);
-        self.leave_in_process(group, &why, carried, signals).await
+        self.leave_in_process(group, &why, true, carried, signals)
+            .await
     }
 
     /// The finding side (`respond::found`), with the hung worker killed once the evidence is
@@ -108,7 +110,9 @@ impl Agent {
         let in_process = self.cfg.in_process.is_some();
         let kill = async {
             if in_process {
-                group.kill_worker(hung.global_rank).await;
+                group
+                    .stop_worker(hung.global_rank, libc::SIGKILL, Duration::ZERO)
+                    .await;
                 return Ok(());
             }
             self.stop_group(group, libc::SIGKILL, signals).await

@@ -473,7 +473,7 @@ impl Agent {
                 Err(source.exit_barrier(&round, timeout, signals).await)
             }
             Outcome::Failed => {
-                let kept = self.leave_after_failure(&mut group).await;
+                let kept = self.leave_after_failure(&mut group, false).await;
                 let next = self
                     .after_failure(source, &mut group, &watched, &round, carried, kept, signals)
                     .await;
@@ -518,7 +518,7 @@ impl Agent {
             Outcome::Event(Event::Stop(Stop::Changed(why))) if self.cfg.in_process.is_some() => {
                 self.record_change(&why, round.number);
                 let (next, kept) = self
-                    .leave_in_process(&mut group, &why, carried, signals)
+                    .leave_in_process(&mut group, &why, false, carried, signals)
                     .await;
                 keep = kept;
                 next

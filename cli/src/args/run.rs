@@ -304,11 +304,11 @@ pub struct RunArgs {
     /// admitted, another node's failure), each worker is asked to leave its training function
     /// (`rdzv.inprocess.run` in Python), and runs it again with the new round's environment,
     /// instead of being stopped and started again. A worker that does not leave within
-    /// --in-process-timeout is stopped, and the group started again, as without this flag.
+    /// --in-process-timeout (1 s after a hang) is stopped alone and started again next round.
     #[arg(long, env = "RDZV_IN_PROCESS_RESTART", value_parser = FalseyValueParser::new())]
     pub in_process_restart: bool,
     /// Seconds a worker gets to leave its training function (--in-process-restart) before
-    /// the group is stopped and started again.
+    /// it is stopped and started again.
     #[arg(
         long,
         default_value = "3",

@@ -155,40 +155,38 @@ impl Group {
     }
 
     /// `--in-process-restart`: asks every running worker to leave its training function for the
-    /// next round, and waits up to `bound` for each to answer. False when one did not answer in
-    /// time or ended meanwhile, or none is running (the group must then be started again).
-    /// Workers that had ended are started again by `resume`.
-    pub async fn leave(&mut self, bound: Duration) -> bool {
+    /// next round, and waits up to `bound` for each to answer. Returns the global ranks of those
+    /// still running that did not answer in time (none: every worker left), or None when no
+    /// worker is running or one could not be asked (the group must then be started again). A
+    /// worker that ends meanwhile is no longer waited for: `resume` starts it again.
+    pub async fn leave(&mut self, bound: Duration) -> Option<Vec<u32>> {
         self.collect_exits();
         if self.running() == 0 {
-            return false;
+            return None;
         }
         self.generation += 1;
         let generation = self.generation;
-        let controls: Vec<PathBuf> = self
-            .workers
-            .iter()
-            .filter(|w| w.ended.is_none())
-            .map(|w| inprocess::control_file(&w.error_file))
-            .collect();
-        if controls
-            .iter()
-            .any(|c| inprocess::leave(c, generation).is_err())
-        {
-            return false;
+        for w in self.workers.iter().filter(|w| w.ended.is_none()) {
+            inprocess::leave(&inprocess::control_file(&w.error_file), generation).ok()?;
         }
         let deadline = tokio::time::Instant::now() + bound;
         loop {
-            if controls.iter().all(|c| inprocess::has_left(c, generation)) {
-                return true;
+            let late: Vec<u32> = self
+                .workers
+                .iter()
+                .filter(|w| w.ended.is_none())
+                .filter(|w| {
+                    !inprocess::has_left(&inprocess::control_file(&w.error_file), generation)
+                })
+                .map(|w| w.ranks.global_rank)
+                .collect();
+            if late.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Some(late);
             }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            // The answers are files: looked at every few milliseconds, and a worker's exit
-            // ends the wait at once.
+            // The answers are files: looked at every few milliseconds; an exit is taken as it
+            // comes.
             tokio::select! {
-                _ = self.next_exit() => return false,
+                _ = self.next_exit() => {}
                 _ = tokio::time::sleep(Duration::from_millis(5)) => {}
             }
         }
@@ -344,10 +342,11 @@ impl Group {
         interrupted
     }
 
-    /// `--in-process-restart`, after a hang: SIGKILLs the worker of global rank `rank` alone
-    /// (its process group) and waits for its exit; the others keep running. The worker counts
-    /// as stopped by the launcher: its error file (the hang's) says why it failed.
-    pub async fn kill_worker(&mut self, rank: u32) {
+    /// `--in-process-restart`, after a hang or a leave it did not answer: stops the worker of
+    /// global rank `rank` alone (`signal` to its process group, SIGKILL once `grace` passes)
+    /// and waits for its exit; the others keep running. The worker counts as stopped by the
+    /// launcher: it failed only if its error file (a hang's) says so.
+    pub async fn stop_worker(&mut self, rank: u32, signal: i32, grace: Duration) {
         self.collect_exits();
         let Some(index) = self
             .workers
@@ -357,18 +356,31 @@ impl Group {
             return;
         };
         self.workers[index].stopped = true;
-        signal_group(self.workers[index].pid, libc::SIGKILL);
-        // Another worker may end meanwhile: its exit is taken as it comes. SIGKILL cannot be
-        // refused; the bound only guards against a kernel stuck in uninterruptible sleep.
-        let ended = async {
+        let pid = self.workers[index].pid;
+        if signal != libc::SIGKILL {
+            signal_group(pid, signal);
+            self.wait_for_end(index, grace).await;
+        }
+        if self.workers[index].ended.is_none() {
+            signal_group(pid, libc::SIGKILL);
+            // SIGKILL cannot be refused; the bound only guards against a kernel stuck in
+            // uninterruptible sleep.
+            self.wait_for_end(index, Duration::from_secs(10)).await;
+        }
+        self.workers[index].stopped = true;
+    }
+
+    /// Waits up to `bound` for worker `index` to end; another's exit meanwhile is taken as it
+    /// comes.
+    async fn wait_for_end(&mut self, index: usize, bound: Duration) {
+        let wait = async {
             while self.workers[index].ended.is_none() {
                 if self.next_exit().await.is_none() {
                     break;
                 }
             }
         };
-        let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
-        self.workers[index].stopped = true;
+        let _ = tokio::time::timeout(bound, wait).await;
     }
 
     /// After the workers exited: kills whatever they left in their process groups and waits

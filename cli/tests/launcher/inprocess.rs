@@ -10,18 +10,22 @@ use crate::support::{num, pid, rdzv_env, Fields, Scratch, WorkerLines, FAST};
 use std::path::{Path, PathBuf};
 
 /// A worker whose training function prints its START line (as the shell worker's, with its
-/// pid and how many times it ran again), then steps until the world has `want` workers.
+/// pid and how many times it ran again), then steps until the world has `want` workers; the
+/// local rank given second never leaves when asked.
 const TRAIN: &str = r#"
 import os, sys, time
 import rdzv.inprocess as ip
 
 want = int(sys.argv[1])
+# This local rank never looks at the launcher's leave: it cannot leave the function.
+deaf = sys.argv[2] if len(sys.argv) > 2 else None
 
 def train():
     e = os.environ
-    print(f"START rank={e['RANK']} world={e['WORLD_SIZE']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} master={e['MASTER_ADDR']}:{e['MASTER_PORT']} pid={os.getpid()}", flush=True)
+    print(f"START rank={e['RANK']} local={e['LOCAL_RANK']} world={e['WORLD_SIZE']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} master={e['MASTER_ADDR']}:{e['MASTER_PORT']} pid={os.getpid()}", flush=True)
     while int(e["WORLD_SIZE"]) < want:
-        ip.check()
+        if e["LOCAL_RANK"] != deaf:
+            ip.check()
         time.sleep(0.01)
     time.sleep(0.5)
 
@@ -114,12 +118,73 @@ fn a_worker_that_does_not_leave_in_time_is_started_again() {
     assert_eq!(num(&again, "world"), 2);
     assert_ne!(pid(&again), pid(&first), "a new process: {}", a.output());
     assert!(
-        a.said("did not leave its function within 0.5 s"),
+        a.said("did not leave the training function within 0.5 s"),
         "{}",
         a.output()
     );
     a.terminate();
     b.terminate();
+}
+
+#[test]
+fn a_worker_that_does_not_leave_in_time_is_stopped_alone_and_the_others_stay() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    std::fs::write(s.path("train.py"), TRAIN).unwrap();
+    let train = s.path("train.py").display().to_string();
+    let url = etcd.url(
+        "in-process-deaf",
+        &format!("min_nodes=1&max_nodes=2&{FAST}"),
+    );
+    let env = python_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let node = || {
+        let args = [
+            "run",
+            "--rdzv",
+            &url,
+            "--nproc-per-node=2",
+            "--in-process-restart",
+            "--in-process-timeout=0.5",
+            &train,
+            "4",
+            "1",
+        ];
+        rdzv_env(&args, &env)
+    };
+    let mut a = node();
+    let first: Vec<Fields> = (0..2).map(|_| a.start(30)).collect();
+    let mut b = node();
+    let again: Vec<Fields> = (0..2).map(|_| a.start(30)).collect();
+    let of = |starts: &[Fields], local: u32| {
+        starts
+            .iter()
+            .find(|f| num(f, "local") == local)
+            .unwrap_or_else(|| panic!("no START of local rank {local}: {starts:?}"))
+            .clone()
+    };
+    for f in &again {
+        assert_eq!(num(f, "world"), 4, "{}", a.output());
+    }
+    assert_eq!(
+        pid(&of(&again, 0)),
+        pid(&of(&first, 0)),
+        "the worker that left stayed in its process: {}",
+        a.output()
+    );
+    assert_ne!(
+        pid(&of(&again, 1)),
+        pid(&of(&first, 1)),
+        "the one that did not leave is a new process: {}",
+        a.output()
+    );
+    assert!(
+        a.said("rank(s) 1 did not leave the training function within 0.5 s: stopping them alone"),
+        "{}",
+        a.output()
+    );
+    a.exits_with(0, 30);
+    b.exits_with(0, 30);
 }
 
 /// Local rank 1 fails in the first attempt; local rank 0 steps until the restart count moves.
