@@ -21,7 +21,9 @@
 //! worker running: a new process started, or a kept one handed the round), first step (to
 //! every rank stepping: a new process's imports, the process group and DDP again, one step).
 //!
-//! Launchers: `rdzv run` as it is by default, `rdzv run --in-process-restart`, torchrun with
+//! Launchers: `rdzv run` as it is by default, `rdzv run --in-process-restart` (and with
+//! `--in-process-spare`: a failed worker's place goes to a process that has imported torch
+//! already), torchrun with
 //! its c10d backend (torch 2.15) and, where an environment with nvidia-resiliency-ext exists
 //! (`RDZV_NVRX_PYTHON`), NVRx 0.7.0's `ft_launcher` with its heartbeat timeout of 5 s. Every
 //! launcher gets `--monitor-interval=0.1`, `--max-restarts=3`, a last call of 1 s and the
@@ -31,7 +33,7 @@
 //!
 //! Run with `scripts/bench.sh --recovery [--fault NAME] [--launcher NAME] [N ...]` (faults
 //! `crash`, `hang`, `node-killed`, `node-frozen`; launchers `rdzv`, `rdzv-in-process`,
-//! `torchrun`, `ft_launcher`; N = 2 by default). `BENCH_RECOVERY_RUNS` runs per row (3); a
+//! `rdzv-in-process-spare`, `torchrun`, `ft_launcher`; N = 2 by default). `BENCH_RECOVERY_RUNS` runs per row (3); a
 //! row stops at its first run that does not recover. `BENCH_RECOVERY_KEEP=1` keeps every run's
 //! directory (the workers' files, each node's output); a run that did not recover keeps it
 //! anyway.
@@ -59,6 +61,7 @@ const HANG_TIMEOUT: u64 = 5;
 enum Kind {
     Rdzv,
     RdzvInProcess,
+    RdzvInProcessSpare,
     TorchrunC10d,
     FtLauncher,
 }
@@ -68,6 +71,7 @@ impl Kind {
         match self {
             Kind::Rdzv => "`rdzv run`",
             Kind::RdzvInProcess => "`rdzv run --in-process-restart`",
+            Kind::RdzvInProcessSpare => "`rdzv run --in-process-restart --in-process-spare`",
             Kind::TorchrunC10d => "torchrun c10d",
             Kind::FtLauncher => "`ft_launcher`",
         }
@@ -76,13 +80,20 @@ impl Kind {
         Some(match name {
             "rdzv" => Kind::Rdzv,
             "rdzv-in-process" => Kind::RdzvInProcess,
+            "rdzv-in-process-spare" => Kind::RdzvInProcessSpare,
             "torchrun" => Kind::TorchrunC10d,
             "ft_launcher" => Kind::FtLauncher,
             _ => return None,
         })
     }
     fn is_rdzv(self) -> bool {
-        matches!(self, Kind::Rdzv | Kind::RdzvInProcess)
+        matches!(
+            self,
+            Kind::Rdzv | Kind::RdzvInProcess | Kind::RdzvInProcessSpare
+        )
+    }
+    fn in_process(self) -> bool {
+        matches!(self, Kind::RdzvInProcess | Kind::RdzvInProcessSpare)
     }
 }
 
@@ -180,13 +191,16 @@ fn node_command(
         "--monitor-interval=0.1",
     ];
     let mut c = match kind {
-        Kind::Rdzv | Kind::RdzvInProcess => {
+        Kind::Rdzv | Kind::RdzvInProcess | Kind::RdzvInProcessSpare => {
             let mut c = Command::new(rdzv_binary());
             c.args(["run", "--rdzv", &job.url])
                 .args(common)
                 .arg(format!("--hang-timeout={HANG_TIMEOUT}"));
-            if kind == Kind::RdzvInProcess {
+            if kind.in_process() {
                 c.arg("--in-process-restart");
+            }
+            if kind == Kind::RdzvInProcessSpare {
+                c.arg("--in-process-spare");
             }
             c.arg(&python);
             c
@@ -218,7 +232,7 @@ fn node_command(
         }
     };
     let progress = match kind {
-        Kind::Rdzv | Kind::RdzvInProcess => "rdzv",
+        Kind::Rdzv | Kind::RdzvInProcess | Kind::RdzvInProcessSpare => "rdzv",
         Kind::FtLauncher => "nvrx",
         Kind::TorchrunC10d => "none",
     };
@@ -235,11 +249,7 @@ fn node_command(
         .env("RECOVERY_PROGRESS", progress)
         .env(
             "RECOVERY_IN_PROCESS",
-            if kind == Kind::RdzvInProcess {
-                "1"
-            } else {
-                "0"
-            },
+            if kind.in_process() { "1" } else { "0" },
         )
         .env("RDZV_LIBRARY", rdzv_binary().with_file_name("librdzv.so"))
         .env(
@@ -557,11 +567,9 @@ fn main() {
                     .and_then(|f| Fault::named(&f))
                     .expect("--fault: crash, hang, node-killed or node-frozen"),
             ),
-            "--launcher" => kinds.push(
-                args.next()
-                    .and_then(|k| Kind::named(&k))
-                    .expect("--launcher: rdzv, rdzv-in-process, torchrun or ft_launcher"),
-            ),
+            "--launcher" => kinds.push(args.next().and_then(|k| Kind::named(&k)).expect(
+                "--launcher: rdzv, rdzv-in-process, rdzv-in-process-spare, torchrun or ft_launcher",
+            )),
             n => sizes.push(n.parse::<usize>().ok().filter(|&n| n >= 2).expect(USAGE)),
         }
     }
@@ -575,7 +583,12 @@ fn main() {
     }
     let nvrx = std::env::var_os("RDZV_NVRX_PYTHON").map(PathBuf::from);
     if kinds.is_empty() {
-        kinds = vec![Kind::Rdzv, Kind::RdzvInProcess, Kind::TorchrunC10d];
+        kinds = vec![
+            Kind::Rdzv,
+            Kind::RdzvInProcess,
+            Kind::RdzvInProcessSpare,
+            Kind::TorchrunC10d,
+        ];
         match &nvrx {
             Some(_) => kinds.push(Kind::FtLauncher),
             None => eprintln!("no ft_launcher: RDZV_NVRX_PYTHON is not set (scripts/nvrx-env.sh)"),

@@ -398,6 +398,7 @@ impl Agent {
             // The incident records' first step is read from the pages too.
             progress: self.cfg.monitor.pages() || self.cfg.records(),
             in_process: self.cfg.in_process.is_some(),
+            spare: self.cfg.in_process_spare,
         };
         let kept = carried.kept.take().map(|mut kept| {
             let takes = kept.can_take(&workers);
@@ -410,9 +411,16 @@ impl Agent {
                     Exit::Failure
                 })?;
                 match started {
-                    0 => say("the workers run the new round in their processes (in-process restart)"),
-                    n => say(format_args!(
+                    (0, 0) => say("the workers run the new round in their processes (in-process restart)"),
+                    (0, n) => say(format_args!(
                         "the workers run the new round in their processes (in-process restart); {n} that had failed started again"
+                    )),
+                    (handed, n) => say(format_args!(
+                        "the workers run the new round in their processes (in-process restart); the spare takes the place of {handed} that had failed{}",
+                        match n {
+                            0 => String::new(),
+                            n => format!(", {n} started again"),
+                        }
                     )),
                 }
                 kept

@@ -307,6 +307,12 @@ pub struct RunArgs {
     /// --in-process-timeout (1 s after a hang) is stopped alone and started again next round.
     #[arg(long, env = "RDZV_IN_PROCESS_RESTART", value_parser = FalseyValueParser::new())]
     pub in_process_restart: bool,
+    /// With --in-process-restart: keep one spare worker process per node, started ahead and
+    /// waiting in `rdzv.inprocess.run` with no place yet, so that a failed or hung worker's
+    /// place goes to a process that has already imported its libraries; a new spare is
+    /// started once it is taken. The program's top level must not read the rank variables.
+    #[arg(long, env = "RDZV_IN_PROCESS_SPARE", value_parser = FalseyValueParser::new())]
+    pub in_process_spare: bool,
     /// Seconds a worker gets to leave its training function (--in-process-restart) before
     /// it is stopped and started again.
     #[arg(

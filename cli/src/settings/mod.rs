@@ -62,6 +62,8 @@ pub struct RunConfig {
     pub watchdog: bool,
     /// `--in-process-restart`: how long a worker gets to leave its function, when set.
     pub in_process: Option<Duration>,
+    /// `--in-process-spare`: a spare worker process per node (`workers::spare`).
+    pub in_process_spare: bool,
     /// Hangs, progress and health (`--hang-timeout`, `--health-check`, ...).
     pub monitor: MonitorConfig,
     /// `--outcome-file`: where the agent writes how the command ended.
@@ -106,6 +108,16 @@ impl RunConfig {
             notes.push(format!(
                 "--event-log-handler={}: rdzv has no event handlers; its events are its [rdzv] lines",
                 a.event_log_handler
+            ));
+        }
+        if a.in_process_spare && !a.in_process_restart {
+            return Err(usage(
+                "--in-process-spare: a spare takes a failed worker's place in process; it needs --in-process-restart",
+            ));
+        }
+        if a.in_process_spare && a.numa_binding.is_some() {
+            return Err(usage(
+                "--in-process-spare: a spare is started before its local rank is known, so it cannot be bound to that rank's CPUs (--numa-binding)",
             ));
         }
         if let (Framework::Jax, Venue::Static(s)) = (a.framework, &rendezvous) {
@@ -159,6 +171,7 @@ impl RunConfig {
             duplicate_stderr_filters: a.duplicate_stderr_filters.unwrap_or_default().0,
             watchdog: !a.no_watchdog,
             in_process: a.in_process_restart.then_some(a.in_process_timeout),
+            in_process_spare: a.in_process_spare,
             monitor: MonitorConfig::from_flags(a.monitor)?,
             notes,
         })
@@ -238,6 +251,28 @@ mod tests {
             Command::Run(a) => RunConfig::from_args(*a),
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn a_spare_needs_in_process_restart_and_no_numa_binding() {
+        let refused = |args: &[&str]| match cfg(args) {
+            Err(e) => e.0,
+            Ok(_) => panic!("{args:?} was taken"),
+        };
+        let alone = refused(&["--in-process-spare"]);
+        assert!(
+            alone.contains("--in-process-spare: ") && alone.contains("needs --in-process-restart"),
+            "{alone}"
+        );
+        let bound = refused(&[
+            "--in-process-restart",
+            "--in-process-spare",
+            "--numa-binding=node",
+        ]);
+        assert!(bound.contains("(--numa-binding)"), "{bound}");
+        assert!(
+            cfg(&["--in-process-restart", "--in-process-spare"]).is_ok_and(|c| c.in_process_spare)
+        );
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub struct GroupSpec<'a> {
     pub progress: bool,
     /// `--in-process-restart`: each worker gets a control file (RDZV_INPROCESS_FILE).
     pub in_process: bool,
+    /// `--in-process-spare`: the group keeps a spare worker process (`super::spare`).
+    pub spare: bool,
 }
 
 /// The prefix of torch's Flight Recorder pipe and dump for a worker whose directory holds
@@ -223,6 +225,7 @@ mod tests {
             cpu_binding: &[],
             progress: false,
             in_process: false,
+            spare: false,
         }
     }
 

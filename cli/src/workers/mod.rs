@@ -13,7 +13,8 @@
 //! Submodules, each using only those listed before it: `logs` (the log layout, where each
 //! stream goes), `env` (the worker's environment), `process` (starting, waiting for and
 //! signalling a worker), `error_file` (torchelastic's error file: read, written, copied),
-//! `inprocess` (the control file of `--in-process-restart`), `report` (the failure report).
+//! `inprocess` (the control file of `--in-process-restart`), `report` (the failure report),
+//! `spare` (the spare worker process of `--in-process-spare`).
 
 pub mod logs;
 
@@ -26,6 +27,8 @@ pub mod error_file;
 pub mod inprocess;
 
 pub mod report;
+
+mod spare;
 
 use crate::exit::signal_name;
 use crate::output;
@@ -56,8 +59,9 @@ pub struct Worker {
 /// One round's workers on this node.
 pub struct Group {
     pub workers: Vec<Worker>,
-    exits: mpsc::UnboundedReceiver<(usize, ExitStatus)>,
-    exit_tx: mpsc::UnboundedSender<(usize, ExitStatus)>,
+    /// Each exit, by the process's pid (a spare's place is known only once it is taken).
+    exits: mpsc::UnboundedReceiver<(u32, ExitStatus)>,
+    exit_tx: mpsc::UnboundedSender<(u32, ExitStatus)>,
     pumps_done: mpsc::UnboundedReceiver<()>,
     pump_tx: mpsc::UnboundedSender<()>,
     pumps: usize,
@@ -66,6 +70,8 @@ pub struct Group {
     stop_sent: bool,
     /// `--in-process-restart`: the generation of the last control file written.
     generation: u64,
+    /// `--in-process-spare`: the process waiting for a place (none while it is started again).
+    spare: Option<Worker>,
 }
 
 /// After the workers exited, their output is waited for while it keeps moving, and for at most
@@ -93,6 +99,7 @@ impl Group {
             pumped: Default::default(),
             stop_sent: false,
             generation: 0,
+            spare: None,
         };
         let attempt = AttemptLogs::open(logs, spec.restart_count)?;
         for (index, r) in ranks.iter().enumerate() {
@@ -104,11 +111,11 @@ impl Group {
                 }
             }
         }
+        group.start_spare(spec, ranks, logs);
         Ok(group)
     }
 
-    /// Starts the worker of `r` as the group's worker number `index` (its exit is reported
-    /// under that number).
+    /// Starts the worker of `r` as the group's worker number `index`.
     fn spawn(
         &mut self,
         spec: &GroupSpec<'_>,
@@ -131,18 +138,33 @@ impl Group {
                 &env::worker_env(spec, r, &error_file),
             )?;
         }
-        let mut child = process::spawn(spec, r, &error_file, &routes).map_err(|e| {
+        let env = env::worker_env(spec, r, &error_file);
+        let worker = self.launch(spec, r, env, error_file, routes)?;
+        output::debug(format_args!(
+            "started worker rank {} (local rank {}) as worker {index}: pid {}, error file {}",
+            r.global_rank,
+            r.local_rank,
+            worker.pid,
+            worker.error_file.display()
+        ));
+        Ok(worker)
+    }
+
+    /// Starts the command with `env`, its streams on `routes`, its exit reported by pid.
+    fn launch(
+        &mut self,
+        spec: &GroupSpec<'_>,
+        r: &WorkerRanks,
+        env: Vec<(String, String)>,
+        error_file: PathBuf,
+        routes: Vec<logs::Route>,
+    ) -> std::io::Result<Worker> {
+        let mut child = process::spawn(spec, r, env, &routes).map_err(|e| {
             std::io::Error::new(e.kind(), format!("cannot start {:?}: {e}", spec.command[0]))
         })?;
         self.pumps += process::pump_streams(&mut child, routes, &self.pump_tx, &self.pumped);
         let pid = child.id();
-        output::debug(format_args!(
-            "started worker rank {} (local rank {}): pid {pid}, error file {}",
-            r.global_rank,
-            r.local_rank,
-            error_file.display()
-        ));
-        process::wait_in_thread(child, index, &self.exit_tx);
+        process::wait_in_thread(child, &self.exit_tx);
         Ok(Worker {
             ranks: r.clone(),
             pid,
@@ -206,17 +228,18 @@ impl Group {
     }
 
     /// `--in-process-restart`: hands each running worker its place in the next round, and
-    /// starts those that had ended (failed) again in theirs (`can_take`). Returns how many
-    /// were started again.
+    /// the places of those that had ended (failed) to the spare, or to new processes
+    /// (`can_take`). Returns how many places went to the spare, and to new processes.
     pub fn resume(
         &mut self,
         spec: &GroupSpec<'_>,
         ranks: &[WorkerRanks],
         logs: &LogPlan,
-    ) -> std::io::Result<usize> {
+    ) -> std::io::Result<(usize, usize)> {
+        self.collect_exits();
         self.generation += 1;
         self.stop_sent = false;
-        let mut started = 0;
+        let (mut handed, mut started) = (0, 0);
         for (index, r) in ranks.iter().enumerate() {
             let w = &mut self.workers[index];
             if w.ended.is_none() {
@@ -226,22 +249,43 @@ impl Group {
                 inprocess::run(&control, self.generation, &env)?;
                 continue;
             }
+            if let Some(spare) = self.take_spare(spec, r)? {
+                self.workers[index] = spare;
+                handed += 1;
+                continue;
+            }
             let attempt = AttemptLogs::open(logs, spec.restart_count)?;
             self.workers[index] = self.spawn(spec, r, &attempt, index)?;
             started += 1;
         }
-        Ok(started)
+        self.start_spare(spec, ranks, logs);
+        Ok((handed, started))
     }
 
     /// Takes the exits that arrived while nobody waited for them (between two rounds).
     fn collect_exits(&mut self) {
-        while let Ok((index, status)) = self.exits.try_recv() {
-            let worker = &mut self.workers[index];
-            worker.ended = Some((Ended::of(status), SystemTime::now()));
-            worker
-                .exited
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+        while let Ok((pid, status)) = self.exits.try_recv() {
+            self.ended(pid, status);
         }
+    }
+
+    /// Marks the process `pid` ended; returns its worker's index (None: the spare, or a
+    /// process no longer in the group).
+    fn ended(&mut self, pid: u32, status: ExitStatus) -> Option<usize> {
+        let Some(index) = self
+            .workers
+            .iter()
+            .position(|w| w.pid == pid && w.ended.is_none())
+        else {
+            self.spare_ended(pid, status);
+            return None;
+        };
+        let worker = &mut self.workers[index];
+        worker.ended = Some((Ended::of(status), SystemTime::now()));
+        worker
+            .exited
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Some(index)
     }
 
     pub fn running(&self) -> usize {
@@ -253,14 +297,13 @@ impl Group {
         if self.running() == 0 {
             return None;
         }
-        let (index, status) = self.exits.recv().await?;
-        let worker = &mut self.workers[index];
-        worker.ended = Some((Ended::of(status), SystemTime::now()));
-        worker
-            .exited
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        worker.stopped = self.stop_sent;
-        Some(index)
+        loop {
+            let (pid, status) = self.exits.recv().await?;
+            if let Some(index) = self.ended(pid, status) {
+                self.workers[index].stopped |= self.stop_sent;
+                return Some(index);
+            }
+        }
     }
 
     /// The failures of this group (workers that ended non-zero on their own), earliest first,
@@ -413,9 +456,10 @@ impl Group {
         }
     }
 
-    /// SIGKILL to every worker's process group (ESRCH for an empty group is fine).
+    /// SIGKILL to every worker's process group and the spare's (ESRCH for an empty group is
+    /// fine).
     fn kill_all(&self) {
-        for w in &self.workers {
+        for w in self.workers.iter().chain(&self.spare) {
             signal_group(w.pid, libc::SIGKILL);
         }
     }
@@ -423,7 +467,7 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        if self.running() > 0 {
+        if self.running() > 0 || self.spare.is_some() {
             self.kill_all();
         }
     }

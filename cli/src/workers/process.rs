@@ -11,13 +11,12 @@
 //!   only ever spawned from the main thread (the one running `block_on`), which lives until
 //!   the process exits.
 
-use super::env::{worker_env, GroupSpec};
+use super::env::GroupSpec;
 use super::logs::Route;
 use crate::exit::signal_name;
 use crate::output;
 use crate::ranks::WorkerRanks;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use tokio::sync::mpsc;
 
@@ -63,7 +62,7 @@ impl std::fmt::Display for Ended {
 pub fn spawn(
     spec: &GroupSpec<'_>,
     r: &WorkerRanks,
-    error_file: &Path,
+    env: Vec<(String, String)>,
     routes: &[Route],
 ) -> std::io::Result<std::process::Child> {
     let mut cmd = Command::new(&spec.command[0]);
@@ -73,7 +72,7 @@ pub fn spawn(
             .iter()
             .map(|a| a.replace("${local_rank}", &r.local_rank.to_string())),
     );
-    for (k, v) in worker_env(spec, r, error_file) {
+    for (k, v) in env {
         cmd.env(k, v);
     }
     let stdio = |route: &Route| match route {
@@ -183,17 +182,15 @@ pub fn pump_streams(
     pumps
 }
 
-/// Waits for `child` on a thread of its own and sends its exit status, with `index`, to
+/// Waits for `child` on a thread of its own and sends its exit status, with its pid, to
 /// `exits` the moment it ends.
-pub fn wait_in_thread(
-    mut child: Child,
-    index: usize,
-    exits: &mpsc::UnboundedSender<(usize, ExitStatus)>,
-) {
+pub fn wait_in_thread(child: Child, exits: &mpsc::UnboundedSender<(u32, ExitStatus)>) {
     let tx = exits.clone();
+    let pid = child.id();
+    let mut child = child;
     std::thread::spawn(move || {
         if let Ok(status) = child.wait() {
-            let _ = tx.send((index, status));
+            let _ = tx.send((pid, status));
         }
     });
 }

@@ -6,7 +6,7 @@
 use crate::common::Etcd;
 use crate::launch::Launcher;
 use crate::launch::RDZV;
-use crate::support::{num, pid, rdzv_env, Fields, Scratch, WorkerLines, FAST};
+use crate::support::{fields, num, pid, rdzv_env, Fields, Scratch, WorkerLines, FAST};
 use std::path::{Path, PathBuf};
 
 /// A worker whose training function prints its START line (as the shell worker's, with its
@@ -256,6 +256,104 @@ fn a_failed_worker_alone_is_started_again_and_the_others_stay_in_their_processes
     );
     assert!(
         a.said("only the failed worker starts again"),
+        "{}",
+        a.output()
+    );
+}
+
+/// FAIL_ONE with a spare: a spare says so at its top level, without a place, and leaves a
+/// file in the directory given first; the second attempt ends once two spares have started.
+const SPARE_TAKES: &str = r#"
+import os, sys, time
+import rdzv.inprocess as ip
+
+if os.environ.get("RDZV_INPROCESS_SPARE") == "1":
+    print(f"SPARE pid={os.getpid()} rank={os.environ.get('RANK', 'none')}", flush=True)
+    open(os.path.join(sys.argv[1], f"spare-{os.getpid()}"), "w").close()
+
+def train():
+    e = os.environ
+    print(f"START rank={e['RANK']} local={e['LOCAL_RANK']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} pid={os.getpid()}", flush=True)
+    if e["TORCHELASTIC_RESTART_COUNT"] == "0":
+        if e["LOCAL_RANK"] == "1":
+            time.sleep(0.3)
+            sys.exit(3)
+        while True:
+            ip.check()
+            time.sleep(0.01)
+    while sum(f.startswith("spare-") for f in os.listdir(sys.argv[1])) < 2:
+        time.sleep(0.01)
+
+ip.run(train)
+"#;
+
+#[test]
+fn a_failed_workers_place_goes_to_the_spare_and_a_new_spare_is_started() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    std::fs::write(s.path("spare.py"), SPARE_TAKES).unwrap();
+    let program = s.path("spare.py").display().to_string();
+    let dir = s.path("").display().to_string();
+    let url = etcd.url(
+        "in-process-spare",
+        &format!("min_nodes=1&max_nodes=1&{FAST}"),
+    );
+    let env = python_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = [
+        "run",
+        "--rdzv",
+        &url,
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--in-process-restart",
+        "--in-process-spare",
+        &program,
+        &dir,
+    ];
+    let mut a = rdzv_env(&args, &env);
+    let spare = |a: &mut Launcher| fields(&a.wait_line(30, |l| l.starts_with("SPARE ")));
+    let first_spare = spare(&mut a);
+    assert_eq!(
+        first_spare["rank"],
+        "none",
+        "a spare has no place: {}",
+        a.output()
+    );
+    let first: Vec<_> = (0..2).map(|_| a.start(30)).collect();
+    let second: Vec<_> = (0..2).map(|_| a.start(30)).collect();
+    let next_spare = spare(&mut a);
+    a.exits_with(0, 30);
+    let of = |starts: &[Fields], local: u32| {
+        starts
+            .iter()
+            .find(|f| num(f, "local") == local)
+            .unwrap_or_else(|| panic!("no START of local rank {local}: {starts:?}"))
+            .clone()
+    };
+    for f in &second {
+        assert_eq!(num(f, "restart"), 1, "{}", a.output());
+    }
+    assert_eq!(
+        pid(&of(&second, 0)),
+        pid(&of(&first, 0)),
+        "the worker that did not fail stayed in its process: {}",
+        a.output()
+    );
+    assert_eq!(
+        pid(&of(&second, 1)),
+        pid(&first_spare),
+        "the spare took the failed worker's place: {}",
+        a.output()
+    );
+    assert_ne!(
+        pid(&next_spare),
+        pid(&first_spare),
+        "a new spare was started: {}",
+        a.output()
+    );
+    assert!(
+        a.said("the spare takes the place of 1 that had failed"),
         "{}",
         a.output()
     );
