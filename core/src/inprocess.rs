@@ -152,25 +152,28 @@ impl Worker {
     }
 
     /// Answers a pending `leave` (if any), then waits up to `timeout` for the next round and
-    /// returns its environment; the first call returns the first round at once.
+    /// returns its environment; the first call returns the first round at once. A leave asked
+    /// while it waits (the round handed out ended before this worker started in it) is
+    /// answered too: the worker is not in a round, so it has left already.
     pub fn next(&self, timeout: Duration) -> Result<Vec<(String, String)>> {
         let deadline = Instant::now() + timeout;
-        self.refresh();
-        {
-            let seen = self.seen();
-            if seen.leave && seen.generation > *self.running() {
-                write_whole(&answer_file(&self.path), &seen.generation.to_string()).map_err(
-                    |e| {
-                        Error::internal(format!(
-                            "in-process restart: cannot answer in {}: {e}",
-                            answer_file(&self.path).display()
-                        ))
-                    },
-                )?;
-            }
-        }
+        let mut answered = -1;
         loop {
             self.refresh();
+            {
+                let seen = self.seen();
+                if seen.leave && seen.generation > *self.running() && seen.generation != answered {
+                    write_whole(&answer_file(&self.path), &seen.generation.to_string()).map_err(
+                        |e| {
+                            Error::internal(format!(
+                                "in-process restart: cannot answer in {}: {e}",
+                                answer_file(&self.path).display()
+                            ))
+                        },
+                    )?;
+                    answered = seen.generation;
+                }
+            }
             {
                 let seen = self.seen();
                 let mut running = self.running();
@@ -217,6 +220,34 @@ mod tests {
         assert!(!worker.leave_asked());
         clear(&control);
         assert!(!has_left(&control, 1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_leave_asked_while_a_worker_waits_for_its_round_is_answered() {
+        let dir = std::env::temp_dir().join(format!("rdzv-inprocess-wait-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let control = dir.join("inprocess.json");
+        // A spare waits for its first round; the round handed to it ends (a leave) before it
+        // looked, while it waits: a leave the entry's answer does not see.
+        let worker = Worker::at(control.clone());
+        let asker = {
+            let control = control.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                write_leave(&control, 4).unwrap();
+            })
+        };
+        let err = worker.next(Duration::from_millis(500)).unwrap_err();
+        asker.join().unwrap();
+        assert_eq!(err.kind(), crate::ErrorKind::Timeout);
+        assert!(
+            has_left(&control, 4),
+            "the leave was answered while it waited"
+        );
+        let env = vec![("RANK".to_string(), "2".to_string())];
+        write_run(&control, 5, &env).unwrap();
+        assert_eq!(worker.next(Duration::from_secs(1)).unwrap(), env);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

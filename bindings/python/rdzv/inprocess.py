@@ -108,6 +108,13 @@ _running = -1
 _restarts = 0
 # The sockets open when the function was last called: the ones it opens are its own.
 _sockets_before: frozenset = frozenset()
+# The last leave answered while waiting for a round.
+_answered = -1
+
+
+def _set_answered(generation: int) -> None:
+    global _answered
+    _answered = generation
 
 
 def enabled() -> bool:
@@ -207,9 +214,10 @@ def _shut_down_sockets() -> int:
     stay (gloo's listener aborts the process if its socket fails). Returns how many."""
     if os.environ.get("RDZV_INPROCESS_SHUTDOWN_SOCKETS", "1") == "0":
         return 0
-    dist = _torch_distributed()
-    if dist is None or not dist.is_initialized():
-        return 0  # no process group: nothing of torch's to break
+    if _torch_distributed() is None:
+        return 0  # no torch.distributed: nothing of torch's to break
+    # Also while a process group is being made (not initialized yet): its init waits on the
+    # store and its peers, and fails at once when its connections go.
     shut = 0
     for fd, link in _open_sockets().items():
         if link in _sockets_before:
@@ -258,8 +266,16 @@ def _watch_for_leave(stop: threading.Event) -> None:
 
 
 def _next_round(control: _Control) -> bool:
-    """Whether the launcher has handed out a round after the one the function ran in."""
+    """Whether the launcher has handed out a round after the one the function ran in. A leave
+    asked meanwhile (the round handed out ended before the function started in it: a spare
+    still importing, a worker between two rounds) is answered at once: this worker is not in
+    the function, so it has already left."""
     control.refresh()
+    if control.state == "leave" and control.generation > _running:
+        if control.generation != _answered:
+            control.answer(control.generation)
+            _set_answered(control.generation)
+        return False
     return control.state == "run" and control.generation > _running
 
 

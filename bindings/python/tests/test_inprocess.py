@@ -21,6 +21,7 @@ def control(tmp_path, monkeypatch):
     monkeypatch.setattr(ip, "_control", None)
     monkeypatch.setattr(ip, "_running", -1)
     monkeypatch.setattr(ip, "_restarts", 0)
+    monkeypatch.setattr(ip, "_answered", -1)
     return path
 
 
@@ -63,6 +64,24 @@ def test_a_leave_ends_the_function_which_runs_again_with_the_next_rounds_environ
     worker.join(10)
     assert result == ["done"]
     assert seen == [("0", "1", 0), ("3", "4", 1)]
+
+
+def test_a_leave_asked_before_the_function_started_in_its_round_is_answered(control):
+    # A spare waits for its first round; the round handed to it ends before it looked.
+    calls = []
+    result = []
+    worker = threading.Thread(target=lambda: result.append(ip.run(lambda: calls.append(1) or "done")))
+    worker.start()
+    write(control, generation=4, state="leave")
+    for _ in range(1000):
+        if answered(control) == "4":
+            break
+        threading.Event().wait(0.01)
+    assert answered(control) == "4", "the waiting wrapper answers the leave"
+    assert calls == []
+    write(control, generation=5, state="run", env={})
+    worker.join(10)
+    assert result == ["done"] and calls == [1]
 
 
 def test_an_exception_without_a_leave_is_the_functions_own(control, monkeypatch):

@@ -226,7 +226,7 @@ pub(super) async fn report<S: Source>(
 /// When every worker of this node had stepped: its first heartbeat after this round began
 /// (kept workers, `--in-process-restart`, beat on from their count at the round's start).
 /// None when one sent none within `NO_STEP_WAIT`, or at once when the workers have no pages.
-async fn stepped(workers: &[Watched]) -> Option<u64> {
+pub(super) async fn stepped(workers: &[Watched]) -> Option<u64> {
     // No pages (no monitor reads them, no events recorded): no step will show.
     if workers.iter().all(|w| w.reader.is_none()) {
         return None;

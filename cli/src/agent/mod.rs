@@ -616,8 +616,17 @@ impl Agent {
             incident::report(source, round, workers, entry, &self.record),
         );
         tokio::pin!(watch);
+        // `--in-process-spare`: the next spare starts once this node's workers have stepped
+        // (at once when they have no pages), not beside them as they start.
+        let mut spare_due = group.spare_due();
+        let stepped = incident::stepped(workers);
+        tokio::pin!(stepped);
         loop {
             tokio::select! {
+                _ = &mut stepped, if spare_due => {
+                    spare_due = false;
+                    group.start_next_spare();
+                }
                 exit = group.next_exit() => {
                     let Some(index) = exit else { return Outcome::Succeeded };
                     let w = &group.workers[index];

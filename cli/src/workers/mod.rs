@@ -72,6 +72,8 @@ pub struct Group {
     generation: u64,
     /// `--in-process-spare`: the process waiting for a place (none while it is started again).
     spare: Option<Worker>,
+    /// The next spare, ready to start once the round's workers have stepped (`spare`).
+    next_spare: Option<spare::NextSpare>,
 }
 
 /// After the workers exited, their output is waited for while it keeps moving, and for at most
@@ -100,6 +102,7 @@ impl Group {
             stop_sent: false,
             generation: 0,
             spare: None,
+            next_spare: None,
         };
         let attempt = AttemptLogs::open(logs, spec.restart_count)?;
         for (index, r) in ranks.iter().enumerate() {
@@ -111,7 +114,7 @@ impl Group {
                 }
             }
         }
-        group.start_spare(spec, ranks, logs);
+        group.prepare_spare(spec, ranks, logs);
         Ok(group)
     }
 
@@ -159,8 +162,21 @@ impl Group {
         error_file: PathBuf,
         routes: Vec<logs::Route>,
     ) -> std::io::Result<Worker> {
-        let mut child = process::spawn(spec, r, env, &routes).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot start {:?}: {e}", spec.command[0]))
+        let cmd = process::command(spec, r, env, &routes);
+        self.launch_command(cmd, r, error_file, routes)
+    }
+
+    /// Spawns `cmd` (from `process::command`) as a worker of `r`.
+    fn launch_command(
+        &mut self,
+        mut cmd: std::process::Command,
+        r: &WorkerRanks,
+        error_file: PathBuf,
+        routes: Vec<logs::Route>,
+    ) -> std::io::Result<Worker> {
+        let mut child = cmd.spawn().map_err(|e| {
+            let program = cmd.get_program().to_string_lossy().into_owned();
+            std::io::Error::new(e.kind(), format!("cannot start {program:?}: {e}"))
         })?;
         self.pumps += process::pump_streams(&mut child, routes, &self.pump_tx, &self.pumped);
         let pid = child.id();
@@ -258,7 +274,7 @@ impl Group {
             self.workers[index] = self.spawn(spec, r, &attempt, index)?;
             started += 1;
         }
-        self.start_spare(spec, ranks, logs);
+        self.prepare_spare(spec, ranks, logs);
         Ok((handed, started))
     }
 

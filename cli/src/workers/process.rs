@@ -57,14 +57,14 @@ impl std::fmt::Display for Ended {
     }
 }
 
-/// Starts worker `r` with its environment and stream routes. Must run on the main thread (see
-/// the module comment).
-pub fn spawn(
+/// The command that starts worker `r` with its environment and stream routes. It must be
+/// spawned on the main thread (see the module comment).
+pub fn command(
     spec: &GroupSpec<'_>,
     r: &WorkerRanks,
     env: Vec<(String, String)>,
     routes: &[Route],
-) -> std::io::Result<std::process::Child> {
+) -> Command {
     let mut cmd = Command::new(&spec.command[0]);
     // torchrun's `${local_rank}` in the program's arguments (its `macros.substitute`).
     cmd.args(
@@ -90,7 +90,7 @@ pub fn spawn(
     if let Some(cpus) = spec.cpu_binding.get(r.local_rank as usize) {
         runs_on(&mut cmd, cpus);
     }
-    cmd.spawn()
+    cmd
 }
 
 /// Makes the worker lead a session (and so a process group) of its own, as torchrun's

@@ -4,14 +4,26 @@
 //! waits in `rdzv.inprocess.run` (or `rdzv_inprocess_next`) for a round, as a kept worker
 //! does. When a worker fails or hangs, the next round hands its place to the spare through
 //! the spare's control file, instead of starting a process that imports everything again,
-//! and a new spare is started. The spare lives in a directory of its own beside the workers'
-//! (`attempt_N/LOCAL_WORLD_SIZE/`): its error file, progress page and control file stay there
-//! once it has a place.
+//! and a new spare is made ready. A spare starts once the round's workers have all stepped
+//! (`start_next_spare`, called by the agent): importing torch beside workers that create their
+//! process group again took the CPU they needed (2 cores: every rank stepping again 1.6 s
+//! after a crash's new round instead of ...). The spare lives in a directory of its own beside
+//! the workers' (`attempt_N/LOCAL_WORLD_SIZE/`): its error file, progress page and control
+//! file stay there once it has a place.
 
-use super::{env, inprocess, logs::AttemptLogs, logs::LogPlan, Group, Worker};
+use super::{env, inprocess, logs, logs::AttemptLogs, logs::LogPlan, process, Group, Worker};
 use crate::output::{debug, say};
 use crate::ranks::WorkerRanks;
-use std::process::ExitStatus;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus};
+
+/// A spare ready to start: its command, its slot, where its error file and streams go.
+pub struct NextSpare {
+    command: Command,
+    slot: WorkerRanks,
+    error_file: PathBuf,
+    routes: Vec<logs::Route>,
+}
 
 /// The variables that give a worker its place: a spare has none until it takes one.
 const PLACE: &[&str] = &[
@@ -37,9 +49,9 @@ const PLACE: &[&str] = &[
 pub const SPARE_ENV: &str = "RDZV_INPROCESS_SPARE";
 
 impl Group {
-    /// Starts the spare, when the group keeps one and has none. A spare that cannot be
-    /// started is said and left out: the workers' places are started as without it.
-    pub(super) fn start_spare(
+    /// Makes a spare ready (`start_next_spare` starts it), when the group keeps one and has
+    /// none. One that cannot be made is said and left out: the places are started as without.
+    pub(super) fn prepare_spare(
         &mut self,
         spec: &env::GroupSpec<'_>,
         ranks: &[WorkerRanks],
@@ -56,37 +68,30 @@ impl Group {
             local_rank: ranks.len() as u32,
             ..first.clone()
         };
-        match self.spawn_spare(spec, &slot, logs) {
+        match next_spare(spec, slot, logs) {
+            Ok(next) => self.next_spare = Some(next),
+            Err(e) => say(format_args!("cannot start the spare worker: {e}")),
+        }
+    }
+
+    /// Whether a spare is ready to start.
+    pub fn spare_due(&self) -> bool {
+        self.next_spare.is_some()
+    }
+
+    /// Starts the spare made ready (the agent calls it once the round's workers have stepped).
+    /// Must run on the main thread, as every worker's start.
+    pub fn start_next_spare(&mut self) {
+        let Some(next) = self.next_spare.take() else {
+            return;
+        };
+        match self.launch_command(next.command, &next.slot, next.error_file, next.routes) {
             Ok(spare) => {
                 debug(format_args!("started the spare worker: pid {}", spare.pid));
                 self.spare = Some(spare);
             }
             Err(e) => say(format_args!("cannot start the spare worker: {e}")),
         }
-    }
-
-    fn spawn_spare(
-        &mut self,
-        spec: &env::GroupSpec<'_>,
-        slot: &WorkerRanks,
-        logs: &LogPlan,
-    ) -> std::io::Result<Worker> {
-        let attempt = AttemptLogs::open(logs, spec.restart_count)?;
-        let (error_file, routes) = attempt.worker(spec.role, slot)?;
-        if spec.progress {
-            let (page, stacks) = env::progress_files(&error_file);
-            rdzv::progress::create_page(&page)?;
-            let _ = std::fs::remove_file(stacks);
-        }
-        // No control file: the spare waits for one (one left by an earlier worker of this
-        // directory would hand it that worker's place).
-        let control = inprocess::control_file(&error_file);
-        inprocess::clear(&control);
-        let _ = std::fs::remove_file(&control);
-        let mut vars = env::worker_env(spec, slot, &error_file);
-        vars.retain(|(k, _)| !PLACE.contains(&k.as_str()));
-        vars.push((SPARE_ENV.into(), "1".into()));
-        self.launch(spec, slot, vars, error_file, routes)
     }
 
     /// The spare, handed the place `r` in the round the group's generation names (its control
@@ -124,4 +129,34 @@ impl Group {
             self.spare = None;
         }
     }
+}
+
+/// The spare of `slot`: its directory, page and control file made ready, its command built.
+fn next_spare(
+    spec: &env::GroupSpec<'_>,
+    slot: WorkerRanks,
+    logs: &LogPlan,
+) -> std::io::Result<NextSpare> {
+    let attempt = AttemptLogs::open(logs, spec.restart_count)?;
+    let (error_file, routes) = attempt.worker(spec.role, &slot)?;
+    if spec.progress {
+        let (page, stacks) = env::progress_files(&error_file);
+        rdzv::progress::create_page(&page)?;
+        let _ = std::fs::remove_file(stacks);
+    }
+    // No control file: the spare waits for one (one left by an earlier worker of this
+    // directory would hand it that worker's place).
+    let control = inprocess::control_file(&error_file);
+    inprocess::clear(&control);
+    let _ = std::fs::remove_file(&control);
+    let mut vars = env::worker_env(spec, &slot, &error_file);
+    vars.retain(|(k, _)| !PLACE.contains(&k.as_str()));
+    vars.push((SPARE_ENV.into(), "1".into()));
+    let command = process::command(spec, &slot, vars, &routes);
+    Ok(NextSpare {
+        command,
+        slot,
+        error_file,
+        routes,
+    })
 }
