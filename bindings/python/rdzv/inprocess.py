@@ -30,7 +30,7 @@ wrapper's own: NCCL's communicators are aborted, and the TCP connections the fun
 and its peers would block on them) are shut down, so that the collective fails at once here
 and at every peer connected to it. Set ``RDZV_INPROCESS_SHUTDOWN_SOCKETS=0`` to keep them
 (a connection the function opens to a service of its own is shut down too). A worker that
-still does not leave within the launcher's bound (``--in-process-timeout``; 1 s after a hang)
+still does not leave within the launcher's bound (``--in-process-timeout``; 0.5 s after a hang)
 is stopped alone and started again; the others stay.
 
 An exception that is not ``Restart`` is the function's own failure, unless the launcher asks

@@ -304,7 +304,7 @@ pub struct RunArgs {
     /// admitted, another node's failure), each worker is asked to leave its training function
     /// (`rdzv.inprocess.run` in Python), and runs it again with the new round's environment,
     /// instead of being stopped and started again. A worker that does not leave within
-    /// --in-process-timeout (1 s after a hang) is stopped alone and started again next round.
+    /// --in-process-timeout (0.5 s after a hang) is stopped alone and started again next round.
     #[arg(long, env = "RDZV_IN_PROCESS_RESTART", value_parser = FalseyValueParser::new())]
     pub in_process_restart: bool,
     /// With --in-process-restart: keep one spare worker process per node, started ahead and
