@@ -3,8 +3,8 @@
 //! `ft_launcher`, below), DDP on CPU through gloo, a step of about 50 ms
 //! (`benches/workers/recovery_worker.py`). Faults:
 //!
-//! - *crash*: the job's last rank exits 1 at its 20th step;
-//! - *hang*: the last rank stops stepping at its 20th step (its peers block in the next
+//! - *crash*: the job's last rank exits 1 at its 100th step (`FAULT_STEP`);
+//! - *hang*: the last rank stops stepping at its 100th step (its peers block in the next
 //!   all_reduce); the monitoring launchers' hang timeout is 5 s;
 //! - *node killed*: every process of the last rank's node (the launcher and every process it
 //!   started: its watchdog, its workers) SIGKILLed at once, as a machine that loses its power:
@@ -56,6 +56,10 @@ const FREEZE: Duration = Duration::from_secs(20);
 /// The steps the job takes before a node's fault (the worker's own faults come at step 20).
 const STEADY: Duration = Duration::from_secs(1);
 const HANG_TIMEOUT: u64 = 5;
+/// The step at which a worker's fault comes (steps of 50 ms: 5 s of training), late enough
+/// that a spare (`--in-process-spare`, started once the workers step) has imported torch, as
+/// in a job that has run for a while. At step 20 it had not, and took 2 s more.
+const FAULT_STEP: u32 = 100;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
@@ -246,6 +250,7 @@ fn node_command(
         .env("RECOVERY_NODE", i.to_string())
         .env("RECOVERY_FAULT", fault_name)
         .env("RECOVERY_FAULT_RANK", (2 * n - 1).to_string())
+        .env("RECOVERY_FAULT_STEP", FAULT_STEP.to_string())
         .env("RECOVERY_PROGRESS", progress)
         .env(
             "RECOVERY_IN_PROCESS",
