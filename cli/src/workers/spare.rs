@@ -6,10 +6,9 @@
 //! the spare's control file, instead of starting a process that imports everything again,
 //! and a new spare is made ready. A spare starts once the round's workers have all stepped
 //! (`start_next_spare`, called by the agent): importing torch beside workers that create their
-//! process group again took the CPU they needed (2 cores: every rank stepping again 1.6 s
-//! after a crash's new round instead of ...). The spare lives in a directory of its own beside
-//! the workers' (`attempt_N/LOCAL_WORLD_SIZE/`): its error file, progress page and control
-//! file stay there once it has a place.
+//! process group again takes the CPU they need. The spare lives in a directory of its own
+//! beside the workers' (`attempt_N/LOCAL_WORLD_SIZE/`): its error file, progress page and
+//! control file stay there once it has a place.
 
 use super::{env, inprocess, logs, logs::AttemptLogs, logs::LogPlan, process, Group, Worker};
 use crate::output::{debug, say};
