@@ -74,6 +74,8 @@ pub struct Group {
     spare: Option<Worker>,
     /// The next spare, ready to start once the round's workers have stepped (`spare`).
     next_spare: Option<spare::NextSpare>,
+    /// How many spares this group made: each has a slot of its own.
+    spares_made: u32,
 }
 
 /// After the workers exited, their output is waited for while it keeps moving, and for at most
@@ -103,6 +105,7 @@ impl Group {
             generation: 0,
             spare: None,
             next_spare: None,
+            spares_made: 0,
         };
         let attempt = AttemptLogs::open(logs, spec.restart_count)?;
         for (index, r) in ranks.iter().enumerate() {

@@ -6,9 +6,9 @@
 //! the spare's control file, instead of starting a process that imports everything again,
 //! and a new spare is made ready. A spare starts once the round's workers have all stepped
 //! (`start_next_spare`, called by the agent): importing torch beside workers that create their
-//! process group again takes the CPU they need. The spare lives in a directory of its own
-//! beside the workers' (`attempt_N/LOCAL_WORLD_SIZE/`): its error file, progress page and
-//! control file stay there once it has a place.
+//! process group again takes the CPU they need. Each spare lives in a directory of its own
+//! beside the workers' (`attempt_N/LOCAL_WORLD_SIZE/`, then one more for each the group
+//! made): its error file, progress page and control file stay there once it has a place.
 
 use super::{env, inprocess, logs, logs::AttemptLogs, logs::LogPlan, process, Group, Worker};
 use crate::output::{debug, say};
@@ -62,11 +62,14 @@ impl Group {
         let Some(first) = ranks.first() else {
             return;
         };
-        // The slot after the last local rank: its directory, and its streams' routes.
+        // A slot past the last local rank, one more for each spare this group made: its
+        // directory and its streams' routes. Never an earlier spare's, which may be a worker
+        // in the same attempt by now (after a membership change, no restart moves it).
         let slot = WorkerRanks {
-            local_rank: ranks.len() as u32,
+            local_rank: ranks.len() as u32 + self.spares_made,
             ..first.clone()
         };
+        self.spares_made += 1;
         match next_spare(spec, slot, logs) {
             Ok(next) => self.next_spare = Some(next),
             Err(e) => say(format_args!("cannot start the spare worker: {e}")),

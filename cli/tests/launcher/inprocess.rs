@@ -19,6 +19,8 @@ import rdzv.inprocess as ip
 want = int(sys.argv[1])
 # This local rank never looks at the launcher's leave: it cannot leave the function.
 deaf = sys.argv[2] if len(sys.argv) > 2 else None
+if os.environ.get("RDZV_INPROCESS_SPARE") == "1":
+    print(f"SPARE pid={os.getpid()}", flush=True)
 
 def train():
     e = os.environ
@@ -128,6 +130,18 @@ fn a_worker_that_does_not_leave_in_time_is_started_again() {
 
 #[test]
 fn a_worker_that_does_not_leave_in_time_is_stopped_alone_and_the_others_stay() {
+    stopped_alone(false);
+}
+
+/// The same with a spare: the place of the worker stopped after a membership change (no
+/// restart spent, the same attempt's directory) goes to the spare, and the next spare's
+/// directory is not the one the spare now works in.
+#[test]
+fn a_worker_stopped_after_a_membership_change_is_replaced_by_the_spare() {
+    stopped_alone(true);
+}
+
+fn stopped_alone(spare: bool) {
     let etcd = Etcd::start();
     let s = Scratch::new();
     std::fs::write(s.path("train.py"), TRAIN).unwrap();
@@ -140,20 +154,27 @@ fn a_worker_that_does_not_leave_in_time_is_stopped_alone_and_the_others_stay() {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let node = || {
         let args = [
-            "run",
-            "--rdzv",
-            &url,
-            "--nproc-per-node=2",
-            "--in-process-restart",
-            "--in-process-timeout=0.5",
-            &train,
-            "4",
-            "1",
-        ];
+            &[
+                "run",
+                "--rdzv",
+                &url,
+                "--nproc-per-node=2",
+                "--in-process-restart",
+                "--in-process-timeout=0.5",
+            ][..],
+            if spare {
+                &["--in-process-spare"][..]
+            } else {
+                &[]
+            },
+            &[&train, "4", "1"],
+        ]
+        .concat();
         rdzv_env(&args, &env)
     };
     let mut a = node();
     let first: Vec<Fields> = (0..2).map(|_| a.start(30)).collect();
+    let spare_pid = spare.then(|| pid(&fields(&a.wait_line(30, |l| l.starts_with("SPARE ")))));
     let mut b = node();
     let again: Vec<Fields> = (0..2).map(|_| a.start(30)).collect();
     let of = |starts: &[Fields], local: u32| {
@@ -178,6 +199,14 @@ fn a_worker_that_does_not_leave_in_time_is_stopped_alone_and_the_others_stay() {
         "the one that did not leave is a new process: {}",
         a.output()
     );
+    if let Some(spare_pid) = spare_pid {
+        assert_eq!(
+            pid(&of(&again, 1)),
+            spare_pid,
+            "the spare took its place: {}",
+            a.output()
+        );
+    }
     assert!(
         a.said("rank(s) 1 did not leave the training function within 0.5 s: stopping them alone"),
         "{}",
