@@ -108,8 +108,8 @@ impl Group {
             spares_made: 0,
         };
         let attempt = AttemptLogs::open(logs, spec.restart_count)?;
-        for (index, r) in ranks.iter().enumerate() {
-            match group.spawn(spec, r, &attempt, index) {
+        for r in ranks {
+            match group.spawn(spec, r, &attempt) {
                 Ok(worker) => group.workers.push(worker),
                 Err(e) => {
                     group.kill_all();
@@ -121,13 +121,12 @@ impl Group {
         Ok(group)
     }
 
-    /// Starts the worker of `r` as the group's worker number `index`.
+    /// Starts the worker of `r`.
     fn spawn(
         &mut self,
         spec: &GroupSpec<'_>,
         r: &WorkerRanks,
         attempt: &AttemptLogs<'_>,
-        index: usize,
     ) -> std::io::Result<Worker> {
         let (error_file, routes) = attempt.worker(spec.role, r)?;
         if spec.progress {
@@ -147,7 +146,7 @@ impl Group {
         let env = env::worker_env(spec, r, &error_file);
         let worker = self.launch(spec, r, env, error_file, routes)?;
         output::debug(format_args!(
-            "started worker rank {} (local rank {}) as worker {index}: pid {}, error file {}",
+            "started worker rank {} (local rank {}): pid {}, error file {}",
             r.global_rank,
             r.local_rank,
             worker.pid,
@@ -274,7 +273,7 @@ impl Group {
                 continue;
             }
             let attempt = AttemptLogs::open(logs, spec.restart_count)?;
-            self.workers[index] = self.spawn(spec, r, &attempt, index)?;
+            self.workers[index] = self.spawn(spec, r, &attempt)?;
             started += 1;
         }
         self.prepare_spare(spec, ranks, logs);

@@ -216,18 +216,24 @@ fn stopped_alone(spare: bool) {
     b.exits_with(0, 30);
 }
 
-/// Local rank 1 fails in the first attempt; local rank 0 steps until the restart count moves.
+/// Local rank 1 fails in the first attempt, once local rank 0 is in its training function (the
+/// file named first says so); local rank 0 steps until the restart count moves.
 const FAIL_ONE: &str = r#"
 import os, sys, time
 import rdzv.inprocess as ip
+
+started = os.path.join(sys.argv[1], "rank0-started")
 
 def train():
     e = os.environ
     print(f"START rank={e['RANK']} local={e['LOCAL_RANK']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} pid={os.getpid()}", flush=True)
     if e["TORCHELASTIC_RESTART_COUNT"] == "0":
         if e["LOCAL_RANK"] == "1":
-            time.sleep(0.3)
+            deadline = time.monotonic() + 30
+            while not os.path.exists(started) and time.monotonic() < deadline:
+                time.sleep(0.01)
             sys.exit(3)
+        open(started, "w").close()
         while True:
             ip.check()
             time.sleep(0.01)
@@ -241,6 +247,7 @@ fn a_failed_worker_alone_is_started_again_and_the_others_stay_in_their_processes
     let s = Scratch::new();
     std::fs::write(s.path("fail_one.py"), FAIL_ONE).unwrap();
     let program = s.path("fail_one.py").display().to_string();
+    let scratch = s.path("").display().to_string();
     let url = etcd.url(
         "in-process-fail",
         &format!("min_nodes=1&max_nodes=1&{FAST}"),
@@ -255,6 +262,7 @@ fn a_failed_worker_alone_is_started_again_and_the_others_stay_in_their_processes
         "--max-restarts=1",
         "--in-process-restart",
         &program,
+        &scratch,
     ];
     let mut a = rdzv_env(&args, &env);
     let first: Vec<_> = (0..2).map(|_| a.start(30)).collect();
@@ -290,7 +298,7 @@ fn a_failed_worker_alone_is_started_again_and_the_others_stay_in_their_processes
     );
 }
 
-/// FAIL_ONE with a spare: a spare says so at its top level, without a place, and leaves a
+/// FAIL_ONE with a spare (the same directory for both files): a spare says so at its top level, without a place, and leaves a
 /// file in the directory given first; the second attempt ends once two spares have started.
 const SPARE_TAKES: &str = r#"
 import os, sys, time
@@ -300,13 +308,18 @@ if os.environ.get("RDZV_INPROCESS_SPARE") == "1":
     print(f"SPARE pid={os.getpid()} rank={os.environ.get('RANK', 'none')}", flush=True)
     open(os.path.join(sys.argv[1], f"spare-{os.getpid()}"), "w").close()
 
+started = os.path.join(sys.argv[1], "rank0-started")
+
 def train():
     e = os.environ
     print(f"START rank={e['RANK']} local={e['LOCAL_RANK']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} pid={os.getpid()}", flush=True)
     if e["TORCHELASTIC_RESTART_COUNT"] == "0":
         if e["LOCAL_RANK"] == "1":
-            time.sleep(0.3)
+            deadline = time.monotonic() + 30
+            while not os.path.exists(started) and time.monotonic() < deadline:
+                time.sleep(0.01)
             sys.exit(3)
+        open(started, "w").close()
         while True:
             ip.check()
             time.sleep(0.01)
