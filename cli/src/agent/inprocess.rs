@@ -67,12 +67,18 @@ impl Agent {
             bound = bound.min(AFTER_A_HANG);
         }
         let asked = std::time::Instant::now();
-        let late = group.leave(bound).await;
+        let left = group.leave(bound, hang).await;
+        let late = left.as_ref().map(|l| l.late.clone());
+        let others_left_ms = left
+            .as_ref()
+            .and_then(|l| l.others_left_in)
+            .map(|d| d.as_millis() as u64);
         self.record.event(
             "rdzv.inprocess.left",
             EventSource::Agent,
             serde_json::json!({"run_id": self.cfg.run_id, "left": late.as_ref().is_some_and(Vec::is_empty),
-                "late": late, "left_ms": asked.elapsed().as_millis() as u64, "hostname": hostname()}),
+                "late": late, "left_ms": asked.elapsed().as_millis() as u64,
+                "others_left_ms": others_left_ms, "hostname": hostname()}),
         );
         let Some(late) = late else {
             return false;
@@ -85,11 +91,18 @@ impl Agent {
             return true;
         }
         let ranks: Vec<String> = late.iter().map(u32::to_string).collect();
-        say(format_args!(
-            "rank(s) {} did not leave the training function within {:.1} s: stopping them alone, to start again in the next round; the others stay in their processes",
-            ranks.join(","),
-            bound.as_secs_f64()
-        ));
+        match others_left_ms {
+            Some(ms) => say(format_args!(
+                "rank {} is still in the training function {} ms after the leave, when this node's other workers left in {ms} ms: it is the hung one, stopping it alone to start again in the next round; the others stay in their processes",
+                ranks.join(","),
+                asked.elapsed().as_millis()
+            )),
+            None => say(format_args!(
+                "rank(s) {} did not leave the training function within {:.1} s: stopping them alone, to start again in the next round; the others stay in their processes",
+                ranks.join(","),
+                bound.as_secs_f64()
+            )),
+        }
         // One that hung gets SIGKILL; one that knows nothing of the wrapper gets the grace a
         // stopped group gets.
         let (signal, grace) = match hang {

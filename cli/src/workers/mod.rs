@@ -56,6 +56,21 @@ pub struct Worker {
     pub recorded: bool,
 }
 
+/// What `Group::leave` saw.
+pub struct Left {
+    /// The global ranks of the workers still in their function, to be stopped.
+    pub late: Vec<u32>,
+    /// Set when the one late worker was given up on because every other had left, this long
+    /// after they were asked (after a hang): it is the hung one.
+    pub others_left_in: Option<Duration>,
+}
+
+/// After a hang, the one worker not left is waited for this many times as long as the others
+/// took to leave...
+const LONE_FACTOR: u32 = 2;
+/// ...and at least this long: a victim's blocked collective breaks in milliseconds.
+const LONE_FLOOR: Duration = Duration::from_millis(100);
+
 /// One round's workers on this node.
 pub struct Group {
     pub workers: Vec<Worker>,
@@ -195,11 +210,16 @@ impl Group {
     }
 
     /// `--in-process-restart`: asks every running worker to leave its training function for the
-    /// next round, and waits up to `bound` for each to answer. Returns the global ranks of those
-    /// still running that did not answer in time (none: every worker left), or None when no
-    /// worker is running or one could not be asked (the group must then be started again). A
-    /// worker that ends meanwhile is no longer waited for: `resume` starts it again.
-    pub async fn leave(&mut self, bound: Duration) -> Option<Vec<u32>> {
+    /// next round, and waits up to `bound` for each to answer. Returns those still running that
+    /// did not answer in time (none: every worker left), or None when no worker is running or
+    /// one could not be asked (the group must then be started again). A worker that ends
+    /// meanwhile is no longer waited for: `resume` starts it again.
+    ///
+    /// `after_hang`: the job's workers are all blocked on the hung one, and the leave breaks a
+    /// blocked worker's wait in milliseconds; so once every other worker here has left, the
+    /// one still in its function is the hung one, waited for only `LONE_FACTOR` times as long
+    /// as the others took (at least `LONE_FLOOR`), not the whole bound.
+    pub async fn leave(&mut self, bound: Duration, after_hang: bool) -> Option<Left> {
         self.collect_exits();
         if self.running() == 0 {
             return None;
@@ -209,19 +229,28 @@ impl Group {
         for w in self.workers.iter().filter(|w| w.ended.is_none()) {
             inprocess::leave(&inprocess::control_file(&w.error_file), generation).ok()?;
         }
-        let deadline = tokio::time::Instant::now() + bound;
+        let asked = tokio::time::Instant::now();
+        let (mut answered, mut last_answer) = (0, Duration::ZERO);
         loop {
-            let late: Vec<u32> = self
-                .workers
-                .iter()
-                .filter(|w| w.ended.is_none())
-                .filter(|w| {
-                    !inprocess::has_left(&inprocess::control_file(&w.error_file), generation)
-                })
-                .map(|w| w.ranks.global_rank)
-                .collect();
-            if late.is_empty() || tokio::time::Instant::now() >= deadline {
-                return Some(late);
+            let running = self.workers.iter().filter(|w| w.ended.is_none());
+            let (left, late): (Vec<&Worker>, Vec<&Worker>) = running.partition(|w| {
+                inprocess::has_left(&inprocess::control_file(&w.error_file), generation)
+            });
+            let late: Vec<u32> = late.iter().map(|w| w.ranks.global_rank).collect();
+            if left.len() > answered {
+                (answered, last_answer) = (left.len(), asked.elapsed());
+            }
+            let waited = asked.elapsed();
+            let lone = after_hang
+                && late.len() == 1
+                && answered > 0
+                && waited >= (last_answer * LONE_FACTOR).max(LONE_FLOOR);
+            if late.is_empty() || lone || waited >= bound {
+                let others_left_in = lone.then_some(last_answer);
+                return Some(Left {
+                    late,
+                    others_left_in,
+                });
             }
             // The answers are files: looked at every few milliseconds; an exit is taken as it
             // comes.

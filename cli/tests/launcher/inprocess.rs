@@ -566,3 +566,95 @@ fn a_hung_worker_alone_is_started_again_and_every_other_worker_stays_in_its_proc
         "the other node kept its workers: {out}"
     );
 }
+
+/// HANG_ONE across two nodes, so that the finding node is not the hung worker's: local rank 1
+/// of the node given `silent` stops beating after 5 beats but still looks at the launcher
+/// (its node times it out first and kills it); local rank 1 of the node given `hang` stops a
+/// second later and never looks again (hung).
+const HANG_ELSEWHERE: &str = r#"
+import os, sys, time
+import rdzv
+import rdzv.inprocess as ip
+
+role = sys.argv[1]
+
+def train():
+    e = os.environ
+    print(f"START rank={e['RANK']} local={e['LOCAL_RANK']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} pid={os.getpid()}", flush=True)
+    odd = e["TORCHELASTIC_RESTART_COUNT"] == "0" and e["LOCAL_RANK"] == "1"
+    beats = 0
+    while True:
+        ip.check()
+        if not odd or beats < (5 if role == "silent" else 25):
+            rdzv.heartbeat()
+        elif role == "hang":
+            while True:
+                time.sleep(1)
+        beats += 1
+        if not odd and e["TORCHELASTIC_RESTART_COUNT"] == "1" and beats == 10:
+            return
+        time.sleep(0.05)
+
+ip.run(train)
+"#;
+
+#[test]
+fn a_hung_worker_found_from_another_node_is_stopped_once_its_nodes_other_workers_left() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    std::fs::write(s.path("hang_elsewhere.py"), HANG_ELSEWHERE).unwrap();
+    let program = s.path("hang_elsewhere.py").display().to_string();
+    let url = etcd.url(
+        "in-process-hang-elsewhere",
+        &format!("min_nodes=2&max_nodes=2&{FAST}"),
+    );
+    let env = python_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let node = |role: &str| {
+        let args = [
+            "run",
+            "--rdzv",
+            &url,
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            "--max-restarts=1",
+            "--hang-timeout=2",
+            "--in-process-restart",
+            &program,
+            role,
+        ];
+        rdzv_env(&args, &env)
+    };
+    let (mut silent, mut hang) = (node("silent"), node("hang"));
+    let starts = |n: &mut Launcher| -> Vec<Fields> { (0..2).map(|_| n.start(30)).collect() };
+    let (s1, h1) = (starts(&mut silent), starts(&mut hang));
+    let (s2, h2) = (starts(&mut silent), starts(&mut hang));
+    silent.exits_with(0, 60);
+    hang.exits_with(0, 60);
+    let out = format!("{}\n---\n{}", silent.output(), hang.output());
+    let by_local = |starts: &[Fields], local: u32| {
+        starts
+            .iter()
+            .find(|f| num(f, "local") == local)
+            .cloned()
+            .unwrap_or_else(|| panic!("no START of local rank {local}: {out}"))
+    };
+    for (before, after) in [(&s1, &s2), (&h1, &h2)] {
+        let (kept, replaced) = (by_local(after, 0), by_local(after, 1));
+        assert_eq!(pid(&kept), pid(&by_local(before, 0)), "kept: {out}");
+        assert_eq!(num(&kept, "again"), 1, "{out}");
+        assert_ne!(pid(&replaced), pid(&by_local(before, 1)), "replaced: {out}");
+    }
+    assert!(
+        silent.said("hang:"),
+        "the silent worker's node found it: {out}"
+    );
+    assert!(
+        hang.said("it is the hung one, stopping it alone"),
+        "the hung worker was stopped once its node's other worker had left: {out}"
+    );
+    assert!(
+        !hang.said("did not leave the training function within"),
+        "{out}"
+    );
+}
