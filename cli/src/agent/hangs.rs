@@ -7,9 +7,11 @@ use super::source::Round;
 use super::{failure, incident, place, Agent, Carried, Signals, Source};
 use crate::exit::Exit;
 use crate::host::hostname;
-use crate::monitor::hang::{HangNotice, Hung};
+use crate::monitor::evidence;
+use crate::monitor::hang::{self, HangNotice, Hung};
 use crate::monitor::pages::Watched;
 use crate::monitor::respond::{self, Found};
+use crate::output::say;
 use crate::workers::Group;
 use std::time::Duration;
 
@@ -29,23 +31,34 @@ impl Agent {
         carried: &mut Carried,
         signals: &mut Signals,
     ) -> (Result<(), Exit>, bool) {
-        match self
+        let certain = match self
             .after_hang(source, group, workers, round, &hung, signals)
             .await
         {
-            Ok(true) => {}
-            Ok(false) => {
+            Ok(Some(certain)) => certain,
+            Ok(None) => {
                 return self
                     .on_peer_hang_answered(group, round, carried, signals)
                     .await
             }
             Err(exit) => return (Err(exit), false),
-        }
-        // In process: the hung worker alone was killed; its peers here, whose collectives with
-        // it have failed, leave their function as after a crash.
-        let kept = self.cfg.in_process.is_some() && self.leave_after_failure(group, true).await;
+        };
+        // In process: every worker here is asked to leave; the hung one does not and is stopped
+        // alone (`leave_after_hang`).
+        let kept = self.cfg.in_process.is_some()
+            && self
+                .leave_after_hang(group, workers, round, &hung, certain)
+                .await;
         let next = self
-            .after_failure(source, group, workers, round, carried, kept, signals)
+            .after_failure(
+                source,
+                group,
+                workers,
+                round,
+                carried,
+                (kept, Some(hung.global_rank)),
+                signals,
+            )
             .await;
         let keep = kept && next.is_ok();
         (next, keep)
@@ -93,9 +106,54 @@ impl Agent {
             .await
     }
 
-    /// The finding side (`respond::found`), with the hung worker killed once the evidence is
-    /// taken (in process), or the whole group (otherwise). True: this node announced the
-    /// hang; false: another node had, and this node answered it.
+    /// In process, after this node announced the hang of `hung`: every worker here is asked to
+    /// leave. One that waits on the hung worker in a collective leaves within milliseconds (the
+    /// wrapper breaks the wait); the hung one does not and is stopped (`leave`: once the others
+    /// have left, or at the bound). The worker the monitor timed out first is not always the
+    /// hung one: if it left, its error file (`respond::found` wrote it) goes to the one stopped.
+    /// When the verdict is certain that the worker timed out is the hung one, it is stopped
+    /// first. False when no worker could be asked.
+    async fn leave_after_hang(
+        &mut self,
+        group: &mut Group,
+        workers: &[Watched],
+        round: &Round,
+        hung: &Hung,
+        certain: bool,
+    ) -> bool {
+        if certain {
+            group
+                .stop_worker(hung.global_rank, libc::SIGKILL, Duration::ZERO)
+                .await;
+        }
+        if group.running() == 0 {
+            return false;
+        }
+        say("asking this node's workers to leave their training function (in process): the hung one cannot");
+        let Some(stopped) = self.leave(group, true).await else {
+            return false;
+        };
+        if !certain && !stopped.contains(&hung.global_rank) {
+            let here = |rank: u32| workers.iter().find(|w| w.global_rank == rank);
+            if let Some(w) = here(hung.global_rank) {
+                let _ = std::fs::remove_file(&w.error_file);
+            }
+            for w in stopped.iter().filter_map(|&rank| here(rank)) {
+                let stacks = std::fs::read_to_string(evidence::kept_stacks(w, round.number)).ok();
+                let why = format!(
+                    "rank {} (local rank {}, pid {}) did not leave its training function after the hang was found (the timeout fell first on rank {}, which left)",
+                    w.global_rank, w.local_rank, w.pid, hung.global_rank
+                );
+                hang::write_error_file_why(&w.error_file, &why, stacks.as_deref());
+            }
+        }
+        true
+    }
+
+    /// The finding side (`respond::found`), with the whole group killed once the evidence is
+    /// taken (not in process: then `leave_after_hang`). Some: this node announced the hang,
+    /// true when the verdict across nodes is certain the worker timed out here is the hung
+    /// one; None: another node had announced it, and this node answered it.
     async fn after_hang<S: Source>(
         &mut self,
         source: &S,
@@ -104,21 +162,24 @@ impl Agent {
         round: &Round,
         hung: &Hung,
         signals: &mut Signals,
-    ) -> Result<bool, Exit> {
+    ) -> Result<Option<bool>, Exit> {
         let host = hostname();
         let place = place(source, round, &host);
         let in_process = self.cfg.in_process.is_some();
         let kill = async {
             if in_process {
-                group
-                    .stop_worker(hung.global_rank, libc::SIGKILL, Duration::ZERO)
-                    .await;
+                // Not yet: the worker the timeout fell on first may only wait on the hung one
+                // (every rank stops in the same step); `leave_after_hang` tells them apart.
                 return Ok(());
             }
             self.stop_group(group, libc::SIGKILL, signals).await
         };
         match respond::found(&place, workers, hung, kill).await? {
             Found::First(note) => {
+                let certain = note
+                    .verdict
+                    .as_ref()
+                    .is_some_and(|v| !v.uncertain() && v.suspect.rank == hung.global_rank);
                 let found =
                     incident::Found::hang(hung, &note, self.incidents.ended_ms(round.number));
                 self.incidents.found(round.number, &source.who(), found);
@@ -129,12 +190,12 @@ impl Agent {
                     serde_json::json!({"round": round.number, "note": parsed}),
                 );
                 source.note("hang", &json).await;
-                Ok(true)
+                Ok(Some(certain))
             }
             Found::Second(first) => {
                 self.after_peer_hang(source, group, workers, round, &first, signals)
                     .await?;
-                Ok(false)
+                Ok(None)
             }
         }
     }

@@ -39,7 +39,7 @@ impl Agent {
             "{why}: asking the workers to leave their training function for a new round (in process, no restart spent)"
         ));
         carried.failed = None;
-        if self.leave(group, hang).await {
+        if self.leave(group, hang).await.is_some() {
             return (Ok(()), true);
         }
         say("no worker could be asked to leave: stopping the group to start it again");
@@ -55,13 +55,13 @@ impl Agent {
             return false;
         }
         say("asking this node's other workers to leave their training function (in process)");
-        self.leave(group, hang).await
+        self.leave(group, hang).await.is_some()
     }
 
     /// Asks the running workers to leave, and stops those that do not within the bound
     /// (`--in-process-timeout`, or `AFTER_A_HANG` when shorter): they start again next round.
-    /// False when no worker could be asked.
-    async fn leave(&mut self, group: &mut Group, hang: bool) -> bool {
+    /// Returns the global ranks stopped; None when no worker could be asked.
+    pub(super) async fn leave(&mut self, group: &mut Group, hang: bool) -> Option<Vec<u32>> {
         let mut bound = self.cfg.in_process.expect("in-process restart is on");
         if hang {
             bound = bound.min(AFTER_A_HANG);
@@ -80,15 +80,13 @@ impl Agent {
                 "late": late, "left_ms": asked.elapsed().as_millis() as u64,
                 "others_left_ms": others_left_ms, "hostname": hostname()}),
         );
-        let Some(late) = late else {
-            return false;
-        };
+        let late = late?;
         if late.is_empty() {
             say(format_args!(
                 "the workers left in {} ms: they stay in their processes for the next round",
                 asked.elapsed().as_millis()
             ));
-            return true;
+            return Some(late);
         }
         let ranks: Vec<String> = late.iter().map(u32::to_string).collect();
         match others_left_ms {
@@ -109,9 +107,9 @@ impl Agent {
             true => (libc::SIGKILL, Duration::ZERO),
             false => (libc::SIGTERM, self.cfg.shutdown_timeout),
         };
-        for rank in late {
+        for &rank in &late {
             group.stop_worker(rank, signal, grace).await;
         }
-        true
+        Some(late)
     }
 }

@@ -483,7 +483,15 @@ impl Agent {
             Outcome::Failed => {
                 let kept = self.leave_after_failure(&mut group, false).await;
                 let next = self
-                    .after_failure(source, &mut group, &watched, &round, carried, kept, signals)
+                    .after_failure(
+                        source,
+                        &mut group,
+                        &watched,
+                        &round,
+                        carried,
+                        (kept, None),
+                        signals,
+                    )
                     .await;
                 keep = kept && next.is_ok();
                 next
@@ -648,7 +656,9 @@ impl Agent {
     }
 
     /// A worker failed: stops the others (unless `kept`: they left their function and stay,
-    /// `--in-process-restart`), then decides what it costs (`failure.rs`).
+    /// `--in-process-restart`), then decides what it costs (`failure.rs`). `hung`: the rank a
+    /// hang found here was announced for, charged under it when no worker here failed (in
+    /// process, every worker here left: the hung one was another node's).
     #[allow(clippy::too_many_arguments)]
     async fn after_failure<S: Source>(
         &mut self,
@@ -657,7 +667,7 @@ impl Agent {
         workers: &[Watched],
         round: &Round,
         carried: &mut Carried,
-        kept: bool,
+        (kept, hung): (bool, Option<u32>),
         signals: &mut Signals,
     ) -> Result<(), Exit> {
         if !kept {
@@ -666,7 +676,15 @@ impl Agent {
         // Recorded with the restarts spent before this failure's.
         self.record_workers(group);
         let failures = group.failures();
-        let why = report::summary(&failures);
+        let rank = failures
+            .first()
+            .map(|f| f.global_rank)
+            .or(hung)
+            .unwrap_or(0);
+        let why = match (failures.is_empty(), hung) {
+            (true, Some(rank)) => format!("rank {rank} hung (found on {})", hostname()),
+            _ => report::summary(&failures),
+        };
         if let Some(max) = self.cfg.monitor.max_no_progress_restarts {
             self.no_progress.attempt_ended(workers);
             if self.no_progress.spent(max) {
@@ -687,14 +705,13 @@ impl Agent {
             Cost::Loss(why) => {
                 self.incidents.lost(&why);
                 say(format_args!(
-                    "rank {} failed and {why}: a membership change, forming a new round (no restart spent)",
-                    failures[0].global_rank
+                    "rank {rank} failed and {why}: a membership change, forming a new round (no restart spent)"
                 ));
                 carried.failed = None;
                 return Ok(());
             }
             Cost::Charged(members) => {
-                let found = incident::Found::crash(failures[0].global_rank, &why);
+                let found = incident::Found::crash(rank, &why);
                 self.incidents.found(round.number, &source.who(), found);
                 if let Some(p) = &self.prom {
                     p.restarts.inc();
@@ -702,14 +719,14 @@ impl Agent {
                 let (used, max) = (self.restarts.used, self.restarts.max);
                 self.rdzv_event(
                     "rdzv.restart.charged",
-                    serde_json::json!({"round": round.number, "rank": failures[0].global_rank,
+                    serde_json::json!({"round": round.number, "rank": rank,
                         "restarts": used, "max_restarts": max}),
                 );
                 say(format_args!(
                     "restarting the worker group (restart {} of {}) after rank {} failed{}",
                     self.restarts.used,
                     self.restarts.max,
-                    failures[0].global_rank,
+                    rank,
                     match kept {
                         true => ": only the failed worker starts again, the others stay in their processes",
                         false => "",

@@ -45,9 +45,14 @@ pub async fn collect(w: &Watched, round: u64, bound: Duration) -> Evidence {
         0 => py_spy(w, deadline).await,
         sig => dumped_on_signal(w, sig, deadline).await,
     };
-    let kept = w.stacks.with_file_name(format!("stacks.round{round}.txt"));
+    let kept = kept_stacks(w, round);
     evidence.stacks = (stacks && std::fs::rename(&w.stacks, &kept).is_ok()).then_some(kept);
     evidence
+}
+
+/// Where the stacks `collect` took of `w` in `round` are kept.
+pub fn kept_stacks(w: &Watched, round: u64) -> std::path::PathBuf {
+    w.stacks.with_file_name(format!("stacks.round{round}.txt"))
 }
 
 /// Sends the worker its stack signal and waits until the stacks file stops growing.

@@ -511,10 +511,15 @@ pub async fn gather_evidence(
 /// The hung worker's error file, as torchelastic writes one (the report and the launcher's
 /// own TORCHELASTIC_ERROR_FILE take it from there): the hang, and its stacks if it gave them.
 pub fn write_error_file(path: &std::path::Path, hung: &Hung, stacks: Option<&str>) {
+    write_error_file_why(path, &hung.describe(), stacks);
+}
+
+/// The same, saying `why` the worker is taken for the hung one.
+pub fn write_error_file_why(path: &std::path::Path, why: &str, stacks: Option<&str>) {
     let stacks = stacks.unwrap_or(
         "(no stacks: the worker registered no stack signal and py-spy is not installed)",
     );
-    let _ = crate::workers::error_file::write(path, &format!("hang: {}", hung.describe()), stacks);
+    let _ = crate::workers::error_file::write(path, &format!("hang: {why}"), stacks);
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use crate::common::Etcd;
 use crate::launch::Launcher;
 use crate::launch::RDZV;
-use crate::support::{fields, num, pid, rdzv_env, Fields, Scratch, WorkerLines, FAST};
+use crate::support::{fields, num, pid, rdzv_env, run_dir, Fields, Scratch, WorkerLines, FAST};
 use std::path::{Path, PathBuf};
 
 /// A worker whose training function prints its START line (as the shell worker's, with its
@@ -657,4 +657,111 @@ fn a_hung_worker_found_from_another_node_is_stopped_once_its_nodes_other_workers
         !hang.said("did not leave the training function within"),
         "{out}"
     );
+}
+
+/// Two workers that stop together in their first attempt (a file barrier in the directory
+/// given): local rank 0 stops beating first but still looks at the launcher (it only waits,
+/// as a victim blocked in a collective would); local rank 1 beats once more and hangs.
+const HANG_BESIDE: &str = r#"
+import os, sys, time
+import rdzv
+import rdzv.inprocess as ip
+
+def train():
+    e = os.environ
+    print(f"START rank={e['RANK']} local={e['LOCAL_RANK']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} pid={os.getpid()}", flush=True)
+    local = e["LOCAL_RANK"]
+    if e["TORCHELASTIC_RESTART_COUNT"] == "0":
+        for _ in range(5):
+            ip.check()
+            rdzv.heartbeat()
+            time.sleep(0.05)
+        open(os.path.join(sys.argv[1], f"at-{local}"), "w").close()
+        other = os.path.join(sys.argv[1], f"at-{1 - int(local)}")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(other) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if local == "1":
+            rdzv.heartbeat()
+            while True:
+                time.sleep(1)
+        while True:
+            ip.check()
+            time.sleep(0.01)
+    for _ in range(10):
+        ip.check()
+        rdzv.heartbeat()
+        time.sleep(0.05)
+
+ip.run(train)
+"#;
+
+/// The timeout falls first on a worker that only waits on the hung one beside it: it leaves
+/// and stays in its process, and the hung one, which does not leave, is stopped and carries
+/// the hang in its error file.
+#[test]
+fn the_hung_worker_is_stopped_and_not_the_one_the_timeout_fell_on_first() {
+    let etcd = Etcd::start();
+    let s = Scratch::new();
+    std::fs::write(s.path("hang_beside.py"), HANG_BESIDE).unwrap();
+    let program = s.path("hang_beside.py").display().to_string();
+    let (barrier, logs) = (s.path("barrier"), s.path("logs"));
+    std::fs::create_dir_all(&barrier).unwrap();
+    let url = etcd.url(
+        "in-process-hang-beside",
+        &format!("min_nodes=1&max_nodes=1&{FAST}"),
+    );
+    let env = python_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let log_dir = format!("--log-dir={}", logs.display());
+    let barrier = barrier.display().to_string();
+    let args = [
+        "run",
+        "--rdzv",
+        &url,
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--hang-timeout=2",
+        "--in-process-restart",
+        &log_dir,
+        &program,
+        &barrier,
+    ];
+    let mut a = rdzv_env(&args, &env);
+    let first: Vec<Fields> = (0..2).map(|_| a.start(30)).collect();
+    let second: Vec<Fields> = (0..2).map(|_| a.start(30)).collect();
+    a.exits_with(0, 60);
+    let out = a.output();
+    let of = |starts: &[Fields], local: u32| {
+        starts
+            .iter()
+            .find(|f| num(f, "local") == local)
+            .cloned()
+            .unwrap_or_else(|| panic!("no START of local rank {local}: {out}"))
+    };
+    assert!(
+        a.said("hang: rank 0 (local rank 0"),
+        "the timeout fell first on local rank 0: {out}"
+    );
+    assert_eq!(
+        pid(&of(&second, 0)),
+        pid(&of(&first, 0)),
+        "the waiting worker stayed in its process: {out}"
+    );
+    assert_eq!(num(&of(&second, 0), "again"), 1, "{out}");
+    assert_ne!(
+        pid(&of(&second, 1)),
+        pid(&of(&first, 1)),
+        "the hung worker is a new process: {out}"
+    );
+    assert!(a.said("it is the hung one, stopping it alone"), "{out}");
+    assert!(a.said("restart 1 of 1"), "the hang spent a restart: {out}");
+    let error_file = run_dir(&logs).join("attempt_0/1/error.json");
+    let error = std::fs::read_to_string(&error_file).unwrap_or_default();
+    assert!(
+        error.contains("did not leave its training function after the hang was found"),
+        "{}: {error}",
+        error_file.display()
+    );
+    assert!(!run_dir(&logs).join("attempt_0/0/error.json").exists());
 }
