@@ -33,6 +33,14 @@ and at every peer connected to it. Set ``RDZV_INPROCESS_SHUTDOWN_SOCKETS=0`` to 
 still does not leave within the launcher's bound (``--in-process-timeout``; 0.5 s after a hang)
 is stopped alone and started again; the others stay.
 
+With torch imported, the wrapper of global rank 0 serves each round's TCPStore at
+``MASTER_ADDR:MASTER_PORT`` before calling the function, and sets
+``TORCHELASTIC_USE_AGENT_STORE=True`` so that ``init_process_group`` on every rank is its
+client, as when torchrun's agent serves it; the other ranks call the function once it accepts.
+Otherwise a rank handed the round before rank 0 would connect first and wait out TCPStore's
+retry backoff (0.25 to 0.75 s). ``RDZV_INPROCESS_HOST_STORE=0`` leaves it to rank 0's
+``init_process_group``.
+
 An exception that is not ``Restart`` is the function's own failure, unless the launcher asks
 the worker to leave within ``RDZV_INPROCESS_GRACE`` seconds (3 by default) after it: a
 collective usually fails a moment before the launcher learns that a peer is gone. Otherwise
@@ -58,6 +66,10 @@ __all__ = ["Restart", "check", "enabled", "restarts", "run"]
 CONTROL_FILE_ENV = "RDZV_INPROCESS_FILE"
 #: Set to 1 in a spare's environment (``--in-process-spare``): it has no place yet.
 SPARE_ENV = "RDZV_INPROCESS_SPARE"
+#: Set to 0 to have torch's ``init_process_group`` serve the round's store on rank 0 itself.
+HOST_STORE_ENV = "RDZV_INPROCESS_HOST_STORE"
+#: How long a rank waits for rank 0 to serve the round's store before calling the function.
+STORE_WAIT = 60.0
 
 T = TypeVar("T")
 
@@ -280,6 +292,62 @@ def _warm_up() -> None:
         pass
 
 
+def _serve_round_store() -> Any:
+    """With torch imported, global rank 0 serves the round's TCPStore at ``MASTER_PORT`` before
+    the function starts, and every rank's ``init_process_group`` is a client of it
+    (``TORCHELASTIC_USE_AGENT_STORE``, as when torchrun's agent serves it). Otherwise a rank
+    handed the round a few milliseconds before rank 0 connects before rank 0's
+    ``init_process_group`` listens, and sits out TCPStore's retry backoff (0.25 to 0.75 s).
+    Returns the store (kept for the round), None on other ranks or without torch."""
+    dist = _torch_distributed()
+    address = _master()
+    if dist is None or address is None or os.environ.get(HOST_STORE_ENV, "1") == "0":
+        return None
+    if os.environ.get("RANK") != "0":
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        return None
+    try:
+        store = dist.TCPStore(address[0], address[1], is_master=True, wait_for_workers=False)
+    except Exception:  # noqa: BLE001 - the port is taken: init_process_group says so itself
+        return None
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    return store
+
+
+def _master() -> Optional[tuple]:
+    """The round's MASTER_ADDR and MASTER_PORT, if both are there."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def _round_store_ready() -> bool:
+    """On a rank other than 0 that left rank 0 to serve the round's store
+    (``_serve_round_store``): waits until it accepts a connection. False when a leave is asked
+    first (the round ended before this worker started in it)."""
+    address = _master()
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or os.environ.get("RANK") == "0":
+        return True
+    if address is None:
+        return True
+    deadline = time.monotonic() + STORE_WAIT
+    said = False
+    while time.monotonic() < deadline:
+        if _leave_asked():
+            return False
+        try:
+            socket.create_connection(address, timeout=1).close()
+            return True
+        except OSError:
+            if not said:
+                sys.stderr.write(
+                    f"rdzv.inprocess: waiting for rank 0 to serve the round's store at "
+                    f"{address[0]}:{address[1]}\n"
+                )
+                said = True
+            time.sleep(0.002)
+    return True  # the function's own connect says what is wrong
+
+
 def _next_round(control: _Control) -> bool:
     """Whether the launcher has handed out a round after the one the function ran in. A leave
     asked meanwhile (the round handed out ended before the function started in it: a spare
@@ -307,6 +375,11 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         _wait(lambda: _next_round(control), None)
         _running = control.generation
         os.environ.update(control.env)
+        store = _serve_round_store()
+        if not _round_store_ready():
+            # Not in the function yet: it has already left.
+            control.answer(control.generation)
+            continue
         _sockets_before = frozenset(_open_sockets().values())
         stop = threading.Event()
         watcher = threading.Thread(target=_watch_for_leave, args=(stop,), daemon=True)
@@ -326,5 +399,6 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             stop.set()
         _abort()
         _tear_down()
+        store = None  # noqa: F841 - the round's store closes before the leave is answered
         control.answer(control.generation)
         _restarts += 1

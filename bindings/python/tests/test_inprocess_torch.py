@@ -111,3 +111,45 @@ def test_a_peer_blocked_on_a_worker_that_left_fails_within_a_second(tmp_path):
         assert procs[0].poll() is None, "the worker that left is still in its process"
     finally:
         stop(job)
+
+
+def test_rank_0s_wrapper_serves_the_rounds_store_so_a_rank_handed_the_round_first_waits_for_it(tmp_path):
+    # Without it, rank 1's init_process_group connects before rank 0 listens and sits out
+    # TCPStore's retry backoff; with it, rank 1's function starts once rank 0 is handed the
+    # round and serves its store, and every rank is a client of it.
+    worker = Path(__file__).parent / "torch_workers" / "inprocess_store.py"
+    out = tmp_path / "out"
+    out.mkdir()
+    path = os.pathsep.join(p for p in (str(PACKAGE), os.environ.get("PYTHONPATH")) if p)
+    group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    controls = {r: tmp_path / f"control-{r}.json" for r in ("0", "1")}
+    rank_1_err = tmp_path / "rank-1.err"
+    procs = []
+    with open(rank_1_err, "w") as err:
+        for rank in ("0", "1"):
+            env = dict(os.environ, OUT=str(out), PYTHONPATH=path, RDZV_INPROCESS_FILE=str(controls[rank]))
+            procs.append(subprocess.Popen([sys.executable, str(worker)], env=env, stderr=err if rank == "1" else None))
+    try:
+        write_control(controls["1"], generation=0, state="run", env=dict(group, RANK="1"))
+        deadline = time.monotonic() + 120
+        while True:  # rank 1 is in its round, rank 0 not yet
+            called = (out / "enter-1").exists()
+            if called or "waiting for rank 0" in rank_1_err.read_text():
+                break
+            assert procs[1].poll() is None, rank_1_err.read_text()
+            assert time.monotonic() < deadline, "rank 1 neither waited nor called its function"
+            time.sleep(0.005)
+        rank_0_handed = time.time()
+        write_control(controls["0"], generation=0, state="run", env=dict(group, RANK="0"))
+        for p in procs:
+            assert p.wait(120) == 0, rank_1_err.read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not called, "rank 1 called its function before rank 0 was handed the round"
+    entered = {r: json.loads((out / f"enter-{r}").read_text()) for r in ("0", "1")}
+    assert entered["1"]["t"] >= rank_0_handed, (entered, rank_0_handed)
+    assert entered["0"]["agent_store"] == entered["1"]["agent_store"] == "True", entered
+    assert [(out / f"sum-{r}").read_text() for r in ("0", "1")] == ["3.0", "3.0"]
