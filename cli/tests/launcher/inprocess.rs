@@ -34,6 +34,38 @@ def train():
 ip.run(train)
 "#;
 
+/// What each test here starts from: an etcd, a scratch directory holding the Python program,
+/// the run's URL, and the workers' environment (`python_env`).
+struct Setup {
+    _etcd: Etcd,
+    s: Scratch,
+    program: String,
+    url: String,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Setup {
+    /// Run `run` with the rendezvous `params` (and `FAST`), `text` written as `file`.
+    fn new(run: &str, params: &str, file: &str, text: &str) -> Setup {
+        let etcd = Etcd::start();
+        let s = Scratch::new();
+        std::fs::write(s.path(file), text).unwrap();
+        let program = s.path(file).display().to_string();
+        let url = etcd.url(run, &format!("{params}&{FAST}"));
+        Setup {
+            _etcd: etcd,
+            s,
+            program,
+            url,
+            env: python_env(),
+        }
+    }
+
+    fn env(&self) -> Vec<(&str, &str)> {
+        self.env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
+}
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -51,13 +83,9 @@ fn python_env() -> Vec<(&'static str, String)> {
 
 #[test]
 fn a_node_admitted_ends_the_round_and_the_first_nodes_worker_runs_again_in_its_process() {
-    let etcd = Etcd::start();
-    let s = Scratch::new();
-    std::fs::write(s.path("train.py"), TRAIN).unwrap();
-    let train = s.path("train.py").display().to_string();
-    let url = etcd.url("in-process", &format!("min_nodes=1&max_nodes=2&{FAST}"));
-    let env = python_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let t = Setup::new("in-process", "min_nodes=1&max_nodes=2", "train.py", TRAIN);
+    let (url, train) = (t.url.clone(), t.program.clone());
+    let env = t.env();
     let node = |flags: &[&str]| {
         let args = [
             &["run", "--rdzv", &url, "--in-process-restart"],
@@ -142,16 +170,14 @@ fn a_worker_stopped_after_a_membership_change_is_replaced_by_the_spare() {
 }
 
 fn stopped_alone(spare: bool) {
-    let etcd = Etcd::start();
-    let s = Scratch::new();
-    std::fs::write(s.path("train.py"), TRAIN).unwrap();
-    let train = s.path("train.py").display().to_string();
-    let url = etcd.url(
+    let t = Setup::new(
         "in-process-deaf",
-        &format!("min_nodes=1&max_nodes=2&{FAST}"),
+        "min_nodes=1&max_nodes=2",
+        "train.py",
+        TRAIN,
     );
-    let env = python_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (url, train) = (t.url.clone(), t.program.clone());
+    let env = t.env();
     let node = || {
         let args = [
             &[
@@ -243,17 +269,15 @@ ip.run(train)
 
 #[test]
 fn a_failed_worker_alone_is_started_again_and_the_others_stay_in_their_processes() {
-    let etcd = Etcd::start();
-    let s = Scratch::new();
-    std::fs::write(s.path("fail_one.py"), FAIL_ONE).unwrap();
-    let program = s.path("fail_one.py").display().to_string();
-    let scratch = s.path("").display().to_string();
-    let url = etcd.url(
+    let t = Setup::new(
         "in-process-fail",
-        &format!("min_nodes=1&max_nodes=1&{FAST}"),
+        "min_nodes=1&max_nodes=1",
+        "fail_one.py",
+        FAIL_ONE,
     );
-    let env = python_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (s, url, program) = (&t.s, t.url.clone(), t.program.clone());
+    let scratch = s.path("").display().to_string();
+    let env = t.env();
     let args = [
         "run",
         "--rdzv",
@@ -331,17 +355,15 @@ ip.run(train)
 
 #[test]
 fn a_failed_workers_place_goes_to_the_spare_and_a_new_spare_is_started() {
-    let etcd = Etcd::start();
-    let s = Scratch::new();
-    std::fs::write(s.path("spare.py"), SPARE_TAKES).unwrap();
-    let program = s.path("spare.py").display().to_string();
-    let dir = s.path("").display().to_string();
-    let url = etcd.url(
+    let t = Setup::new(
         "in-process-spare",
-        &format!("min_nodes=1&max_nodes=1&{FAST}"),
+        "min_nodes=1&max_nodes=1",
+        "spare.py",
+        SPARE_TAKES,
     );
-    let env = python_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (s, url, program) = (&t.s, t.url.clone(), t.program.clone());
+    let dir = s.path("").display().to_string();
+    let env = t.env();
     let args = [
         "run",
         "--rdzv",
@@ -430,16 +452,14 @@ ip.run(train)
 fn a_kept_worker_is_not_held_to_the_hang_timeout_before_it_beats_in_the_new_round() {
     // Its page shows the last round's beats: counted from them, the 3 s before its first beat
     // in the new round passed the 2 s timeout, and the healthy worker was called hung.
-    let etcd = Etcd::start();
-    let s = Scratch::new();
-    std::fs::write(s.path("train.py"), BEATING).unwrap();
-    let train = s.path("train.py").display().to_string();
-    let url = etcd.url(
+    let t = Setup::new(
         "in-process-hang",
-        &format!("min_nodes=1&max_nodes=2&{FAST}"),
+        "min_nodes=1&max_nodes=2",
+        "train.py",
+        BEATING,
     );
-    let env = python_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (url, train) = (t.url.clone(), t.program.clone());
+    let env = t.env();
     let node = || {
         let args = [
             "run",
@@ -470,6 +490,50 @@ fn a_kept_worker_is_not_held_to_the_hang_timeout_before_it_beats_in_the_new_roun
     assert!(!a.said("made no progress"), "no hang: {}", a.output());
 }
 
+/// Two nodes' launchers and what their workers said, once both exited 0.
+struct HangRun {
+    /// Each node's STARTs of the first attempt, then of the second.
+    first: [Vec<Fields>; 2],
+    second: [Vec<Fields>; 2],
+    nodes: [Launcher; 2],
+    /// Both launchers' output.
+    out: String,
+}
+
+/// Two nodes of two workers running `t`'s program in process, with `--hang-timeout=2` and one
+/// restart, each node's program given its argument in `roles` (none if empty).
+fn two_nodes_in_a_hang(t: &Setup, roles: [&str; 2]) -> HangRun {
+    let env = t.env();
+    let node = |role: &str| {
+        let mut args = vec![
+            "run",
+            "--rdzv",
+            &t.url,
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            "--max-restarts=1",
+            "--hang-timeout=2",
+            "--in-process-restart",
+            &t.program,
+        ];
+        args.extend((!role.is_empty()).then_some(role));
+        rdzv_env(&args, &env)
+    };
+    let (mut a, mut b) = (node(roles[0]), node(roles[1]));
+    let starts = |n: &mut Launcher| -> Vec<Fields> { (0..2).map(|_| n.start(30)).collect() };
+    let (a1, b1) = (starts(&mut a), starts(&mut b));
+    let (a2, b2) = (starts(&mut a), starts(&mut b));
+    a.exits_with(0, 60);
+    b.exits_with(0, 60);
+    let out = format!("{}\n---\n{}", a.output(), b.output());
+    HangRun {
+        first: [a1, b1],
+        second: [a2, b2],
+        nodes: [a, b],
+        out,
+    }
+}
+
 /// A worker that beats every 50 ms and returns after 10 beats in its second attempt; in the
 /// first, rank 1 stops beating after 5 (hung: alive, no progress).
 const HANG_ONE: &str = r#"
@@ -497,41 +561,22 @@ ip.run(train)
 
 #[test]
 fn a_hung_worker_alone_is_started_again_and_every_other_worker_stays_in_its_process() {
-    let etcd = Etcd::start();
-    let s = Scratch::new();
-    std::fs::write(s.path("hang_one.py"), HANG_ONE).unwrap();
-    let program = s.path("hang_one.py").display().to_string();
-    let url = etcd.url(
+    let t = Setup::new(
         "in-process-hang-one",
-        &format!("min_nodes=2&max_nodes=2&{FAST}"),
+        "min_nodes=2&max_nodes=2",
+        "hang_one.py",
+        HANG_ONE,
     );
-    let env = python_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let node = || {
-        let args = [
-            "run",
-            "--rdzv",
-            &url,
-            "--nnodes=2",
-            "--nproc-per-node=2",
-            "--max-restarts=1",
-            "--hang-timeout=2",
-            "--in-process-restart",
-            &program,
-        ];
-        rdzv_env(&args, &env)
-    };
-    let (mut a, mut b) = (node(), node());
-    let starts = |n: &mut Launcher| -> Vec<Fields> { (0..2).map(|_| n.start(30)).collect() };
-    let (a1, b1) = (starts(&mut a), starts(&mut b));
-    let (a2, b2) = (starts(&mut a), starts(&mut b));
-    a.exits_with(0, 60);
-    b.exits_with(0, 60);
+    let HangRun {
+        first: [a1, b1],
+        second: [a2, b2],
+        nodes: [a, b],
+        out,
+    } = two_nodes_in_a_hang(&t, ["", ""]);
     let by_rank =
         |starts: &[Fields], rank: u32| starts.iter().find(|f| num(f, "rank") == rank).cloned();
     let first: Vec<_> = a1.iter().chain(&b1).cloned().collect();
     let second: Vec<_> = a2.iter().chain(&b2).cloned().collect();
-    let out = format!("{}\n---\n{}", a.output(), b.output());
     for rank in 0..4 {
         let (before, after) = (by_rank(&first, rank), by_rank(&second, rank));
         let (before, after) = (
@@ -600,38 +645,18 @@ ip.run(train)
 
 #[test]
 fn a_hung_worker_found_from_another_node_is_stopped_once_its_nodes_other_workers_left() {
-    let etcd = Etcd::start();
-    let s = Scratch::new();
-    std::fs::write(s.path("hang_elsewhere.py"), HANG_ELSEWHERE).unwrap();
-    let program = s.path("hang_elsewhere.py").display().to_string();
-    let url = etcd.url(
+    let t = Setup::new(
         "in-process-hang-elsewhere",
-        &format!("min_nodes=2&max_nodes=2&{FAST}"),
+        "min_nodes=2&max_nodes=2",
+        "hang_elsewhere.py",
+        HANG_ELSEWHERE,
     );
-    let env = python_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let node = |role: &str| {
-        let args = [
-            "run",
-            "--rdzv",
-            &url,
-            "--nnodes=2",
-            "--nproc-per-node=2",
-            "--max-restarts=1",
-            "--hang-timeout=2",
-            "--in-process-restart",
-            &program,
-            role,
-        ];
-        rdzv_env(&args, &env)
-    };
-    let (mut silent, mut hang) = (node("silent"), node("hang"));
-    let starts = |n: &mut Launcher| -> Vec<Fields> { (0..2).map(|_| n.start(30)).collect() };
-    let (s1, h1) = (starts(&mut silent), starts(&mut hang));
-    let (s2, h2) = (starts(&mut silent), starts(&mut hang));
-    silent.exits_with(0, 60);
-    hang.exits_with(0, 60);
-    let out = format!("{}\n---\n{}", silent.output(), hang.output());
+    let HangRun {
+        first: [s1, h1],
+        second: [s2, h2],
+        nodes: [silent, hang],
+        out,
+    } = two_nodes_in_a_hang(&t, ["silent", "hang"]);
     let by_local = |starts: &[Fields], local: u32| {
         starts
             .iter()
@@ -701,18 +726,16 @@ ip.run(train)
 /// the hang in its error file.
 #[test]
 fn the_hung_worker_is_stopped_and_not_the_one_the_timeout_fell_on_first() {
-    let etcd = Etcd::start();
-    let s = Scratch::new();
-    std::fs::write(s.path("hang_beside.py"), HANG_BESIDE).unwrap();
-    let program = s.path("hang_beside.py").display().to_string();
+    let t = Setup::new(
+        "in-process-hang-beside",
+        "min_nodes=1&max_nodes=1",
+        "hang_beside.py",
+        HANG_BESIDE,
+    );
+    let (s, url, program) = (&t.s, t.url.clone(), t.program.clone());
     let (barrier, logs) = (s.path("barrier"), s.path("logs"));
     std::fs::create_dir_all(&barrier).unwrap();
-    let url = etcd.url(
-        "in-process-hang-beside",
-        &format!("min_nodes=1&max_nodes=1&{FAST}"),
-    );
-    let env = python_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = t.env();
     let log_dir = format!("--log-dir={}", logs.display());
     let barrier = barrier.display().to_string();
     let args = [
