@@ -684,9 +684,10 @@ fn a_hung_worker_found_from_another_node_is_stopped_once_its_nodes_other_workers
     );
 }
 
-/// Two workers that stop together in their first attempt (a file barrier in the directory
-/// given): local rank 0 stops beating first but still looks at the launcher (it only waits,
-/// as a victim blocked in a collective would); local rank 1 beats once more and hangs.
+/// Two workers that stop one after the other in their first attempt, a few milliseconds
+/// apart (a file in the directory given): local rank 0 stops beating first but still looks at
+/// the launcher (it only waits, as a victim blocked in a collective would); local rank 1,
+/// beating every 10 ms until then, beats once more and hangs.
 const HANG_BESIDE: &str = r#"
 import os, sys, time
 import rdzv
@@ -695,24 +696,25 @@ import rdzv.inprocess as ip
 def train():
     e = os.environ
     print(f"START rank={e['RANK']} local={e['LOCAL_RANK']} restart={e['TORCHELASTIC_RESTART_COUNT']} again={ip.restarts()} pid={os.getpid()}", flush=True)
-    local = e["LOCAL_RANK"]
     if e["TORCHELASTIC_RESTART_COUNT"] == "0":
-        for _ in range(5):
-            ip.check()
-            rdzv.heartbeat()
-            time.sleep(0.05)
-        open(os.path.join(sys.argv[1], f"at-{local}"), "w").close()
-        other = os.path.join(sys.argv[1], f"at-{1 - int(local)}")
-        deadline = time.monotonic() + 30
-        while not os.path.exists(other) and time.monotonic() < deadline:
-            time.sleep(0.001)
-        if local == "1":
-            rdzv.heartbeat()
+        quiet = os.path.join(sys.argv[1], "quiet-0")
+        if e["LOCAL_RANK"] == "0":
+            for _ in range(5):
+                ip.check()
+                rdzv.heartbeat()
+                time.sleep(0.05)
+            open(quiet, "w").close()
             while True:
-                time.sleep(1)
-        while True:
+                ip.check()
+                time.sleep(0.01)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(quiet) and time.monotonic() < deadline:
             ip.check()
+            rdzv.heartbeat()
             time.sleep(0.01)
+        rdzv.heartbeat()
+        while True:
+            time.sleep(1)
     for _ in range(10):
         ip.check()
         rdzv.heartbeat()
@@ -733,11 +735,11 @@ fn the_hung_worker_is_stopped_and_not_the_one_the_timeout_fell_on_first() {
         HANG_BESIDE,
     );
     let (s, url, program) = (&t.s, t.url.clone(), t.program.clone());
-    let (barrier, logs) = (s.path("barrier"), s.path("logs"));
-    std::fs::create_dir_all(&barrier).unwrap();
+    let (signals, logs) = (s.path("signals"), s.path("logs"));
+    std::fs::create_dir_all(&signals).unwrap();
     let env = t.env();
     let log_dir = format!("--log-dir={}", logs.display());
-    let barrier = barrier.display().to_string();
+    let signals = signals.display().to_string();
     let args = [
         "run",
         "--rdzv",
@@ -748,7 +750,7 @@ fn the_hung_worker_is_stopped_and_not_the_one_the_timeout_fell_on_first() {
         "--in-process-restart",
         &log_dir,
         &program,
-        &barrier,
+        &signals,
     ];
     let mut a = rdzv_env(&args, &env);
     let first: Vec<Fields> = (0..2).map(|_| a.start(30)).collect();
