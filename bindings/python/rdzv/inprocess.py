@@ -325,9 +325,8 @@ def _round_store_ready() -> bool:
     (``_serve_round_store``): waits until it accepts a connection. False when a leave is asked
     first (the round ended before this worker started in it)."""
     address = _master()
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or os.environ.get("RANK") == "0":
-        return True
-    if address is None:
+    serving = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if not serving or os.environ.get("RANK") == "0" or address is None:
         return True
     deadline = time.monotonic() + STORE_WAIT
     said = False

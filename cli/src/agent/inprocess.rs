@@ -68,11 +68,11 @@ impl Agent {
         }
         let asked = std::time::Instant::now();
         let left = group.leave(bound, hang).await;
-        let late = left.as_ref().map(|l| l.late.clone());
         let others_left_ms = left
             .as_ref()
             .and_then(|l| l.others_left_in)
             .map(|d| d.as_millis() as u64);
+        let late = left.map(|l| l.late);
         self.record.event(
             "rdzv.inprocess.left",
             EventSource::Agent,
