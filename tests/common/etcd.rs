@@ -398,24 +398,39 @@ impl Etcd {
     /// request sent just after it (the Go binding's frozen-etcd test got an answer 10 ms
     /// later).
     pub fn signal(&self, signal: i32) {
-        let child = self.child.as_ref().expect("etcd is running");
+        if let Err(err) = self.try_signal(signal) {
+            panic!("signal {signal} to etcd: {err}");
+        }
+    }
+
+    /// `signal` for a caller that reports the failure (the etcd-test-server fixture): the
+    /// same wait for a SIGSTOP to take hold, so the other suites' frozen etcd is frozen too.
+    pub fn try_signal(&self, signal: i32) -> std::io::Result<()> {
+        let Some(child) = self.child.as_ref() else {
+            return Err(std::io::Error::other("etcd is not running (killed)"));
+        };
         let pid = child.id();
-        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+        // SAFETY: a signal to our own child, which is not yet reaped.
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         if signal == libc::SIGSTOP {
             let deadline = Instant::now() + Duration::from_secs(10);
             while !all_threads_stopped(pid) {
-                assert!(
-                    Instant::now() < deadline,
-                    "etcd {pid} not stopped 10 s after SIGSTOP"
-                );
+                if Instant::now() >= deadline {
+                    return Err(std::io::Error::other(format!(
+                        "etcd {pid} not stopped 10 s after SIGSTOP"
+                    )));
+                }
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
+        Ok(())
     }
 }
 
 /// Whether every thread of `pid` is stopped (state `T` or `t` in /proc/PID/task/*/stat).
-fn all_threads_stopped(pid: u32) -> bool {
+pub fn all_threads_stopped(pid: u32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;
     };
