@@ -3,7 +3,8 @@
 //! `ft_launcher`, below), DDP on CPU through gloo, a step of about 50 ms
 //! (`benches/workers/recovery_worker.py`). Faults:
 //!
-//! - *crash*: the job's last rank exits 1 at its 100th step (`FAULT_STEP`);
+//! - *crash*: the job's last rank exits 1 at its 100th step (`FAULT_STEP`), or its first step
+//!   after that at which the job is at rest (`arm`: with spares, once every node's is ready);
 //! - *hang*: the last rank stops stepping at its 100th step (its peers block in the next
 //!   all_reduce); the monitoring launchers' hang timeout is 5 s;
 //! - *node killed*: every process of the last rank's node (the launcher and every process it
@@ -53,12 +54,12 @@ const LAUNCH_LIMIT: Duration = Duration::from_secs(180);
 const LIMIT: Duration = Duration::from_secs(60);
 /// How long a frozen node stays frozen.
 const FREEZE: Duration = Duration::from_secs(20);
-/// The steps the job takes before a node's fault (the worker's own faults come at step 20).
+/// The steps the job takes, once armed (`arm`), before a node's fault.
 const STEADY: Duration = Duration::from_secs(1);
 const HANG_TIMEOUT: u64 = 5;
-/// The step at which a worker's fault comes (steps of 50 ms: 5 s of training), late enough
-/// that a spare (`--in-process-spare`, started once the workers step) has imported torch, as
-/// in a job that has run for a while. At step 20 it had not, and took 2 s more.
+/// The first step at which a worker's fault can come (steps of 50 ms: 5 s of training); it
+/// comes at the first step once the job is at rest as well (`arm`). At step 20 a 2-node job's
+/// spare had not imported torch yet and took 2 s more; at 8 nodes on 2 cores, nor at step 100.
 const FAULT_STEP: u32 = 100;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -495,6 +496,9 @@ fn measure(
     n: usize,
 ) -> (Option<f64>, Option<[Option<f64>; 5]>) {
     let world = 2 * n as u64;
+    if !arm(kind, job, n) {
+        return (None, None);
+    }
     let (at, next_world) = if fault.of_a_node() {
         std::thread::sleep(STEADY); // steps of a running job, then the fault
         let last_rank = first_steps(&job.dir)
@@ -536,6 +540,46 @@ fn measure(
         .then(|| split(&job.url, at))
         .flatten();
     (total, split)
+}
+
+/// Arms the fault once the job is at rest: every rank stepping (the caller waited for it) and,
+/// with `--in-process-spare`, every node's spare ready (it wrote `spare-ready-NODE-PID`), as in
+/// a job that has run a while. A spare starts once its round steps; at 8 nodes on 2 cores it
+/// had not finished importing torch by step 100, and every rank waited for it. False (said) if
+/// the spares are not ready within `LAUNCH_LIMIT`.
+fn arm(kind: Kind, job: &Job, n: usize) -> bool {
+    if kind == Kind::RdzvInProcessSpare {
+        let ready = || (spares_ready(&job.dir) >= n).then_some(());
+        if poll(LAUNCH_LIMIT, ready).is_none() {
+            eprintln!(
+                "{} N={n}: {} of {n} spares ready after {LAUNCH_LIMIT:?}; see {}",
+                kind.name(),
+                spares_ready(&job.dir),
+                job.dir.display()
+            );
+            return false;
+        }
+    }
+    std::fs::write(job.dir.join("armed"), "").is_ok()
+}
+
+/// How many nodes have a spare ready (a `spare-ready-NODE-PID` file).
+fn spares_ready(dir: &Path) -> usize {
+    let nodes: std::collections::BTreeSet<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            Some(
+                name.strip_prefix("spare-ready-")?
+                    .split('-')
+                    .next()?
+                    .to_string(),
+            )
+        })
+        .collect();
+    nodes.len()
 }
 
 /// Ends the job: its workers told to return, then every process of it killed.

@@ -8,8 +8,10 @@ ft_launcher) or none. With RECOVERY_IN_PROCESS=1 the training function runs unde
 rdzv.inprocess.run (`rdzv run --in-process-restart`): the model is built once per process, and
 the function is called again, in the same process, for each new round.
 
-Rank RECOVERY_FAULT_RANK faults at its step RECOVERY_FAULT_STEP, once in the job (the first to
-create RECOVERY_DIR/faulted): with RECOVERY_FAULT=crash it exits 1, with hang it stops stepping
+Rank RECOVERY_FAULT_RANK faults at its step RECOVERY_FAULT_STEP, or at its first step after
+that once the benchmark has created RECOVERY_DIR/armed (it does once the job is at rest: with
+spares, once each node's spare is ready), once in the job (the first to create
+RECOVERY_DIR/faulted): with RECOVERY_FAULT=crash it exits 1, with hang it stops stepping
 (no heartbeat, no collective: its peers block in the next all_reduce). Just before, it writes
 RECOVERY_DIR/fault with the wall-clock time. Faults of a whole node (a SIGKILL of every process,
 a SIGSTOP) are the benchmark's own.
@@ -17,8 +19,11 @@ a SIGSTOP) are the benchmark's own.
 Every worker writes RECOVERY_DIR/pid-NODE-PID when it starts (so that the benchmark can signal
 every process of node RECOVERY_NODE), and each time its function took a first step in a
 process group, RECOVERY_DIR/first-NODE-PID-N.json (N: the function's calls so far in this
-process): its rank, world size, restart count and the wall-clock time of that step. Files are
-whole (written, then renamed). A worker returns once RECOVERY_DIR/done exists.
+process): its rank, world size, restart count and the wall-clock time of that step. A spare
+(``rdzv run --in-process-spare``) writes RECOVERY_DIR/spare-ready-NODE-PID once it has imported
+what it imports and is about to wait for a place. Files are whole (written, then renamed). The
+workers stop at the first step at which one of them sees RECOVERY_DIR/done (agreed through an
+all_reduce: a rank that stopped alone would leave its peers blocked in their next collective).
 """
 
 import json
@@ -34,6 +39,8 @@ progress = os.environ.get("RECOVERY_PROGRESS", "none")
 in_process = os.environ.get("RECOVERY_IN_PROCESS") == "1"
 step_time = float(os.environ.get("RECOVERY_STEP_TIME", "0.05"))
 done = os.path.join(out, "done")
+armed = os.path.join(out, "armed")
+spare = os.environ.get("RDZV_INPROCESS_SPARE") == "1"
 
 
 def write(name, text):
@@ -99,9 +106,14 @@ def train():
     opt = torch.optim.SGD(ddp.parameters(), lr=0.001)
     rank, world = dist.get_rank(), dist.get_world_size()
     steps = 0
-    while not os.path.exists(done):
+    stop = torch.zeros(1)
+    while True:
         began = time.monotonic()
         check()
+        stop[0] = float(os.path.exists(done))
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            break
         opt.zero_grad()
         ddp(torch.ones(8, 64)).sum().backward()
         opt.step()
@@ -111,7 +123,8 @@ def train():
             first = {"rank": rank, "world": world, "t": time.time(), "call": calls,
                      "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
             write(f"first-{node}-{os.getpid()}-{calls}.json", json.dumps(first))
-        if rank == fault_rank and steps == fault_step and fault != "none" and first_to("faulted"):
+        due = rank == fault_rank and steps >= fault_step and fault != "none"
+        if due and os.path.exists(armed) and first_to("faulted"):
             write("fault", json.dumps({"t": time.time(), "pid": os.getpid(), "node": node}))
             if fault == "crash":
                 os._exit(1)
@@ -123,6 +136,10 @@ def train():
 
 
 if in_process:
+    if spare:
+        import torch._dynamo  # noqa: F401 - what the wrapper warms a spare up with: ready after it
+
+        write(f"spare-ready-{node}-{os.getpid()}", "")
     inprocess.run(train)
 else:
     train()
