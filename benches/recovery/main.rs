@@ -30,11 +30,16 @@
 //! launcher gets `--monitor-interval=0.1`, `--max-restarts=3`, a last call of 1 s and the
 //! library's defaults otherwise (`lease_ttl` 10 s). `ft_launcher`'s barrier forms a round of
 //! whichever nodes are there at once, so its jobs are N:N, and the node faults are not run
-//! for it (an N:N job has no node to re-form without).
+//! for it (an N:N job has no node to re-form without). With the same environment, NVRx 0.7.0's
+//! `inprocess.Wrapper` around the same training function, without a launcher (each node's two
+//! ranks started by a shell): it restarts the function in the surviving processes and leaves
+//! a process that is gone out (a crash's next world is 2N-1), with its monitoring at 0.1 s and
+//! its soft timeout at the hang timeout; on CPU with `LOCAL_RANK` unset (with it, its GPU
+//! health checks are always on).
 //!
 //! Run with `scripts/bench.sh --recovery [--fault NAME] [--launcher NAME] [N ...]` (faults
 //! `crash`, `hang`, `node-killed`, `node-frozen`; launchers `rdzv`, `rdzv-in-process`,
-//! `rdzv-in-process-spare`, `torchrun`, `ft_launcher`; N = 2 by default). `BENCH_RECOVERY_RUNS` runs per row (3); a
+//! `rdzv-in-process-spare`, `torchrun`, `ft_launcher`, `nvrx-wrapper`; N = 2 by default). `BENCH_RECOVERY_RUNS` runs per row (3); a
 //! row stops at its first run that does not recover. `BENCH_RECOVERY_KEEP=1` keeps every run's
 //! directory (the workers' files, each node's output); a run that did not recover keeps it
 //! anyway.
@@ -69,6 +74,7 @@ enum Kind {
     RdzvInProcessSpare,
     TorchrunC10d,
     FtLauncher,
+    NvrxWrapper,
 }
 
 impl Kind {
@@ -79,6 +85,7 @@ impl Kind {
             Kind::RdzvInProcessSpare => "`rdzv run --in-process-restart --in-process-spare`",
             Kind::TorchrunC10d => "torchrun c10d",
             Kind::FtLauncher => "`ft_launcher`",
+            Kind::NvrxWrapper => "NVRx `inprocess.Wrapper`",
         }
     }
     fn named(name: &str) -> Option<Kind> {
@@ -88,6 +95,7 @@ impl Kind {
             "rdzv-in-process-spare" => Kind::RdzvInProcessSpare,
             "torchrun" => Kind::TorchrunC10d,
             "ft_launcher" => Kind::FtLauncher,
+            "nvrx-wrapper" => Kind::NvrxWrapper,
             _ => return None,
         })
     }
@@ -147,6 +155,8 @@ struct Job {
     url: String,
     launchers: Vec<Child>,
     frozen: Vec<i32>,
+    /// NVRx's Wrapper: the port of the process groups' store (its own is at the c10d port).
+    pg_port: u16,
 }
 
 fn rdzv_binary() -> PathBuf {
@@ -181,7 +191,7 @@ fn node_command(
     c10d: u16,
 ) -> Command {
     let python = match kind {
-        Kind::FtLauncher => setup.nvrx.clone().expect("NVRx python"),
+        Kind::FtLauncher | Kind::NvrxWrapper => setup.nvrx.clone().expect("NVRx python"),
         _ => setup.torch.clone(),
     };
     // ft_launcher's barrier forms a round of whichever nodes are there at once (no last call
@@ -235,10 +245,28 @@ fn node_command(
             c.arg("--no-python").arg(&python);
             c
         }
+        Kind::NvrxWrapper => {
+            // No launcher: the Wrapper restarts the function in each process, and a process
+            // that is gone is left out (its rank is not started again). A node's two ranks
+            // are started by a shell of its own, the node's process tree.
+            let mut c = Command::new("sh");
+            c.args([
+                "-c",
+                "RANK=$((2 * RECOVERY_NODE)) \"$0\" \"$1\" & RANK=$((2 * RECOVERY_NODE + 1)) \"$0\" \"$1\" & wait",
+            ])
+            .arg(&python)
+            .env("WORLD_SIZE", (2 * n).to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", c10d.to_string())
+            .env("RECOVERY_PG_PORT", job.pg_port.to_string())
+            .env("RECOVERY_HANG_TIMEOUT", HANG_TIMEOUT.to_string());
+            c
+        }
     };
     let progress = match kind {
         Kind::Rdzv | Kind::RdzvInProcess | Kind::RdzvInProcessSpare => "rdzv",
         Kind::FtLauncher => "nvrx",
+        Kind::NvrxWrapper => "nvrx-wrapper",
         Kind::TorchrunC10d => "none",
     };
     let fault_name = match fault {
@@ -439,6 +467,7 @@ fn one_run(
     let run = format!("recovery-{}-{seq}", std::process::id());
     let dir = std::env::temp_dir().join(&run);
     std::fs::create_dir_all(&dir).unwrap();
+    let c10d = free_port();
     let mut job = Job {
         url: format!(
             "etcd://{}/{run}?min_nodes={}&max_nodes={n}&last_call_timeout=1",
@@ -449,8 +478,14 @@ fn one_run(
         run,
         launchers: vec![],
         frozen: vec![],
+        pg_port: loop {
+            // Not the c10d port, bound and closed just before.
+            let p = free_port();
+            if p != c10d {
+                break p;
+            }
+        },
     };
-    let c10d = free_port();
     for i in 0..n {
         if i == 1 && !kind.is_rdzv() {
             // The c10d store lives on the node that binds its port first: node 0, never the
@@ -525,6 +560,8 @@ fn measure(
             v["t"].as_f64()
         };
         match poll(Duration::from_secs(30), read) {
+            // NVRx's Wrapper leaves a crashed rank's process out: one rank fewer.
+            Some(at) if kind == Kind::NvrxWrapper && fault == Fault::Crash => (at, world - 1),
             Some(at) => (at, world),
             None => return (None, None),
         }
@@ -617,7 +654,7 @@ fn main() {
                     .expect("--fault: crash, hang, node-killed or node-frozen"),
             ),
             "--launcher" => kinds.push(args.next().and_then(|k| Kind::named(&k)).expect(
-                "--launcher: rdzv, rdzv-in-process, rdzv-in-process-spare, torchrun or ft_launcher",
+                "--launcher: rdzv, rdzv-in-process, rdzv-in-process-spare, torchrun, ft_launcher or nvrx-wrapper",
             )),
             n => sizes.push(n.parse::<usize>().ok().filter(|&n| n >= 2).expect(USAGE)),
         }
@@ -639,7 +676,7 @@ fn main() {
             Kind::TorchrunC10d,
         ];
         match &nvrx {
-            Some(_) => kinds.push(Kind::FtLauncher),
+            Some(_) => kinds.extend([Kind::FtLauncher, Kind::NvrxWrapper]),
             None => eprintln!("no ft_launcher: RDZV_NVRX_PYTHON is not set (scripts/nvrx-env.sh)"),
         }
     }

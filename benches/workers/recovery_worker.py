@@ -4,7 +4,8 @@ RECOVERY_STEP_TIME seconds (default 0.05), one rank of which faults once in the 
 Each step is a forward and backward pass of a small model wrapped in DDP (its gradients
 all_reduced), then a heartbeat, then the rest of the step's time in "work". RECOVERY_PROGRESS
 says how a heartbeat is sent: rdzv (rdzv.heartbeat()), nvrx (NVRx's RankMonitorClient, under
-ft_launcher) or none. With RECOVERY_IN_PROCESS=1 the training function runs under
+ft_launcher), nvrx-wrapper (the training function runs under NVRx's ``inprocess.Wrapper``, which
+restarts it in the same process; a step pings it) or none. With RECOVERY_IN_PROCESS=1 the training function runs under
 rdzv.inprocess.run (`rdzv run --in-process-restart`): the model is built once per process, and
 the function is called again, in the same process, for each new round.
 
@@ -76,6 +77,17 @@ elif progress == "nvrx":
     client = RankMonitorClient()
     client.init_workload_monitoring()
     beat = client.send_heartbeat
+elif progress == "nvrx-wrapper":
+    # With LOCAL_RANK set, the Wrapper always adds its GPU, NVLink and NIC health checks
+    # (nvidia_resiliency_ext/inprocess/wrap.py), which fail on a machine without NVML.
+    os.environ.pop("LOCAL_RANK", None)
+    import nvidia_resiliency_ext.inprocess as nvrx_inprocess
+
+    ping = [lambda: None]  # the running call's CallWrapper.ping
+
+    def beat():
+        ping[0]()
+
 else:
 
     def beat():
@@ -96,12 +108,16 @@ model = torch.nn.Linear(64, 64)  # kept across calls of train() in one process
 calls = 0
 
 
-def train():
-    global calls
-    calls += 1
+def init_group():
     # A peer that is gone ends a collective when its sockets reset; one frozen does not, and
     # the launcher's bound on leaving (or gloo's own timeout) ends the wait.
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=120))
+
+
+def train():
+    global calls
+    calls += 1
+    init_group()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.001)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -135,7 +151,53 @@ def train():
     dist.destroy_process_group()
 
 
-if in_process:
+def under_nvrx_wrapper():
+    """NVRx 0.7's in-process restart on CPU: the Wrapper keeps its own state in a TCPStore that
+    rank 0 serves at MASTER_ADDR:MASTER_PORT; the process groups meet in another one
+    (RECOVERY_PG_PORT), under a prefix of their own in each of the Wrapper's iterations. Its
+    monitoring polls every 0.1 s, as the launchers here do, and a rank that does not ping for
+    the hang timeout (RECOVERY_HANG_TIMEOUT) is restarted (its soft timeout)."""
+    td = datetime.timedelta
+    hang = float(os.environ.get("RECOVERY_HANG_TIMEOUT", "5"))
+    rank0 = int(os.environ["RANK"])
+    world0 = int(os.environ["WORLD_SIZE"])
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["RECOVERY_PG_PORT"]), world0,
+                         is_master=rank0 == 0, timeout=td(seconds=120), wait_for_workers=False)
+
+    @nvrx_inprocess.Wrapper(
+        abort=nvrx_inprocess.abort.AbortTorchDistributed(),
+        health_check=None,
+        finalize=None,
+        initialize=None,
+        soft_timeout=td(seconds=hang),
+        hard_timeout=td(seconds=hang + 5),
+        monitor_thread_interval=td(seconds=0.1),
+        monitor_process_interval=td(seconds=0.1),
+        progress_watchdog_interval=td(seconds=0.1),
+        heartbeat_interval=td(seconds=0.2),
+        last_call_wait=td(seconds=0.1),
+        store_kwargs={"timeout": td(seconds=60)},
+    )
+    def wrapped(call_wrapper: nvrx_inprocess.CallWrapper = None):  # found by its annotation
+        global init_group
+        ping[0] = call_wrapper.ping
+        iteration = call_wrapper.iteration
+
+        def init_nvrx_group():
+            store = dist.PrefixStore(f"iteration-{iteration}", base)
+            dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]),
+                                    timeout=td(seconds=120))
+
+        init_group = init_nvrx_group
+        train()
+
+    wrapped()
+
+
+if progress == "nvrx-wrapper":
+    under_nvrx_wrapper()
+elif in_process:
     if spare:
         import torch._dynamo  # noqa: F401 - what the wrapper warms a spare up with: ready after it
 
