@@ -45,10 +45,11 @@ while not os.path.exists(os.environ["DONE"]):
 const AGREE_MS: i64 = 100;
 
 fn wall_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
+    unix_ms(SystemTime::now())
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 fn repo() -> PathBuf {
@@ -142,11 +143,11 @@ impl Drop for Job {
     }
 }
 
-/// The wall time at which `l` printed its next "round N formed" line (as it arrives here),
-/// and its node rank.
+/// The wall time at which `l`'s next "round N formed" line arrived from its pipe (whenever
+/// the test reads it), and its node rank.
 fn formed(l: &mut Launcher, secs: u64) -> (i64, i64) {
-    let line = l.wait_line(secs, |l| l.contains(" formed: node rank"));
-    let at = wall_ms();
+    let (line, arrived) = l.wait_line_at(secs, |l| l.contains(" formed: node rank"));
+    let at = unix_ms(arrived);
     let rank = line
         .split("node rank ")
         .nth(1)
@@ -166,8 +167,7 @@ fn first_step(l: &mut Launcher, attempt: i64, secs: u64) -> i64 {
 }
 
 /// When every node's next "round formed" line arrived, and the latest first step of `attempt`
-/// among their workers. Every node's line is read first: each is timed as it is read, and the
-/// nodes form together.
+/// among their workers.
 fn recovered(nodes: &mut [Launcher], attempt: i64) -> (i64, i64) {
     let reformed = nodes.iter_mut().map(|l| formed(l, 30).0).max().unwrap();
     let stepping = nodes
@@ -442,11 +442,9 @@ fn left(
     kind: &str,
     index: usize,
 ) {
-    // The remaining node's lines first: a line is stamped when the test reads it, and one
-    // that came while the test waited for the other node's exit was read 121 ms late once.
+    assert_eq!(left.exit(30).code(), Some(code), "{}", left.output());
     let reformed = formed(first, 30).0;
     let stepping = first_step(first, 0, 30);
-    assert_eq!(left.exit(30).code(), Some(code), "{}", left.output());
     let status = job.status_with_records(index + 1, 20);
     let rec = &status["incidents"]["records"][index];
     assert_eq!(rec["kind"], kind, "{rec:#}");

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 pub const RDZV: &str = env!("CARGO_BIN_EXE_rdzv");
 
@@ -50,13 +50,15 @@ pub fn cached_python(variable: &str, prefix: &str) -> Option<PathBuf> {
 /// channel (each pipe read on a thread of its own, so a chatty launcher never blocks on a full
 /// pipe). A test either waits for lines as they come (`wait_line`, `exit`) or runs it to its
 /// end (`finish`). Still running when dropped (a failed assertion), its group is SIGKILLed.
+/// Each line is stamped with the wall-clock time it was read from its pipe (`wait_line_at`),
+/// whenever the test gets to it.
 pub struct Launcher {
     child: Child,
-    lines: mpsc::Receiver<String>,
+    lines: mpsc::Receiver<(String, SystemTime)>,
     /// Every line received, for assertions on the whole output and for failure messages.
     seen: Vec<String>,
     /// Lines received while waiting for another one, not yet returned by a wait.
-    passed: VecDeque<String>,
+    passed: VecDeque<(String, SystemTime)>,
     /// A TMPDIR of the launcher's own (where `rdzv run` keeps logs without --log-dir),
     /// removed on drop.
     tmp: Option<PathBuf>,
@@ -90,7 +92,7 @@ impl Launcher {
             let tx = tx.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let _ = tx.send(line);
+                    let _ = tx.send((line, SystemTime::now()));
                 }
             });
         }
@@ -144,19 +146,24 @@ impl Launcher {
     /// passed over by earlier waits count too: the launcher's own lines (stderr) and its
     /// workers' (stdout) are read on two threads, so their order here is not the order written.
     pub fn wait_line(&mut self, secs: u64, pred: impl Fn(&str) -> bool) -> String {
-        if let Some(i) = self.passed.iter().position(|l| pred(l)) {
+        self.wait_line_at(secs, pred).0
+    }
+
+    /// `wait_line`, with the time the line arrived.
+    pub fn wait_line_at(&mut self, secs: u64, pred: impl Fn(&str) -> bool) -> (String, SystemTime) {
+        if let Some(i) = self.passed.iter().position(|(l, _)| pred(l)) {
             return self.passed.remove(i).unwrap();
         }
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) => {
+                Ok((line, at)) => {
                     self.seen.push(line.clone());
                     if pred(&line) {
-                        return line;
+                        return (line, at);
                     }
-                    self.passed.push_back(line);
+                    self.passed.push_back((line, at));
                 }
                 Err(e) => panic!(
                     "no matching line within {secs} s ({e}); the launcher said:\n{}",
@@ -171,9 +178,9 @@ impl Launcher {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) => {
+                Ok((line, at)) => {
                     self.seen.push(line.clone());
-                    self.passed.push_back(line);
+                    self.passed.push_back((line, at));
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => return true,
                 Err(mpsc::RecvTimeoutError::Timeout) => return false,
@@ -215,9 +222,9 @@ impl Launcher {
                 self.output()
             );
         };
-        while let Ok(line) = self.lines.try_recv() {
+        while let Ok((line, at)) = self.lines.try_recv() {
             self.seen.push(line.clone());
-            self.passed.push_back(line);
+            self.passed.push_back((line, at));
         }
         status
     }
