@@ -5,7 +5,7 @@
 //!
 //! - *crash*: the job's last rank exits 1 at its 100th step (`FAULT_STEP`), or its first step
 //!   after that at which the job is at rest (`arm`: with spares, once every node's is ready);
-//! - *hang*: the last rank stops stepping at its 100th step (its peers block in the next
+//! - *hang*: the last rank stops stepping at the same step (its peers block in the next
 //!   all_reduce); the monitoring launchers' hang timeout is 5 s;
 //! - *node killed*: every process of the last rank's node (the launcher and every process it
 //!   started: its watchdog, its workers) SIGKILLed at once, as a machine that loses its power:
@@ -39,8 +39,8 @@
 //!
 //! Run with `scripts/bench.sh --recovery [--fault NAME] [--launcher NAME] [N ...]` (faults
 //! `crash`, `hang`, `node-killed`, `node-frozen`; launchers `rdzv`, `rdzv-in-process`,
-//! `rdzv-in-process-spare`, `torchrun`, `ft_launcher`, `nvrx-wrapper`; N = 2 by default). `BENCH_RECOVERY_RUNS` runs per row (3); a
-//! row stops at its first run that does not recover. `BENCH_RECOVERY_KEEP=1` keeps every run's
+//! `rdzv-in-process-spare`, `torchrun`, `ft_launcher`, `nvrx-wrapper`; N = 2 by default).
+//! `BENCH_RECOVERY_RUNS` runs per row (3); a row stops at its first run that does not recover. `BENCH_RECOVERY_KEEP=1` keeps every run's
 //! directory (the workers' files, each node's output); a run that did not recover keeps it
 //! anyway.
 
@@ -319,20 +319,21 @@ fn first_steps(dir: &Path) -> Vec<(usize, u64, u64, f64)> {
         .collect()
 }
 
-/// The pids node `node`'s workers wrote.
-fn worker_pids(dir: &Path, node: usize) -> Vec<i32> {
-    let prefix = format!("pid-{node}-");
+/// What follows `prefix` in the names of the files in `dir` that start with it.
+fn names_after(dir: &Path, prefix: &str) -> Vec<String> {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .filter_map(Result::ok)
-        .filter_map(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .strip_prefix(&prefix)?
-                .parse()
-                .ok()
-        })
+        .filter_map(|e| Some(e.file_name().to_str()?.strip_prefix(prefix)?.to_string()))
+        .collect()
+}
+
+/// The pids node `node`'s workers wrote.
+fn worker_pids(dir: &Path, node: usize) -> Vec<i32> {
+    names_after(dir, &format!("pid-{node}-"))
+        .iter()
+        .filter_map(|p| p.parse().ok())
         .collect()
 }
 
@@ -602,19 +603,9 @@ fn arm(kind: Kind, job: &Job, n: usize) -> bool {
 
 /// How many nodes have a spare ready (a `spare-ready-NODE-PID` file).
 fn spares_ready(dir: &Path) -> usize {
-    let nodes: std::collections::BTreeSet<String> = std::fs::read_dir(dir)
+    let nodes: std::collections::BTreeSet<String> = names_after(dir, "spare-ready-")
         .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            Some(
-                name.strip_prefix("spare-ready-")?
-                    .split('-')
-                    .next()?
-                    .to_string(),
-            )
-        })
+        .filter_map(|rest| Some(rest.split('-').next()?.to_string()))
         .collect();
     nodes.len()
 }

@@ -4,9 +4,9 @@ RECOVERY_STEP_TIME seconds (default 0.05), one rank of which faults once in the 
 Each step is a forward and backward pass of a small model wrapped in DDP (its gradients
 all_reduced), then a heartbeat, then the rest of the step's time in "work". RECOVERY_PROGRESS
 says how a heartbeat is sent: rdzv (rdzv.heartbeat()), nvrx (NVRx's RankMonitorClient, under
-ft_launcher), nvrx-wrapper (the training function runs under NVRx's ``inprocess.Wrapper``, which
-restarts it in the same process; a step pings it) or none. With RECOVERY_IN_PROCESS=1 the training function runs under
-rdzv.inprocess.run (`rdzv run --in-process-restart`): the model is built once per process, and
+ft_launcher), nvrx-wrapper (the training function runs under NVRx's ``inprocess.Wrapper``,
+which restarts it in the same process; a step pings it) or none. With RECOVERY_IN_PROCESS=1
+the training function runs under rdzv.inprocess.run (`rdzv run --in-process-restart`): the model is built once per process, and
 the function is called again, in the same process, for each new round.
 
 Rank RECOVERY_FAULT_RANK faults at its step RECOVERY_FAULT_STEP, or at its first step after
@@ -108,13 +108,13 @@ model = torch.nn.Linear(64, 64)  # kept across calls of train() in one process
 calls = 0
 
 
-def init_group():
+def env_group():
     # A peer that is gone ends a collective when its sockets reset; one frozen does not, and
     # the launcher's bound on leaving (or gloo's own timeout) ends the wait.
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=120))
 
 
-def train():
+def train(init_group=env_group):
     global calls
     calls += 1
     init_group()
@@ -179,18 +179,16 @@ def under_nvrx_wrapper():
         store_kwargs={"timeout": td(seconds=60)},
     )
     def wrapped(call_wrapper: nvrx_inprocess.CallWrapper = None):  # found by its annotation
-        global init_group
         ping[0] = call_wrapper.ping
         iteration = call_wrapper.iteration
 
-        def init_nvrx_group():
+        def iteration_group():
             store = dist.PrefixStore(f"iteration-{iteration}", base)
             dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
                                     world_size=int(os.environ["WORLD_SIZE"]),
                                     timeout=td(seconds=120))
 
-        init_group = init_nvrx_group
-        train()
+        train(iteration_group)
 
     wrapped()
 
